@@ -1,0 +1,1 @@
+//! An in-memory, kubectl-compatible Kubernetes API server for development and tests.

@@ -1,0 +1,1 @@
+//! TODO-OWNER: module root

@@ -1,0 +1,32 @@
+//! wasmctrl: a Kubernetes controller host whose controllers are WebAssembly plugins.
+//!
+//! The modules follow the data: objects come from the API server through a
+//! [`source`] (discovery + reflector), queue up as deltas in the [`fifo`], land in the
+//! [`cache`] (store + indexes) and are fanned out by the [`informer`] to listeners, whose
+//! keys wait in a [`queue`] until a [`controller`] worker hands them to a [`plugin`].
+//! [`config`] and [`reload`] turn a plugins directory into running controllers;
+//! [`metrics`] and [`server`] make the whole visible.
+
+pub mod object;
+
+pub mod source;
+
+pub mod fifo;
+
+pub mod cache;
+
+pub mod informer;
+
+pub mod queue;
+
+pub mod controller;
+
+pub mod plugin;
+
+pub mod config;
+
+pub mod reload;
+
+pub mod metrics;
+
+pub mod server;
