@@ -1,1 +1,820 @@
-//! DeltaFIFO
+//! DeltaFIFO (client-go `tools/cache/delta_fifo.go`): a queue of keys, each with the ordered
+//! list of changes ("deltas") that happened to its object since it was last popped.
+//!
+//! Invariants (kept under one mutex):
+//! - a key is in `queue` if and only if it is in `items`, and at most once; `items[k]` is
+//!   never empty;
+//! - deltas of one key stay in arrival order (oldest first); the last two are never both
+//!   `Deleted` (they collapse, keeping the one that is not a tombstone);
+//! - `has_synced` is true once the keys queued by the first `replace` have all been popped
+//!   and processed (or once an add/update/delete came before any replace).
+//!
+//! `pop` runs the caller's `process` while holding the lock, as client-go does, so a key's
+//! deltas are fully applied before anyone can observe `has_synced` flip.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::cache::KnownObjects;
+use crate::object::{DeletedObject, Object};
+
+/// One change to one object.
+#[derive(Debug, Clone)]
+pub enum Delta {
+    /// Created (watch ADDED).
+    Added(Arc<Object>),
+    /// Changed (watch MODIFIED).
+    Updated(Arc<Object>),
+    /// Deleted (watch DELETED), or found missing on relist (a tombstone).
+    Deleted(DeletedObject),
+    /// Listed by a relist (`replace`).
+    Replaced(Arc<Object>),
+    /// Re-delivered by a periodic resync.
+    Sync(Arc<Object>),
+}
+
+/// The kind of a [`Delta`], without its object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DeltaType {
+    Added,
+    Updated,
+    Deleted,
+    Replaced,
+    Sync,
+}
+
+impl Delta {
+    /// The delta's kind.
+    pub fn delta_type(&self) -> DeltaType {
+        match self {
+            Delta::Added(_) => DeltaType::Added,
+            Delta::Updated(_) => DeltaType::Updated,
+            Delta::Deleted(_) => DeltaType::Deleted,
+            Delta::Replaced(_) => DeltaType::Replaced,
+            Delta::Sync(_) => DeltaType::Sync,
+        }
+    }
+
+    /// The object the delta carries (a tombstone's last known state for relist deletes).
+    pub fn object(&self) -> &Arc<Object> {
+        match self {
+            Delta::Added(o) | Delta::Updated(o) | Delta::Replaced(o) | Delta::Sync(o) => o,
+            Delta::Deleted(d) => d.object(),
+        }
+    }
+
+    /// The key the delta is for (a tombstone carries its own key).
+    pub fn key(&self) -> &str {
+        match self {
+            Delta::Deleted(d) => d.key(),
+            other => other.object().key(),
+        }
+    }
+}
+
+/// A key's pending deltas, oldest first.
+pub type Deltas = Vec<Delta>;
+
+/// Why `pop` returned without processing anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("DeltaFIFO: manipulating with closed queue")]
+pub struct Closed;
+
+/// What `process` tells `pop` to do with the deltas it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PopOutcome {
+    /// Done with them.
+    Processed,
+    /// Put them back (unless the key was queued again meanwhile, which wins).
+    Requeue,
+}
+
+#[derive(Default)]
+struct State {
+    items: HashMap<Arc<str>, Deltas, foldhash::fast::RandomState>,
+    queue: VecDeque<Arc<str>>,
+    /// A replace or add/update/delete has happened.
+    populated: bool,
+    /// Keys from the first replace still to pop.
+    initial_population: usize,
+    closed: bool,
+}
+
+impl State {
+    fn has_synced(&self) -> bool {
+        self.populated && self.initial_population == 0
+    }
+
+    fn queue_delta(&mut self, key: &str, delta: Delta) {
+        match self.items.get_mut(key) {
+            Some(deltas) => {
+                deltas.push(delta);
+                dedup_deltas(deltas);
+            }
+            None => {
+                let key: Arc<str> = Arc::from(key);
+                self.queue.push_back(key.clone());
+                self.items.insert(key, vec![delta]);
+            }
+        }
+    }
+}
+
+/// Collapses two trailing `Deleted` deltas into one, keeping the more informative: the older
+/// one unless it is a `FinalStateUnknown` tombstone (client-go `dedupDeltas`/`isDeletionDup`).
+fn dedup_deltas(deltas: &mut Deltas) {
+    let n = deltas.len();
+    if n < 2 {
+        return;
+    }
+    let (Delta::Deleted(older), Delta::Deleted(_)) = (&deltas[n - 2], &deltas[n - 1]) else { return };
+    if older.is_final_state_unknown() {
+        deltas.remove(n - 2);
+    } else {
+        deltas.pop();
+    }
+}
+
+/// The DeltaFIFO between a reflector and an informer's processing loop.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use wasmctrl::fifo::{Delta, DeltaFifo, PopOutcome};
+/// use wasmctrl::object::Object;
+/// let fifo = DeltaFifo::new(None);
+/// let obj = Arc::new(Object::from_json(r#"{"metadata":{"name":"a","resourceVersion":"1"}}"#.into()).unwrap());
+/// fifo.add(obj.clone());
+/// fifo.update(obj);
+/// fifo.pop(|key, deltas, _initial| {
+///     assert_eq!(key, "a");
+///     assert!(matches!(deltas[..], [Delta::Added(_), Delta::Updated(_)]));
+///     PopOutcome::Processed
+/// }).await.unwrap();
+/// # });
+/// ```
+pub struct DeltaFifo {
+    state: Mutex<State>,
+    known: Option<Arc<dyn KnownObjects>>,
+    notify: Notify,
+}
+
+impl std::fmt::Debug for DeltaFifo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.lock();
+        f.debug_struct("DeltaFifo").field("queued", &s.queue.len()).field("closed", &s.closed).finish()
+    }
+}
+
+impl DeltaFifo {
+    /// A FIFO; `known` is the store it feeds (for `replace` delete detection and `resync`).
+    pub fn new(known: Option<Arc<dyn KnownObjects>>) -> Self {
+        Self { state: Mutex::new(State::default()), known, notify: Notify::new() }
+    }
+
+    fn push(&self, key: &str, delta: Delta) {
+        let mut s = self.state.lock();
+        s.populated = true;
+        s.queue_delta(key, delta);
+        drop(s);
+        self.notify.notify_waiters();
+    }
+
+    /// Queues an `Added` delta.
+    pub fn add(&self, obj: Arc<Object>) {
+        let key = obj.key().to_owned();
+        self.push(&key, Delta::Added(obj));
+    }
+
+    /// Queues an `Updated` delta.
+    pub fn update(&self, obj: Arc<Object>) {
+        let key = obj.key().to_owned();
+        self.push(&key, Delta::Updated(obj));
+    }
+
+    /// Queues a `Deleted` delta, unless the key is neither queued nor known to the store
+    /// (there is nothing to delete).
+    pub fn delete(&self, obj: DeletedObject) {
+        let key = obj.key().to_owned();
+        let mut s = self.state.lock();
+        let queued = s.items.contains_key(key.as_str());
+        let known = match &self.known {
+            Some(k) => k.known_object(&key).is_some(),
+            None => false,
+        };
+        if !queued && !known {
+            return;
+        }
+        s.populated = true;
+        s.queue_delta(&key, Delta::Deleted(obj));
+        drop(s);
+        self.notify.notify_waiters();
+    }
+
+    /// Replaces the content with a fresh list (a relist): a `Replaced` delta per object, then
+    /// a `Deleted` tombstone for every queued or known key the list lacks.
+    pub fn replace(&self, list: Vec<Arc<Object>>) {
+        let mut s = self.state.lock();
+        let mut listed: HashSet<Arc<str>, foldhash::fast::RandomState> = HashSet::default();
+        listed.reserve(list.len());
+        for obj in list {
+            let key = obj.key().to_owned();
+            s.queue_delta(&key, Delta::Replaced(obj));
+            if let Some(k) = s.items.get_key_value(key.as_str()).map(|(k, _)| k.clone()) {
+                listed.insert(k);
+            }
+        }
+        // Deletions among queued keys: tombstone with the newest object we have.
+        let vanished_queued: Vec<(Arc<str>, Arc<Object>)> = s
+            .queue
+            .iter()
+            .filter(|k| !listed.contains(&**k))
+            .filter_map(|k| s.items.get(k).and_then(|d| d.last()).map(|d| (k.clone(), d.object().clone())))
+            .collect();
+        for (key, last_known) in vanished_queued {
+            s.queue_delta(&key, Delta::Deleted(DeletedObject::FinalStateUnknown { key: key.clone(), last_known }));
+        }
+        // Deletions among keys only the store knows.
+        if let Some(known) = &self.known {
+            for key in known.known_keys() {
+                if listed.contains(key.as_str()) || s.items.contains_key(key.as_str()) {
+                    continue;
+                }
+                let Some(last_known) = known.known_object(&key) else { continue };
+                let key: Arc<str> = Arc::from(key);
+                s.queue_delta(&key, Delta::Deleted(DeletedObject::FinalStateUnknown { key: key.clone(), last_known }));
+            }
+        }
+        if !s.populated {
+            s.populated = true;
+            s.initial_population = s.queue.len();
+        }
+        drop(s);
+        self.notify.notify_waiters();
+    }
+
+    /// Queues a `Sync` delta for every key the store knows that has no pending deltas.
+    pub fn resync(&self) {
+        let Some(known) = &self.known else { return };
+        let mut s = self.state.lock();
+        let mut queued_any = false;
+        for key in known.known_keys() {
+            if s.items.contains_key(key.as_str()) {
+                continue;
+            }
+            if let Some(obj) = known.known_object(&key) {
+                s.queue_delta(&key, Delta::Sync(obj));
+                queued_any = true;
+            }
+        }
+        drop(s);
+        if queued_any {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Waits for a key, removes it with its deltas, and calls `process(key, &deltas,
+    /// in_initial_list)` under the lock. `Requeue` puts the deltas back unless the key was
+    /// queued again meanwhile. Returns [`Closed`] once closed and empty.
+    pub async fn pop<F>(&self, mut process: F) -> Result<(), Closed>
+    where
+        F: FnMut(&str, &[Delta], bool) -> PopOutcome,
+    {
+        self.pop_batch(1, |k, d, i| process(k, d, i)).await.map(|_| ())
+    }
+
+    /// Like [`pop`](Self::pop) but processes up to `max` ready keys under one lock
+    /// acquisition, in queue order. Returns how many keys were processed.
+    pub async fn pop_batch<F>(&self, max: usize, mut process: F) -> Result<usize, Closed>
+    where
+        F: FnMut(&str, &[Delta], bool) -> PopOutcome,
+    {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.state.lock();
+                if !s.queue.is_empty() {
+                    let mut n = 0;
+                    while n < max.max(1) {
+                        let Some(key) = s.queue.pop_front() else { break };
+                        let Some(deltas) = s.items.remove(&key) else { continue };
+                        let in_initial_list = !s.has_synced();
+                        if s.initial_population > 0 {
+                            s.initial_population -= 1;
+                        }
+                        n += 1;
+                        if process(&key, &deltas, in_initial_list) == PopOutcome::Requeue
+                            && !s.items.contains_key(&key)
+                        {
+                            s.queue.push_back(key.clone());
+                            s.items.insert(key, deltas);
+                        }
+                    }
+                    return Ok(n);
+                }
+                if s.closed {
+                    return Err(Closed);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Wakes every waiting `pop` with [`Closed`] (after the queue drains).
+    pub fn close(&self) {
+        self.state.lock().closed = true;
+        self.notify.notify_waiters();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+
+    /// Whether the first list has been fully popped (see the module doc).
+    pub fn has_synced(&self) -> bool {
+        self.state.lock().has_synced()
+    }
+
+    /// Queued keys, in pop order.
+    pub fn queued_keys(&self) -> Vec<String> {
+        self.state.lock().queue.iter().map(|k| k.to_string()).collect()
+    }
+
+    /// The pending deltas of `key`, if queued.
+    pub fn deltas_of(&self, key: &str) -> Option<Deltas> {
+        self.state.lock().items.get(key).cloned()
+    }
+
+    /// Number of queued keys.
+    pub fn len(&self) -> usize {
+        self.state.lock().queue.len()
+    }
+
+    /// Whether no key is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Indexer;
+
+    fn obj(name: &str, rv: u64) -> Arc<Object> {
+        let json = format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{rv}"}}}}"#);
+        Arc::new(Object::from_json(json.into()).unwrap())
+    }
+
+    fn store(objs: &[Arc<Object>]) -> (Indexer, Arc<dyn KnownObjects>) {
+        let s = Indexer::new();
+        for o in objs {
+            s.upsert(o.clone());
+        }
+        let known: Arc<dyn KnownObjects> = Arc::new(s.clone());
+        (s, known)
+    }
+
+    /// Pops one key, returning it and a compact description of its deltas.
+    async fn pop(f: &DeltaFifo) -> (String, Vec<(DeltaType, String, bool)>) {
+        let mut out = None;
+        f.pop(|k, d, _| {
+            let desc = d
+                .iter()
+                .map(|d| {
+                    let tomb = matches!(d, Delta::Deleted(x) if x.is_final_state_unknown());
+                    (d.delta_type(), d.object().resource_version().to_owned(), tomb)
+                })
+                .collect();
+            out = Some((k.to_owned(), desc));
+            PopOutcome::Processed
+        })
+        .await
+        .unwrap();
+        out.unwrap()
+    }
+
+    fn known(o: &Arc<Object>) -> DeletedObject {
+        DeletedObject::Known(o.clone())
+    }
+
+    // TestDeltaFIFO_basic
+    #[tokio::test]
+    async fn delta_fifo_basic() {
+        let f = DeltaFifo::new(None);
+        for i in 0..5 {
+            f.add(obj(&format!("a{i}"), i));
+        }
+        for i in 0..5 {
+            f.update(obj(&format!("b{i}"), i + 10));
+        }
+        let mut a = 0;
+        let mut b = 0;
+        for _ in 0..10 {
+            let (key, deltas) = pop(&f).await;
+            assert_eq!(deltas.len(), 1);
+            if key.starts_with('a') {
+                assert_eq!(deltas[0].0, DeltaType::Added);
+                assert_eq!(key, format!("a{a}"), "FIFO order");
+                a += 1;
+            } else {
+                assert_eq!(deltas[0].0, DeltaType::Updated);
+                assert_eq!(key, format!("b{b}"));
+                b += 1;
+            }
+        }
+        assert!(f.is_empty());
+    }
+
+    // TestDeltaFIFO_requeueOnPop
+    #[tokio::test]
+    async fn delta_fifo_requeue_on_pop() {
+        let f = DeltaFifo::new(None);
+        f.add(obj("foo", 10));
+        f.pop(|k, d, _| {
+            assert_eq!(k, "foo");
+            assert_eq!(d.len(), 1);
+            PopOutcome::Requeue
+        })
+        .await
+        .unwrap();
+        assert_eq!(f.deltas_of("foo").map(|d| d.len()), Some(1), "requeued deltas are back");
+        // The requeued key is popped again, with the same deltas.
+        let (key, deltas) = pop(&f).await;
+        assert_eq!((key.as_str(), deltas.len()), ("foo", 1));
+        assert!(f.is_empty());
+    }
+
+    // TestDeltaFIFO_addUpdate
+    #[tokio::test]
+    async fn delta_fifo_add_update_delete_collapse_per_key() {
+        let f = DeltaFifo::new(None);
+        f.add(obj("foo", 10));
+        f.update(obj("foo", 12));
+        f.delete(known(&obj("foo", 15)));
+        assert_eq!(f.queued_keys(), ["foo"], "one key, queued once");
+        let (key, deltas) = pop(&f).await;
+        assert_eq!(key, "foo");
+        let types: Vec<_> = deltas.iter().map(|d| (d.0, d.1.as_str())).collect();
+        assert_eq!(types, [(DeltaType::Added, "10"), (DeltaType::Updated, "12"), (DeltaType::Deleted, "15")]);
+        // A later add of the same key is a new entry.
+        f.add(obj("foo", 20));
+        assert_eq!(pop(&f).await.1[0].1, "20");
+    }
+
+    // TestDeltaFIFO_DeleteExistingNonPropagated / ignored delete of unknown keys
+    #[tokio::test]
+    async fn delta_fifo_ignores_delete_of_unknown_key() {
+        let f = DeltaFifo::new(None);
+        f.delete(known(&obj("ghost", 1)));
+        assert!(f.is_empty(), "delete of a key neither queued nor known is ignored");
+        assert!(!f.has_synced(), "an ignored delete does not populate");
+
+        let (_, k) = store(&[obj("known", 1)]);
+        let f = DeltaFifo::new(Some(k));
+        f.delete(known(&obj("ghost", 1)));
+        assert!(f.is_empty());
+        f.delete(known(&obj("known", 2)));
+        assert_eq!(f.queued_keys(), ["known"], "delete of a key the store knows is queued");
+    }
+
+    // TestDeltaFIFO_DeleteDedup (dedupDeltas / isDeletionDup)
+    #[tokio::test]
+    async fn delta_fifo_dedups_consecutive_deletes() {
+        let f = DeltaFifo::new(None);
+        let a = obj("foo", 1);
+        f.add(a.clone());
+        f.delete(known(&obj("foo", 2)));
+        f.delete(known(&obj("foo", 3)));
+        let d = f.deltas_of("foo").unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[1].object().resource_version(), "2", "older delete kept when it is not a tombstone");
+
+        // Older is a tombstone, newer is a real delete: keep the newer.
+        let f = DeltaFifo::new(None);
+        f.add(a.clone());
+        f.delete(DeletedObject::FinalStateUnknown { key: "foo".into(), last_known: obj("foo", 4) });
+        f.delete(known(&obj("foo", 5)));
+        let d = f.deltas_of("foo").unwrap();
+        assert_eq!(d.len(), 2);
+        assert!(matches!(&d[1], Delta::Deleted(DeletedObject::Known(o)) if o.resource_version() == "5"));
+
+        // A non-delete in between prevents collapsing.
+        let f = DeltaFifo::new(None);
+        f.add(a.clone());
+        f.delete(known(&obj("foo", 6)));
+        f.add(obj("foo", 7));
+        f.delete(known(&obj("foo", 8)));
+        assert_eq!(f.deltas_of("foo").unwrap().len(), 4);
+    }
+
+    // TestDeltaFIFO_ReplaceMakesDeletions / ReplaceMakesDeletionsReplaced
+    #[tokio::test]
+    async fn delta_fifo_replace_makes_deletions() {
+        // "baz" is only in the store, "foo" is queued; neither is in the new list.
+        let (_, k) = store(&[obj("foo", 5), obj("bar", 6), obj("baz", 7)]);
+        let f = DeltaFifo::new(Some(k));
+        f.delete(known(&obj("baz", 10)));
+        f.add(obj("qux", 3));
+        f.replace(vec![obj("foo", 5)]);
+
+        let mut got = Vec::new();
+        while !f.is_empty() {
+            got.push(pop(&f).await);
+        }
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("bar".into(), vec![(DeltaType::Deleted, "6".into(), true)]),
+                ("baz".into(), vec![(DeltaType::Deleted, "10".into(), false)]),
+                ("foo".into(), vec![(DeltaType::Replaced, "5".into(), false)]),
+                ("qux".into(), vec![(DeltaType::Added, "3".into(), false), (DeltaType::Deleted, "3".into(), true)]),
+            ],
+            "baz: the queued real delete wins over the tombstone (dedup); qux: queued then vanished \
+             gets a tombstone with its newest object; bar: known only, tombstone from the store"
+        );
+    }
+
+    // TestDeltaFIFO_ReplaceDeltaType / addReplace
+    #[tokio::test]
+    async fn delta_fifo_add_then_replace_keeps_order() {
+        let f = DeltaFifo::new(None);
+        f.add(obj("foo", 10));
+        f.replace(vec![obj("foo", 15)]);
+        let (_, d) = pop(&f).await;
+        assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), [DeltaType::Added, DeltaType::Replaced]);
+    }
+
+    // TestDeltaFIFO_Resync / ResyncNonExisting / UpdateResyncRace
+    #[tokio::test]
+    async fn delta_fifo_resync_skips_pending_keys() {
+        let (s, k) = store(&[obj("foo", 5), obj("bar", 6)]);
+        let f = DeltaFifo::new(Some(k));
+        f.update(obj("foo", 7));
+        f.resync();
+        let foo = f.deltas_of("foo").unwrap();
+        assert_eq!(foo.len(), 1, "no Sync behind a pending real change");
+        assert_eq!(foo[0].delta_type(), DeltaType::Updated);
+        let bar = f.deltas_of("bar").unwrap();
+        assert!(matches!(&bar[..], [Delta::Sync(o)] if o.resource_version() == "6"));
+
+        // A key deleted from the store meanwhile is not resynced (ResyncNonExisting).
+        s.delete("bar");
+        pop(&f).await;
+        pop(&f).await;
+        f.resync();
+        assert_eq!(f.queued_keys(), ["foo"]);
+    }
+
+    // TestDeltaFIFO_HasSynced / HasSyncedCorrectOnDeletion
+    #[tokio::test]
+    async fn delta_fifo_has_synced_after_first_replace_popped() {
+        let (_, k) = store(&[obj("gone", 1)]);
+        let f = DeltaFifo::new(Some(k));
+        assert!(!f.has_synced());
+        f.replace(vec![obj("a", 1), obj("b", 2)]);
+        assert!(!f.has_synced());
+        assert_eq!(f.len(), 3, "a, b and the tombstone for 'gone'");
+        pop(&f).await;
+        pop(&f).await;
+        assert!(!f.has_synced());
+        f.add(obj("late", 3)); // not part of the initial batch
+        pop(&f).await;
+        assert!(f.has_synced(), "synced once the whole first batch (incl. deletions) is popped");
+        // A second replace does not un-sync.
+        f.replace(vec![obj("x", 9)]);
+        assert!(f.has_synced());
+
+        // An add before any replace counts as populated.
+        let f = DeltaFifo::new(None);
+        f.add(obj("a", 1));
+        assert!(f.has_synced());
+
+        // Empty first list: synced at once.
+        let f = DeltaFifo::new(None);
+        f.replace(Vec::new());
+        assert!(f.has_synced());
+    }
+
+    #[tokio::test]
+    async fn delta_fifo_in_initial_list_flag() {
+        let f = DeltaFifo::new(None);
+        f.replace(vec![obj("a", 1)]);
+        f.add(obj("b", 2));
+        let mut flags = Vec::new();
+        for _ in 0..2 {
+            f.pop(|k, _, initial| {
+                flags.push((k.to_owned(), initial));
+                PopOutcome::Processed
+            })
+            .await
+            .unwrap();
+        }
+        assert_eq!(flags, [("a".to_owned(), true), ("b".to_owned(), false)]);
+    }
+
+    // TestDeltaFIFO_PopShouldUnblockWhenClosed
+    #[tokio::test]
+    async fn delta_fifo_pop_unblocks_on_close() {
+        let f = Arc::new(DeltaFifo::new(None));
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let f = f.clone();
+                tokio::spawn(async move { f.pop(|_, _, _| PopOutcome::Processed).await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        f.close();
+        for w in waiters {
+            assert_eq!(w.await.unwrap(), Err(Closed));
+        }
+        assert!(f.is_closed());
+    }
+
+    #[tokio::test]
+    async fn delta_fifo_close_drains_remaining_items_first() {
+        let f = DeltaFifo::new(None);
+        f.add(obj("a", 1));
+        f.close();
+        assert_eq!(pop(&f).await.0, "a");
+        assert_eq!(f.pop(|_, _, _| PopOutcome::Processed).await, Err(Closed));
+    }
+
+    #[tokio::test]
+    async fn delta_fifo_blocking_pop_wakes_on_add() {
+        let f = Arc::new(DeltaFifo::new(None));
+        let popper = {
+            let f = f.clone();
+            tokio::spawn(async move { pop(&f).await.0 })
+        };
+        tokio::task::yield_now().await;
+        f.add(obj("late", 1));
+        assert_eq!(popper.await.unwrap(), "late");
+    }
+
+    // TestDeltaFIFO_detectLineJumpers: a re-added key keeps its original position.
+    #[tokio::test]
+    async fn delta_fifo_keys_keep_their_place() {
+        let f = DeltaFifo::new(None);
+        f.add(obj("foo", 10));
+        f.add(obj("bar", 1));
+        f.add(obj("foo", 11));
+        f.add(obj("foo", 13));
+        f.add(obj("zab", 30));
+        assert_eq!(f.queued_keys(), ["foo", "bar", "zab"]);
+        assert_eq!(pop(&f).await.1.len(), 3);
+        f.add(obj("foo", 14));
+        assert_eq!(f.queued_keys(), ["bar", "zab", "foo"]);
+    }
+
+    #[tokio::test]
+    async fn delta_fifo_batch_pop_keeps_per_key_order() {
+        let f = DeltaFifo::new(None);
+        for i in 0..10 {
+            f.add(obj(&format!("k{}", i % 4), i));
+        }
+        let mut seen = Vec::new();
+        let n = f
+            .pop_batch(3, |k, d, _| {
+                seen.push((k.to_owned(), d.iter().map(|x| x.object().resource_version().to_owned()).collect::<Vec<_>>()));
+                PopOutcome::Processed
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(seen[0], ("k0".to_owned(), vec!["0".into(), "4".into(), "8".into()]));
+        assert_eq!(seen[1].0, "k1");
+        assert_eq!(seen[2].0, "k2");
+        assert_eq!(f.queued_keys(), ["k3"]);
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeMap;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Create(u8),
+            Modify(u8),
+            Remove(u8),
+            /// The watch broke; relist the truth.
+            Relist,
+            Resync,
+            Pop(u8),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                (0u8..6).prop_map(Op::Create),
+                (0u8..6).prop_map(Op::Modify),
+                (0u8..6).prop_map(Op::Remove),
+                Just(Op::Relist),
+                Just(Op::Resync),
+                (1u8..4).prop_map(Op::Pop),
+            ]
+        }
+
+        fn check_invariant(f: &DeltaFifo) {
+            let s = f.state.lock();
+            let queued: HashSet<&str> = s.queue.iter().map(|k| &**k).collect();
+            assert_eq!(queued.len(), s.queue.len(), "no duplicate keys in queue");
+            assert_eq!(queued.len(), s.items.len(), "queue and items hold the same keys");
+            for (k, d) in &s.items {
+                assert!(queued.contains(&**k));
+                assert!(!d.is_empty());
+                for w in d.windows(2) {
+                    assert!(
+                        !(w[0].delta_type() == DeltaType::Deleted && w[1].delta_type() == DeltaType::Deleted),
+                        "two consecutive deletes"
+                    );
+                }
+                assert!(d.iter().all(|x| x.key() == &**k));
+            }
+        }
+
+        /// HandleDeltas applied to a plain store.
+        fn apply(cache: &Indexer, deltas: &[Delta]) {
+            for d in deltas {
+                match d {
+                    Delta::Deleted(x) => {
+                        cache.delete(x.key());
+                    }
+                    other => {
+                        cache.upsert(other.object().clone());
+                    }
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+            #[test]
+            fn fifo_invariant_and_cache_converges(ops in proptest::collection::vec(op(), 1..80)) {
+                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                rt.block_on(async {
+                    let cache = Indexer::new();
+                    let f = DeltaFifo::new(Some(Arc::new(cache.clone())));
+                    // The API server's truth: name -> resourceVersion.
+                    let mut truth: BTreeMap<String, u64> = BTreeMap::new();
+                    let mut rv = 0u64;
+                    f.replace(Vec::new());
+                    for op in ops {
+                        match op {
+                            Op::Create(n) => {
+                                let name = format!("o{n}");
+                                if !truth.contains_key(&name) {
+                                    rv += 1;
+                                    truth.insert(name.clone(), rv);
+                                    f.add(obj(&name, rv));
+                                }
+                            }
+                            Op::Modify(n) => {
+                                let name = format!("o{n}");
+                                if truth.contains_key(&name) {
+                                    rv += 1;
+                                    truth.insert(name.clone(), rv);
+                                    f.update(obj(&name, rv));
+                                }
+                            }
+                            Op::Remove(n) => {
+                                let name = format!("o{n}");
+                                if let Some(last) = truth.remove(&name) {
+                                    f.delete(DeletedObject::Known(obj(&name, last)));
+                                }
+                            }
+                            Op::Relist => {
+                                f.replace(truth.iter().map(|(n, v)| obj(n, *v)).collect());
+                            }
+                            Op::Resync => f.resync(),
+                            Op::Pop(n) => {
+                                for _ in 0..n {
+                                    if f.is_empty() { break; }
+                                    f.pop(|_, d, _| { apply(&cache, d); PopOutcome::Processed }).await.unwrap();
+                                }
+                            }
+                        }
+                        check_invariant(&f);
+                    }
+                    while !f.is_empty() {
+                        f.pop(|_, d, _| { apply(&cache, d); PopOutcome::Processed }).await.unwrap();
+                        check_invariant(&f);
+                    }
+                    let cached: BTreeMap<String, u64> = cache
+                        .list()
+                        .iter()
+                        .map(|o| (o.key().to_owned(), o.resource_version().parse().unwrap()))
+                        .collect();
+                    assert_eq!(cached, truth, "cache == source of truth");
+                });
+            }
+        }
+    }
+}

@@ -6,10 +6,12 @@
 //!   fields kept beside it were parsed from that same JSON, so the two never disagree.
 //! - The key is `namespace/name`, or `name` for cluster-scoped objects.
 
+use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 /// Why bytes could not be turned into an [`Object`].
 #[derive(Debug, thiserror::Error)]
@@ -185,6 +187,286 @@ impl Object {
     pub fn controller_owner(&self) -> Option<&OwnerRef> {
         self.owner_references.iter().find(|o| o.is_controller())
     }
+}
+
+/// The kubectl annotation holding the whole last-applied object (often larger than the object).
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// What to drop from objects before they are cached (client-go `TransformFunc`).
+///
+/// The default drops `metadata.managedFields` and the kubectl last-applied annotation:
+/// together they are often most of an object's bytes and no controller needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transform {
+    /// Drop `metadata.managedFields`.
+    pub strip_managed_fields: bool,
+    /// Drop the `kubectl.kubernetes.io/last-applied-configuration` annotation.
+    pub strip_last_applied: bool,
+}
+
+impl Default for Transform {
+    fn default() -> Self {
+        Self { strip_managed_fields: true, strip_last_applied: true }
+    }
+}
+
+impl Transform {
+    /// Keep objects exactly as received.
+    pub const NONE: Transform = Transform { strip_managed_fields: false, strip_last_applied: false };
+}
+
+#[derive(Deserialize)]
+struct RawEnvelope<'a> {
+    #[serde(rename = "apiVersion", borrow, default)]
+    api_version: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    metadata: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawMetadata<'a> {
+    #[serde(borrow, default)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    namespace: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    uid: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    resource_version: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(borrow, default)]
+    deletion_timestamp: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    labels: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    annotations: Option<&'a RawValue>,
+    #[serde(default)]
+    owner_references: Option<Vec<OwnerRef>>,
+    #[serde(borrow, default)]
+    managed_fields: Option<&'a RawValue>,
+}
+
+/// Reads a JSON object of strings into sorted pairs (null values are skipped).
+fn string_pairs(raw: &RawValue) -> Result<Box<[(Box<str>, Box<str>)]>, serde_json::Error> {
+    let map: Option<std::collections::BTreeMap<Box<str>, Option<Box<str>>>> = serde_json::from_str(raw.get())?;
+    Ok(map
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect::<Vec<_>>()
+        .into_boxed_slice())
+}
+
+/// Byte offset of `inner` (a sub-slice of `outer`) within `outer`.
+fn offset_in(outer: &[u8], inner: &str) -> Option<usize> {
+    let start = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
+    (start + inner.len() <= outer.len()).then_some(start)
+}
+
+/// The byte span to cut to remove the member `"key": <value>` whose value occupies
+/// `value` (a sub-slice of `buf`), including one adjoining comma. `None` if the bytes
+/// before the value are not exactly that key (e.g. an escaped spelling).
+fn member_span(buf: &[u8], value: &str, key: &str) -> Option<(usize, usize)> {
+    let vstart = offset_in(buf, value)?;
+    let vend = vstart + value.len();
+    let ws = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let mut i = vstart;
+    while i > 0 && ws(buf[i - 1]) {
+        i -= 1;
+    }
+    if i == 0 || buf[i - 1] != b':' {
+        return None;
+    }
+    i -= 1;
+    while i > 0 && ws(buf[i - 1]) {
+        i -= 1;
+    }
+    let quoted = format!("\"{key}\"");
+    let kstart = i.checked_sub(quoted.len())?;
+    if &buf[kstart..i] != quoted.as_bytes() {
+        return None;
+    }
+    // Prefer eating the comma before the member; if it is the first member, the one after.
+    let mut j = kstart;
+    while j > 0 && ws(buf[j - 1]) {
+        j -= 1;
+    }
+    if j > 0 && buf[j - 1] == b',' {
+        return Some((j - 1, vend));
+    }
+    let mut k = vend;
+    while k < buf.len() && ws(buf[k]) {
+        k += 1;
+    }
+    if k < buf.len() && buf[k] == b',' {
+        return Some((kstart, k + 1));
+    }
+    Some((kstart, vend))
+}
+
+impl Object {
+    /// Builds an object from JSON received from the API server: applies `transform` and, when
+    /// the JSON lacks them (list items do), inserts `apiVersion` / `kind` from `type_meta`.
+    /// The result owns an exact-size copy of the (edited) bytes, so it never pins a larger
+    /// network buffer; edits splice bytes and never re-serialise the object.
+    ///
+    /// ```
+    /// use wasmctrl::object::{Object, Transform};
+    /// let raw = br#"{"metadata":{"name":"a","managedFields":[{"manager":"x"}],"uid":"u"},"data":{}}"#;
+    /// let obj = Object::from_api_json(raw, Some(("v1", "ConfigMap")), Transform::default()).unwrap();
+    /// assert_eq!(
+    ///     std::str::from_utf8(obj.json()).unwrap(),
+    ///     r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a","uid":"u"},"data":{}}"#
+    /// );
+    /// ```
+    pub fn from_api_json(
+        raw: &[u8],
+        type_meta: Option<(&str, &str)>,
+        transform: Transform,
+    ) -> Result<Self, ObjectError> {
+        let env: RawEnvelope<'_> = serde_json::from_slice(raw)?;
+        let meta_raw = env.metadata.ok_or(ObjectError::MissingName)?;
+        let m: RawMetadata<'_> = serde_json::from_str(meta_raw.get())?;
+        let mut annotations = match m.annotations {
+            Some(a) => string_pairs(a)?,
+            None => Box::default(),
+        };
+
+        // (start, end, replacement) edits, applied in order of position.
+        let mut edits: Vec<(usize, usize, String)> = Vec::new();
+        let mut needs_fallback = false;
+        if let Some((api_version, kind)) = type_meta {
+            let mut insert = String::new();
+            if env.api_version.is_none() {
+                insert.push_str(&format!("\"apiVersion\":{},", serde_json::Value::from(api_version)));
+            }
+            if env.kind.is_none() {
+                insert.push_str(&format!("\"kind\":{},", serde_json::Value::from(kind)));
+            }
+            if !insert.is_empty() {
+                let open = raw.iter().position(|b| *b == b'{').ok_or(ObjectError::MissingName)?;
+                edits.push((open + 1, open + 1, insert));
+            }
+        }
+        if transform.strip_managed_fields
+            && let Some(mf) = m.managed_fields
+        {
+            match member_span(raw, mf.get(), "managedFields") {
+                Some((s, e)) => edits.push((s, e, String::new())),
+                None => needs_fallback = true,
+            }
+        }
+        if transform.strip_last_applied
+            && let Some(a) = m.annotations
+            && lookup(&annotations, LAST_APPLIED_ANNOTATION).is_some()
+        {
+            annotations = annotations.iter().filter(|(k, _)| &**k != LAST_APPLIED_ANNOTATION).cloned().collect();
+            match find_member(a.get(), LAST_APPLIED_ANNOTATION)
+                .and_then(|v| member_span(raw, v.get(), LAST_APPLIED_ANNOTATION))
+            {
+                Some((s, e)) => edits.push((s, e, String::new())),
+                None => needs_fallback = true,
+            }
+        }
+
+        let bytes = if needs_fallback {
+            rewrite_slow(raw, type_meta, transform)?
+        } else if edits.is_empty() {
+            Bytes::copy_from_slice(raw)
+        } else {
+            edits.sort_by_key(|e| e.0);
+            let removed: usize = edits.iter().map(|(s, e, _)| e - s).sum();
+            let added: usize = edits.iter().map(|(_, _, r)| r.len()).sum();
+            let mut out = Vec::with_capacity(raw.len() - removed + added);
+            let mut pos = 0;
+            for (s, e, r) in &edits {
+                out.extend_from_slice(&raw[pos..*s]);
+                out.extend_from_slice(r.as_bytes());
+                pos = *e;
+            }
+            out.extend_from_slice(&raw[pos..]);
+            Bytes::from(out)
+        };
+
+        let name = m.name.ok_or(ObjectError::MissingName)?;
+        let (key, namespace_len) = match m.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => (format!("{ns}/{name}"), ns.len()),
+            _ => (name.into_owned(), 0),
+        };
+        Ok(Object {
+            raw: bytes,
+            key: key.into_boxed_str(),
+            namespace_len,
+            uid: m.uid.as_deref().unwrap_or_default().into(),
+            resource_version: m.resource_version.as_deref().unwrap_or_default().into(),
+            generation: m.generation,
+            deletion_timestamp: m.deletion_timestamp.as_deref().map(Into::into),
+            labels: match m.labels {
+                Some(l) => string_pairs(l)?,
+                None => Box::default(),
+            },
+            annotations,
+            owner_references: m.owner_references.unwrap_or_default().into_boxed_slice(),
+        })
+    }
+}
+
+/// Finds one member of a JSON object without building the whole map.
+pub(crate) fn find_member<'a>(object: &'a str, name: &str) -> Option<&'a RawValue> {
+    struct Finder<'n>(&'n str);
+    impl<'de> serde::de::DeserializeSeed<'de> for Finder<'_> {
+        type Value = Option<&'de RawValue>;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de> serde::de::Visitor<'de> for Finder<'_> {
+        type Value = Option<&'de RawValue>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if found.is_none() && key == self.0 {
+                    found = Some(map.next_value::<&'de RawValue>()?);
+                } else {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(object);
+    serde::de::DeserializeSeed::deserialize(Finder(name), &mut de).ok().flatten()
+}
+
+/// The general (slower) path: parse, edit the tree, serialise.
+fn rewrite_slow(
+    raw: &[u8],
+    type_meta: Option<(&str, &str)>,
+    transform: Transform,
+) -> Result<Bytes, ObjectError> {
+    let mut v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(raw)?;
+    if let Some((api_version, kind)) = type_meta {
+        v.entry("apiVersion").or_insert_with(|| api_version.into());
+        v.entry("kind").or_insert_with(|| kind.into());
+    }
+    if let Some(serde_json::Value::Object(meta)) = v.get_mut("metadata") {
+        if transform.strip_managed_fields {
+            meta.remove("managedFields");
+        }
+        if transform.strip_last_applied
+            && let Some(serde_json::Value::Object(a)) = meta.get_mut("annotations")
+        {
+            a.remove(LAST_APPLIED_ANNOTATION);
+        }
+    }
+    Ok(Bytes::from(serde_json::to_vec(&v)?))
 }
 
 fn lookup<'a>(pairs: &'a [(Box<str>, Box<str>)], key: &str) -> Option<&'a str> {

@@ -1,1 +1,180 @@
-fn main() {}
+//! Project tasks, so that a fresh machine with only Rust installed needs one command each:
+//!
+//! - `cargo xtask demo`  — build the example plugins, then run the host with them against
+//!   the embedded dev cluster seeded with `examples/seed`.
+//! - `cargo xtask test`  — build the guest plugins, then run every test of both workspaces.
+//! - `cargo xtask build-guests` — build `guests/` for wasm32-wasip2 and copy the example
+//!   plugins next to their TOMLs in `examples/plugins/`.
+//! - `cargo xtask ci`    — what `.ci/run` checks: formatting, clippy, then `test`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let task = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    let root = project_root();
+    match task.as_str() {
+        "build-guests" => build_guests(&root),
+        "demo" => {
+            build_guests(&root)?;
+            demo(&root, &rest)
+        }
+        "test" => {
+            build_guests(&root)?;
+            test(&root, &rest)
+        }
+        "ci" => {
+            lint(&root)?;
+            build_guests(&root)?;
+            test(&root, &[])
+        }
+        _ => {
+            eprintln!("usage: cargo xtask <demo|test|build-guests|ci> [args]");
+            eprintln!(
+                "  demo          build the example plugins and run the host on the embedded dev cluster"
+            );
+            eprintln!(
+                "  test          build the guest plugins and run all tests (extra args go to the test runner)"
+            );
+            eprintln!(
+                "  build-guests  build guests/ for {WASM_TARGET} and copy the example plugins into examples/plugins/"
+            );
+            eprintln!("  ci            cargo fmt --check, cargo clippy -D warnings, then test");
+            if task.is_empty() || task == "help" || task == "--help" {
+                Ok(())
+            } else {
+                bail!("unknown task `{task}`")
+            }
+        }
+    }
+}
+
+fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd.status().with_context(|| format!("could not start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+/// Installs the wasm target when rustup is there and the target is not.
+fn ensure_wasm_target() -> Result<()> {
+    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output();
+    match installed {
+        Ok(out) if String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == WASM_TARGET) => Ok(()),
+        Ok(_) => run(Command::new("rustup").args(["target", "add", WASM_TARGET])),
+        // No rustup: the toolchain was installed some other way; let cargo report a missing target.
+        Err(_) => Ok(()),
+    }
+}
+
+/// Where the guests are built. Host tests read the `.wasm` files from
+/// `guests/target/wasm32-wasip2/release/`; when the build goes elsewhere (a shared
+/// `CARGO_TARGET_DIR`), the results are copied there.
+fn build_guests(root: &Path) -> Result<()> {
+    ensure_wasm_target()?;
+    let local = root.join("guests/target");
+    let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => PathBuf::from(dir).join("guests"),
+        None => local.clone(),
+    };
+    run(cargo()
+        .current_dir(root.join("guests"))
+        .args(["build", "--release", "--target", WASM_TARGET, "--target-dir"])
+        .arg(&target_dir))?;
+    let built = target_dir.join(WASM_TARGET).join("release");
+    let expected = local.join(WASM_TARGET).join("release");
+    std::fs::create_dir_all(&expected).with_context(|| format!("creating {}", expected.display()))?;
+    let plugins = root.join("examples/plugins");
+    for entry in std::fs::read_dir(&built).with_context(|| format!("reading {}", built.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "wasm") {
+            let file = path.file_name().context("wasm file without a name")?;
+            if built != expected {
+                std::fs::copy(&path, expected.join(file))
+                    .with_context(|| format!("copying {}", path.display()))?;
+            }
+            // An example plugin `foo_bar.wasm` goes next to `examples/plugins/foo-bar.toml`.
+            let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().replace('_', "-");
+            if plugins.join(format!("{stem}.toml")).exists() {
+                let dest = plugins.join(format!("{stem}.wasm"));
+                // Write then rename, so a running host never sees a half-written plugin.
+                let tmp = plugins.join(format!(".{stem}.wasm.tmp"));
+                std::fs::copy(&path, &tmp).with_context(|| format!("copying {}", path.display()))?;
+                std::fs::rename(&tmp, &dest).with_context(|| format!("installing {}", dest.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn demo(root: &Path, rest: &[String]) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.current_dir(root).args([
+        "run",
+        "--package",
+        "wasmctrl",
+        "--bin",
+        "wasmctrl",
+        "--",
+        "run",
+        "--config",
+    ]);
+    cmd.arg(root.join("examples/wasmctrl.toml"));
+    cmd.args(rest);
+    run(&mut cmd)
+}
+
+fn test(root: &Path, rest: &[String]) -> Result<()> {
+    let nextest = cargo().args(["nextest", "--version"]).output().is_ok_and(|o| o.status.success());
+    let mut cmd = cargo();
+    cmd.current_dir(root);
+    if nextest {
+        cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
+    } else {
+        cmd.args(["test", "--workspace", "--no-fail-fast"]);
+    }
+    cmd.args(rest);
+    run(&mut cmd)?;
+    // The guest SDK's pure logic is tested natively.
+    run(cargo().current_dir(root.join("guests")).args(["test", "--package", "wasmctrl-guest"]))?;
+    // Doc examples (nextest does not run them).
+    if nextest {
+        run(cargo().current_dir(root).args(["test", "--workspace", "--doc"]))?;
+    }
+    Ok(())
+}
+
+fn lint(root: &Path) -> Result<()> {
+    run(cargo().current_dir(root).args(["fmt", "--all", "--check"]))?;
+    run(cargo().current_dir(root.join("guests")).args(["fmt", "--all", "--check"]))?;
+    run(cargo().current_dir(root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    ensure_wasm_target()?;
+    let guests_target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => PathBuf::from(dir).join("guests"),
+        None => root.join("guests/target"),
+    };
+    run(cargo()
+        .current_dir(root.join("guests"))
+        .args(["clippy", "--target", WASM_TARGET, "--target-dir"])
+        .arg(&guests_target)
+        .args(["--", "-D", "warnings"]))
+}

@@ -1,1 +1,37 @@
-//! TODO-OWNER: module root
+//! Configuration: the host TOML ([`HostConfig`]) and one TOML per plugin ([`PluginConfig`]).
+//!
+//! Both are parsed with serde + toml into typed structs that refuse unknown keys, then
+//! checked. Every error is a [`ConfigError`] naming the file, line, column and field, with a
+//! hint where one helps (a misspelt key, a kind the cluster does not serve):
+//!
+//! ```text
+//! plugins/mirror.toml:9:1: `for.lable-selector`: unknown key `lable-selector` in [for]
+//!   |
+//! 9 | lable-selector = "mirror=true"
+//!   | ^^^^^^^^^^^^^^
+//!   = hint: did you mean `label-selector`?
+//! ```
+//!
+//! The file forms ([`HostToml`], [`PluginToml`]) serialize back to TOML, so documented
+//! examples round-trip. The reference of every key is `docs/configuration.md`.
+
+mod error;
+mod host;
+mod kinds;
+pub mod names;
+mod plugin;
+mod units;
+
+pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
+pub use host::{
+    ClusterConfig, ClusterMode, ClusterToml, DefaultsToml, HostConfig, HostToml, LeaderElectionConfig,
+    LeaderElectionToml, ServerToml,
+};
+pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
+pub use plugin::{
+    IndexToml, OwnerIndex, PermissionsToml, PluginConfig, PluginDefaults, PluginToml, Predicates,
+    PredicatesToml, SourceToml, WatchSource,
+};
+pub use units::{ByteSize, DurationValue, UnitError};
+
+pub(crate) use kinds::resolve_or_guess;

@@ -1,9 +1,31 @@
 //! Controllers: workers that take keys from a rate-limited queue and reconcile them,
 //! with controller-runtime's result handling, event sources and predicates.
+//!
+//! - [`Request`], [`Action`], [`ReconcileError`], [`Reconciler`]: the reconcile contract.
+//! - [`Controller`] / [`ControllerBuilder`] (in `runner`): workers, result handling,
+//!   metrics, readiness, graceful shutdown, hot swap of reconciler / mapper / filter.
+//! - [`source`]: what notifications come from ([`EventSource`], [`ManualSource`]).
+//! - [`handler`]: notifications → requests (`for`, `owns`, `watches` + [`Mapper`]).
+//! - [`predicate`]: which notifications count.
+//! - [`leader`]: leader election on a `coordination.k8s.io/v1` Lease.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use parking_lot::RwLock;
+
+pub mod handler;
+pub mod leader;
+
+pub mod predicate;
+mod runner;
+pub mod source;
+
+pub use handler::Mapper;
+pub use predicate::{Filter, FilterEvent, Predicate};
+pub use runner::{Controller, ControllerBuilder, ControllerError, Readiness, SourceSpec, Swap};
+pub use source::{EventRegistration, EventSource, InformerSource, ManualSource};
 
 /// The object a reconcile is for. `namespace` is `None` for cluster-scoped kinds.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -66,4 +88,62 @@ pub enum ReconcileError {
 /// in production.
 pub trait Reconciler: Send + Sync + 'static {
     fn reconcile(&self, request: Request) -> BoxFuture<'static, Result<Action, ReconcileError>>;
+}
+
+/// A [`Reconciler`] made of a closure (tests, benchmarks, small native controllers).
+///
+/// ```
+/// use wasmctrl::controller::{Action, reconciler_fn};
+/// let r = reconciler_fn(|_req| async { Ok(Action::Done) });
+/// # let _ = r;
+/// ```
+pub fn reconciler_fn<F, Fut>(f: F) -> Arc<dyn Reconciler>
+where
+    F: Fn(Request) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+{
+    struct FnReconciler<F>(F);
+    impl<F, Fut> Reconciler for FnReconciler<F>
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+    {
+        fn reconcile(&self, request: Request) -> BoxFuture<'static, Result<Action, ReconcileError>> {
+            Box::pin((self.0)(request))
+        }
+    }
+    Arc::new(FnReconciler(f))
+}
+
+/// A shared slot holding the current implementation of something hot-swappable (a
+/// reconciler, mapper or filter). `load` returns the current one; a caller keeps using what
+/// it loaded even if a `store` happens meanwhile, so calls in flight finish on the old version.
+pub struct HotSwap<T: ?Sized>(Arc<RwLock<Arc<T>>>);
+
+impl<T: ?Sized> Clone for HotSwap<T> {
+    fn clone(&self) -> Self {
+        HotSwap(self.0.clone())
+    }
+}
+
+impl<T: ?Sized> std::fmt::Debug for HotSwap<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HotSwap")
+    }
+}
+
+impl<T: ?Sized> HotSwap<T> {
+    pub fn new(value: Arc<T>) -> Self {
+        HotSwap(Arc::new(RwLock::new(value)))
+    }
+
+    /// The current value.
+    pub fn load(&self) -> Arc<T> {
+        self.0.read().clone()
+    }
+
+    /// Replaces the value; returns the previous one.
+    pub fn store(&self, value: Arc<T>) -> Arc<T> {
+        std::mem::replace(&mut *self.0.write(), value)
+    }
 }

@@ -1,9 +1,22 @@
 //! Shared informers: one watch and one cache per (kind, namespace, selectors), fanned out
 //! to any number of handlers, each with its own buffer.
+//!
+//! - [`SharedIndexInformer`]: reflector → DeltaFIFO → indexer → listeners.
+//! - [`InformerFactory`]: hands out reference-counted [`InformerLease`]s so every controller
+//!   asking for the same (kind, namespace, selectors) shares one informer; the last lease
+//!   released stops it.
 
 use std::sync::Arc;
 
 use crate::object::{DeletedObject, Object};
+
+mod factory;
+mod processor;
+mod shared;
+
+pub use factory::{FactoryError, FactoryOptions, InformerFactory, InformerLease, InformerSpec};
+pub use processor::MINIMUM_RESYNC_PERIOD;
+pub use shared::{HandlerRegistration, InformerOptions, SharedIndexInformer};
 
 /// Receives an informer's notifications, in order, on the handler's own listener task.
 ///

@@ -1,1 +1,52 @@
-//! TODO-OWNER: module root
+//! The WebAssembly plugin runtime: runs controller plugins (components targeting the
+//! `wasmctrl:controller/plugin` world) in wasmtime sandboxes.
+//!
+//! - [`engine`]: the shared engine (Cranelift, epoch ticker, pooling allocator) and the
+//!   on-disk compile cache.
+//! - [`spec`]: what the runtime needs to know about a plugin ([`PluginSpec`]).
+//! - [`runtime`]: a loaded [`Plugin`] with its instance pool and blocking calls into its exports.
+//! - [`adapter`]: [`PluginReconciler`], the plugin as the controller's `Reconciler` and as
+//!   an informer event handler; it moves calls off the tokio workers.
+//! - [`inspect`]: what a `.wasm` targets and whether it fits (`wasmctrl check`).
+//! - `cache`, `client`, `events`, `log`, `config`: the host side of each WIT import.
+//!
+//! Invariants kept across the module: a plugin never gets a capability its TOML did not
+//! grant (WASI grants nothing; `cache`/`client` check declared kinds); a trap fails one
+//! call and discards one instance, never the host.
+
+pub mod adapter;
+pub(crate) mod bindings;
+pub mod cache;
+pub mod client;
+mod config;
+pub mod engine;
+mod events;
+pub mod inspect;
+mod log;
+mod pool;
+pub mod runtime;
+pub mod spec;
+mod state;
+
+pub use adapter::PluginReconciler;
+pub use cache::{CacheReadError, CacheReader};
+pub use client::KubeServices;
+pub use engine::{EngineConfig, LoadedComponent, PluginEngine, PoolingLimits};
+pub use inspect::{ComponentReport, inspect_component};
+pub use runtime::{CallError, FilterInput, Plugin, PluginEnv, PluginHooks};
+pub use spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
+
+/// Why a plugin could not be loaded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PluginError {
+    #[error("configuring the wasm engine: {0}")]
+    Engine(String),
+    #[error("compiling the component: {0}")]
+    Compile(String),
+    #[error("compile cache: {0}")]
+    Cache(String),
+    #[error("plugin {plugin} does not fit the wasmctrl:controller/plugin world: {reason}")]
+    Incompatible { plugin: String, reason: String },
+    #[error("plugin {plugin}: starting an instance failed: {reason}")]
+    Init { plugin: String, reason: String },
+}

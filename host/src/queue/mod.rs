@@ -1,1 +1,22 @@
-//! TODO-OWNER: module root
+//! Work queues between event handlers and controller workers (client-go `util/workqueue`).
+//!
+//! - [`WorkQueue`]: FIFO with dirty + processing sets (a key is never handed to two workers at
+//!   once, and a key added while processing is handed out again after `done`), delayed adds
+//!   (`add_after`, earliest ready time wins), low priority for start-up backlog, shut down with
+//!   or without drain, and the `workqueue_*` metrics.
+//! - [`RateLimitingQueue`]: a work queue plus a [`RateLimiter`] for `add_rate_limited` /
+//!   `forget` / `num_requeues`.
+//! - Rate limiters: [`ItemExponential`], [`ItemFastSlow`], [`TokenBucket`], [`MaxOf`],
+//!   [`default_controller_rate_limiter`], [`RateLimiterConfig`].
+
+mod metrics;
+mod rate_limiter;
+mod rate_limiting;
+mod workqueue;
+
+pub use rate_limiter::{
+    ItemExponential, ItemFastSlow, MaxOf, RateLimiter, RateLimiterConfig, TokenBucket,
+    default_controller_rate_limiter,
+};
+pub use rate_limiting::RateLimitingQueue;
+pub use workqueue::{Priority, QueueKey, WorkQueue};

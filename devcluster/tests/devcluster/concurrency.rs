@@ -1,0 +1,1 @@
+//! Concurrent writers and watchers.

@@ -1,0 +1,1 @@
+//! kubectl as a real client (filled in below).

@@ -1,0 +1,41 @@
+//! Test plugin: `reconcile` of `misbehave` never returns (the deadline must trap it).
+
+wit_bindgen::generate!({ world: "plugin", path: "../../../wit" });
+
+use exports::wasmctrl::controller::reconciler::{
+    FilterEvent, Guest, Hooks, PluginInfo, ReconcileError, ReconcileResult,
+};
+use wasmctrl::controller::types::{Gvk, Request};
+
+struct Plugin;
+export!(Plugin);
+
+/// The default for every request but `misbehave`: done, so a test sees a healthy instance.
+#[allow(dead_code)]
+fn done() -> Result<ReconcileResult, ReconcileError> {
+    Ok(ReconcileResult::Done)
+}
+
+impl Guest for Plugin {
+    fn init(_settings: Vec<u8>) -> Result<PluginInfo, String> {
+        Ok(PluginInfo { hooks: Hooks::empty() })
+    }
+    fn reconcile(request: Request) -> Result<ReconcileResult, ReconcileError> {
+        if request.name == "misbehave" {
+            let mut n = 0u64;
+            loop {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+        }
+        done()
+    }
+    fn on_add(_: Gvk, _: Vec<u8>, _: bool) {}
+    fn on_update(_: Gvk, _: Vec<u8>, _: Vec<u8>) {}
+    fn on_delete(_: Gvk, _: Vec<u8>, _: bool) {}
+    fn filter(_: Gvk, _: FilterEvent) -> bool {
+        true
+    }
+    fn map(_: Gvk, _: Vec<u8>) -> Vec<Request> {
+        Vec::new()
+    }
+}

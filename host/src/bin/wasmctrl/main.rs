@@ -1,0 +1,67 @@
+//! The `wasmctrl` command line: run the host, check a setup offline, print the RBAC the
+//! plugins need, or run the embedded dev cluster alone.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand, ValueEnum};
+
+mod cli;
+
+/// A Kubernetes controller host whose controllers are WebAssembly plugins.
+#[derive(Parser, Debug)]
+#[command(name = "wasmctrl", version, about, long_about = None)]
+struct Cli {
+    /// Log format. Filter with RUST_LOG (e.g. `RUST_LOG=info,wasmctrl=debug`); default `info`.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start the host: load the plugins directory, watch it for changes, reconcile until
+    /// interrupted (Ctrl-C / SIGTERM drain in-flight reconciles first).
+    Run(cli::RunArgs),
+    /// Validate a host TOML, a plugins directory, a plugin TOML or a `.wasm` component
+    /// without starting anything; print what would run. Exits non-zero on any error.
+    Check {
+        /// Files or directories to check: `wasmctrl.toml`, `plugins/`, `plugins/x.toml`, `plugins/x.wasm`.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Print the RBAC (ClusterRole or Role, and its binding) that the host's service
+    /// account needs for the configured plugins, as YAML.
+    Rbac(cli::RbacArgs),
+    /// Start the embedded Kubernetes API server alone (loopback only), write a kubeconfig
+    /// for it and serve until interrupted.
+    DevCluster(cli::DevClusterArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    cli::init_tracing(matches!(cli.log_format, LogFormat::Json));
+    let result: Result<std::process::ExitCode> = match cli.command {
+        Command::Run(args) => cli::run(args),
+        Command::Check { paths } => cli::check(&paths),
+        Command::Rbac(args) => cli::rbac(args),
+        Command::DevCluster(args) => cli::dev_cluster(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,521 @@
+//! The thread-safe indexed store (client-go's `threadSafeStore` + `Indexer`).
+//!
+//! Invariants (all kept under one `RwLock`):
+//! - `items` holds at most one object per key; objects are shared `Arc`s, never copied.
+//! - For every index `i` and object `o` in `items`, `o` is in `indices[i][v]` exactly for the
+//!   values `v` of `i`'s function on `o`, and nothing else is in `indices[i]`. On update the
+//!   old object's values are removed before the new ones are added; empty value sets are
+//!   dropped so `list_index_values` only returns values some object has.
+//! - The namespace index ([`NAMESPACE_INDEX`]) always exists.
+
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::index::{IndexError, IndexFunc, NAMESPACE_INDEX};
+use super::selector::LabelSelector;
+use crate::object::Object;
+
+type Hasher_ = foldhash::fast::RandomState;
+
+/// A set member keyed by the object's key, so sets need no separate key allocation.
+#[derive(Clone)]
+struct ByKey(Arc<Object>);
+
+impl PartialEq for ByKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key() == other.0.key()
+    }
+}
+impl Eq for ByKey {}
+impl Hash for ByKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.key().hash(state)
+    }
+}
+impl Borrow<str> for ByKey {
+    fn borrow(&self) -> &str {
+        self.0.key()
+    }
+}
+
+type KeySet = HashSet<ByKey, Hasher_>;
+
+#[derive(Default)]
+struct Inner {
+    items: KeySet,
+    indexers: BTreeMap<String, IndexFunc>,
+    indices: HashMap<String, HashMap<Box<str>, KeySet, Hasher_>, Hasher_>,
+}
+
+impl Inner {
+    fn add_to_indices(&mut self, obj: &Arc<Object>) {
+        for (name, func) in &self.indexers {
+            let index = self.indices.entry(name.clone()).or_default();
+            for v in func.values(obj) {
+                index.entry(v.into_boxed_str()).or_default().replace(ByKey(obj.clone()));
+            }
+        }
+    }
+
+    fn remove_from_indices(&mut self, obj: &Object) {
+        for (name, func) in &self.indexers {
+            let Some(index) = self.indices.get_mut(name.as_str()) else { continue };
+            for v in func.values(obj) {
+                if let Some(set) = index.get_mut(v.as_str()) {
+                    set.remove(obj.key());
+                    if set.is_empty() {
+                        index.remove(v.as_str());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves `new` into the index entries of `old`'s key: stale values out, fresh ones in.
+    fn update_indices(&mut self, old: &Object, new: &Arc<Object>) {
+        for (name, func) in &self.indexers {
+            let old_values = func.values(old);
+            let new_values = func.values(new);
+            let index = self.indices.entry(name.clone()).or_default();
+            for v in &old_values {
+                if !new_values.contains(v)
+                    && let Some(set) = index.get_mut(v.as_str())
+                {
+                    set.remove(old.key());
+                    if set.is_empty() {
+                        index.remove(v.as_str());
+                    }
+                }
+            }
+            for v in new_values {
+                // `replace` so the set holds the new Arc, letting the old object be freed.
+                match index.get_mut(v.as_str()) {
+                    Some(set) => {
+                        set.replace(ByKey(new.clone()));
+                    }
+                    None => {
+                        index.entry(v.into_boxed_str()).or_default().insert(ByKey(new.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    fn upsert(&mut self, obj: Arc<Object>) -> Option<Arc<Object>> {
+        let old = self.items.replace(ByKey(obj.clone())).map(|b| b.0);
+        match &old {
+            Some(old) => self.update_indices(old, &obj),
+            None => self.add_to_indices(&obj),
+        }
+        old
+    }
+}
+
+/// A cheap-to-clone, thread-safe handle to an indexed object cache.
+///
+/// Readers get `Arc<Object>`s (shared, immutable). Every store has the namespace index;
+/// more are added with [`Indexer::add_indexers`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use wasmctrl::cache::{IndexFunc, IndexSpec, Indexer, LabelSelector, NAMESPACE_INDEX};
+/// use wasmctrl::object::Object;
+///
+/// let indexer = Indexer::new();
+/// indexer.add_indexers([("by-app".to_string(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())]).unwrap();
+/// let obj = |ns: &str, name: &str, app: &str| Arc::new(Object::from_json(format!(
+///     r#"{{"metadata":{{"namespace":"{ns}","name":"{name}","labels":{{"app":"{app}"}}}}}}"#).into()).unwrap());
+/// indexer.upsert(obj("a", "one", "web"));
+/// indexer.upsert(obj("b", "two", "db"));
+///
+/// let reader = indexer.clone(); // cheap: an Arc
+/// assert_eq!(reader.get("a/one").unwrap().name(), "one");
+/// assert_eq!(reader.by_index(NAMESPACE_INDEX, "b").unwrap().len(), 1);
+/// assert_eq!(reader.by_index("by-app", "web").unwrap()[0].key(), "a/one");
+/// let sel = LabelSelector::parse("app in (web,db)").unwrap();
+/// assert_eq!(reader.list_selected(None, &sel).len(), 2);
+/// assert_eq!(reader.list_selected(Some("a"), &sel).len(), 1);
+/// ```
+#[derive(Clone)]
+pub struct Indexer {
+    inner: Arc<RwLock<Inner>>,
+}
+
+impl Default for Indexer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Indexer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.inner.read();
+        f.debug_struct("Indexer")
+            .field("len", &inner.items.len())
+            .field("indexes", &inner.indexers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Indexer {
+    /// An empty store with only the namespace index.
+    pub fn new() -> Self {
+        let mut inner = Inner::default();
+        inner.indexers.insert(NAMESPACE_INDEX.to_owned(), IndexFunc::namespace());
+        Self { inner: Arc::new(RwLock::new(inner)) }
+    }
+
+    /// Whether two handles share one store.
+    pub fn same_store(&self, other: &Indexer) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    // ----- reads -----
+
+    /// The object stored under `key` (`namespace/name` or `name`).
+    pub fn get(&self, key: &str) -> Option<Arc<Object>> {
+        self.inner.read().items.get(key).map(|b| b.0.clone())
+    }
+
+    /// The object with `namespace` and `name`.
+    pub fn get_by_name(&self, namespace: Option<&str>, name: &str) -> Option<Arc<Object>> {
+        self.get(&crate::object::key_of(namespace, name))
+    }
+
+    /// Every object, in no particular order.
+    pub fn list(&self) -> Vec<Arc<Object>> {
+        self.inner.read().items.iter().map(|b| b.0.clone()).collect()
+    }
+
+    /// Every key, in no particular order.
+    pub fn keys(&self) -> Vec<String> {
+        self.inner.read().items.iter().map(|b| b.0.key().to_owned()).collect()
+    }
+
+    /// Number of objects.
+    pub fn len(&self) -> usize {
+        self.inner.read().items.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Objects in `namespace` (or all, for `None`) whose labels match `selector`.
+    pub fn list_selected(&self, namespace: Option<&str>, selector: &LabelSelector) -> Vec<Arc<Object>> {
+        let inner = self.inner.read();
+        let matching = |b: &ByKey| selector.matches(&b.0).then(|| b.0.clone());
+        match namespace {
+            None => inner.items.iter().filter_map(matching).collect(),
+            Some(ns) => inner
+                .indices
+                .get(NAMESPACE_INDEX)
+                .and_then(|idx| idx.get(ns))
+                .map(|set| set.iter().filter_map(matching).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Objects whose index `index_name` has `value`.
+    pub fn by_index(&self, index_name: &str, value: &str) -> Result<Vec<Arc<Object>>, IndexError> {
+        let inner = self.inner.read();
+        let index = Self::index_of(&inner, index_name)?;
+        Ok(index.get(value).map(|s| s.iter().map(|b| b.0.clone()).collect()).unwrap_or_default())
+    }
+
+    /// Keys of the objects whose index `index_name` has `value`.
+    pub fn index_keys(&self, index_name: &str, value: &str) -> Result<Vec<String>, IndexError> {
+        let inner = self.inner.read();
+        let index = Self::index_of(&inner, index_name)?;
+        Ok(index.get(value).map(|s| s.iter().map(|b| b.0.key().to_owned()).collect()).unwrap_or_default())
+    }
+
+    /// Every value index `index_name` currently holds.
+    pub fn list_index_values(&self, index_name: &str) -> Result<Vec<String>, IndexError> {
+        let inner = self.inner.read();
+        let index = Self::index_of(&inner, index_name)?;
+        Ok(index.keys().map(|v| v.to_string()).collect())
+    }
+
+    /// Objects sharing at least one value of index `index_name` with `obj`.
+    pub fn index(&self, index_name: &str, obj: &Object) -> Result<Vec<Arc<Object>>, IndexError> {
+        let inner = self.inner.read();
+        let func = inner.indexers.get(index_name).ok_or_else(|| IndexError::UnknownIndex(index_name.into()))?;
+        let index = Self::index_of(&inner, index_name)?;
+        let values = func.values(obj);
+        if let [single] = values.as_slice() {
+            return Ok(index.get(single.as_str()).map(|s| s.iter().map(|b| b.0.clone()).collect()).unwrap_or_default());
+        }
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut out = Vec::new();
+        for v in &values {
+            for b in index.get(v.as_str()).into_iter().flatten() {
+                if seen.insert(b.0.key()) {
+                    out.push(b.0.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Names of the indexes this store maintains.
+    pub fn index_names(&self) -> Vec<String> {
+        self.inner.read().indexers.keys().cloned().collect()
+    }
+
+    /// The function of index `name`, if defined.
+    pub fn index_func(&self, name: &str) -> Option<IndexFunc> {
+        self.inner.read().indexers.get(name).cloned()
+    }
+
+    fn index_of<'a>(
+        inner: &'a Inner,
+        name: &str,
+    ) -> Result<&'a HashMap<Box<str>, KeySet, Hasher_>, IndexError> {
+        static EMPTY: std::sync::OnceLock<HashMap<Box<str>, KeySet, Hasher_>> = std::sync::OnceLock::new();
+        if !inner.indexers.contains_key(name) {
+            return Err(IndexError::UnknownIndex(name.to_owned()));
+        }
+        Ok(inner.indices.get(name).unwrap_or_else(|| EMPTY.get_or_init(HashMap::default)))
+    }
+
+    // ----- writes (used by the informer; public for custom sources and tests) -----
+
+    /// Adds index functions, indexing every object already stored. Redefining an index with
+    /// the same definition is a no-op; with a different one it is an error (nothing changes).
+    pub fn add_indexers(
+        &self,
+        indexers: impl IntoIterator<Item = (String, IndexFunc)>,
+    ) -> Result<(), IndexError> {
+        let new: Vec<(String, IndexFunc)> = indexers.into_iter().collect();
+        let mut inner = self.inner.write();
+        for (name, func) in &new {
+            if let Some(existing) = inner.indexers.get(name)
+                && !existing.same_as(func)
+            {
+                return Err(IndexError::Conflict {
+                    name: name.clone(),
+                    existing: format!("{existing:?}"),
+                    requested: format!("{func:?}"),
+                });
+            }
+        }
+        for (name, func) in new {
+            if inner.indexers.contains_key(&name) {
+                continue;
+            }
+            let mut index: HashMap<Box<str>, KeySet, Hasher_> = HashMap::default();
+            for b in &inner.items {
+                for v in func.values(&b.0) {
+                    index.entry(v.into_boxed_str()).or_default().insert(b.clone());
+                }
+            }
+            inner.indices.insert(name.clone(), index);
+            inner.indexers.insert(name, func);
+        }
+        Ok(())
+    }
+
+    /// Inserts or replaces the object under its key; returns the previous one.
+    pub fn upsert(&self, obj: Arc<Object>) -> Option<Arc<Object>> {
+        self.inner.write().upsert(obj)
+    }
+
+    /// Removes the object stored under `key`; returns it.
+    pub fn delete(&self, key: &str) -> Option<Arc<Object>> {
+        let mut inner = self.inner.write();
+        let old = inner.items.take(key)?.0;
+        inner.remove_from_indices(&old);
+        Some(old)
+    }
+
+    /// Replaces the whole content with `objects`, rebuilding every index.
+    pub fn replace(&self, objects: impl IntoIterator<Item = Arc<Object>>) {
+        let mut inner = self.inner.write();
+        inner.items.clear();
+        inner.indices.clear();
+        for obj in objects {
+            inner.upsert(obj);
+        }
+    }
+
+    /// Removes every object.
+    pub fn clear(&self) {
+        let mut inner = self.inner.write();
+        inner.items.clear();
+        inner.indices.clear();
+    }
+}
+
+/// What a [`DeltaFifo`](crate::fifo::DeltaFifo) needs from the store it feeds: which keys
+/// exist (for delete detection on `Replace`, resync, and ignoring unknown deletes).
+pub trait KnownObjects: Send + Sync {
+    /// Every key the store holds.
+    fn known_keys(&self) -> Vec<String>;
+    /// The stored object for `key`.
+    fn known_object(&self, key: &str) -> Option<Arc<Object>>;
+}
+
+impl KnownObjects for Indexer {
+    fn known_keys(&self) -> Vec<String> {
+        self.keys()
+    }
+    fn known_object(&self, key: &str) -> Option<Arc<Object>> {
+        self.get(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{IndexSpec, OwnerIndex};
+
+    fn obj(ns: &str, name: &str, labels: &str) -> Arc<Object> {
+        let json = format!(r#"{{"metadata":{{"namespace":"{ns}","name":"{name}","labels":{{{labels}}}}}}}"#);
+        Arc::new(Object::from_json(json.into()).unwrap())
+    }
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
+    }
+
+    fn keys(v: Vec<Arc<Object>>) -> Vec<String> {
+        sorted(v.into_iter().map(|o| o.key().to_owned()).collect())
+    }
+
+    // store_test.go: TestCache / doTestStore
+    #[test]
+    fn store_add_update_delete_list_get() {
+        let s = Indexer::new();
+        s.upsert(obj("ns", "foo", r#""v":"1""#));
+        assert_eq!(s.get("ns/foo").unwrap().label("v"), Some("1"));
+        let old = s.upsert(obj("ns", "foo", r#""v":"2""#)).unwrap();
+        assert_eq!(old.label("v"), Some("1"));
+        assert_eq!(s.get("ns/foo").unwrap().label("v"), Some("2"));
+        assert_eq!(s.delete("ns/foo").unwrap().label("v"), Some("2"));
+        assert!(s.get("ns/foo").is_none());
+        assert!(s.delete("ns/foo").is_none());
+
+        s.upsert(obj("ns", "a", ""));
+        s.upsert(obj("ns", "c", ""));
+        s.upsert(obj("other", "e", ""));
+        assert_eq!(sorted(s.keys()), ["ns/a", "ns/c", "other/e"]);
+        assert_eq!(keys(s.list()), ["ns/a", "ns/c", "other/e"]);
+
+        // Replace: afterwards exactly the given set.
+        s.replace([obj("ns", "foo", ""), obj("ns", "bar", "")]);
+        assert_eq!(sorted(s.keys()), ["ns/bar", "ns/foo"]);
+        assert!(s.by_index(NAMESPACE_INDEX, "other").unwrap().is_empty());
+        assert_eq!(s.list_index_values(NAMESPACE_INDEX).unwrap(), ["ns"]);
+    }
+
+    fn with_label_index() -> Indexer {
+        let s = Indexer::new();
+        s.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
+            .unwrap();
+        s
+    }
+
+    // index_test.go: TestGetIndexFuncValues / store_test.go: doTestIndex
+    #[test]
+    fn index_queries() {
+        let s = Indexer::new();
+        let multi = IndexFunc::custom(|o| o.labels().map(|(_, v)| v.to_owned()).collect());
+        s.add_indexers([("values".into(), multi)]).unwrap();
+        s.upsert(obj("ns", "one", r#""a":"x","b":"y""#));
+        s.upsert(obj("ns", "two", r#""a":"y""#));
+        s.upsert(obj("ns", "three", r#""a":"z""#));
+        assert_eq!(sorted(s.list_index_values("values").unwrap()), ["x", "y", "z"]);
+        assert_eq!(keys(s.by_index("values", "y").unwrap()), ["ns/one", "ns/two"]);
+        assert_eq!(sorted(s.index_keys("values", "y").unwrap()), ["ns/one", "ns/two"]);
+        assert!(s.by_index("values", "nothing").unwrap().is_empty());
+        // index(obj): everything sharing any value with "one" (x or y).
+        let one = s.get("ns/one").unwrap();
+        assert_eq!(keys(s.index("values", &one).unwrap()), ["ns/one", "ns/two"]);
+        assert!(matches!(s.by_index("nope", "x"), Err(IndexError::UnknownIndex(_))));
+        assert!(s.index_keys("nope", "x").is_err());
+        assert!(s.list_index_values("nope").is_err());
+    }
+
+    // index_test.go: TestMultiIndexKeys / TestUpdateIndex — old values removed on update.
+    #[test]
+    fn update_moves_index_entries() {
+        let s = with_label_index();
+        s.upsert(obj("ns", "p", r#""app":"web""#));
+        assert_eq!(s.index_keys("by-app", "web").unwrap(), ["ns/p"]);
+        s.upsert(obj("ns", "p", r#""app":"db""#));
+        assert!(s.index_keys("by-app", "web").unwrap().is_empty());
+        assert_eq!(s.index_keys("by-app", "db").unwrap(), ["ns/p"]);
+        assert_eq!(s.list_index_values("by-app").unwrap(), ["db"], "empty value sets are dropped");
+        // by_index returns the newest object, not a stale one held by the index.
+        let fresh = obj("ns", "p", r#""app":"db","v":"2""#);
+        s.upsert(fresh.clone());
+        assert!(Arc::ptr_eq(&s.by_index("by-app", "db").unwrap()[0], &fresh));
+        s.upsert(obj("ns", "p", ""));
+        assert!(s.list_index_values("by-app").unwrap().is_empty());
+        s.delete("ns/p");
+        assert!(s.list_index_values(NAMESPACE_INDEX).unwrap().is_empty());
+    }
+
+    // index_test.go: TestAddIndexerAfterAdd
+    #[test]
+    fn add_indexers_after_objects_exist_and_conflicts() {
+        let s = Indexer::new();
+        s.upsert(obj("ns", "p", r#""app":"web""#));
+        s.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
+            .unwrap();
+        assert_eq!(s.index_keys("by-app", "web").unwrap(), ["ns/p"]);
+        // Same definition again: fine. Different one under the same name: refused.
+        s.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
+            .unwrap();
+        let err = s
+            .add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Owner(OwnerIndex::Uid)).unwrap())])
+            .unwrap_err();
+        assert!(matches!(err, IndexError::Conflict { .. }), "{err}");
+    }
+
+    #[test]
+    fn list_with_selector_and_namespace() {
+        let s = Indexer::new();
+        s.upsert(obj("a", "1", r#""app":"web""#));
+        s.upsert(obj("a", "2", r#""app":"db""#));
+        s.upsert(obj("b", "3", r#""app":"web""#));
+        let web = LabelSelector::parse("app=web").unwrap();
+        assert_eq!(keys(s.list_selected(None, &web)), ["a/1", "b/3"]);
+        assert_eq!(keys(s.list_selected(Some("a"), &web)), ["a/1"]);
+        assert_eq!(keys(s.list_selected(Some("a"), &LabelSelector::everything())), ["a/1", "a/2"]);
+        assert!(s.list_selected(Some("zzz"), &web).is_empty());
+    }
+
+    #[test]
+    fn concurrent_readers_and_writer() {
+        let s = with_label_index();
+        std::thread::scope(|scope| {
+            let w = s.clone();
+            scope.spawn(move || {
+                for i in 0..500 {
+                    w.upsert(obj("ns", &format!("o{}", i % 50), &format!(r#""app":"a{}""#, i % 7)));
+                }
+            });
+            for _ in 0..2 {
+                let r = s.clone();
+                scope.spawn(move || {
+                    for _ in 0..200 {
+                        for v in r.list_index_values("by-app").unwrap() {
+                            for o in r.by_index("by-app", &v).unwrap() {
+                                assert_eq!(o.label("app"), Some(v.as_str()));
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(s.len(), 50);
+    }
+}

@@ -1,0 +1,249 @@
+//! The shared processor: fans an informer's notifications out to its listeners.
+//!
+//! Invariants:
+//! - each listener has its own unbounded buffer (a channel) drained by its own thread, so a
+//!   slow or blocked handler delays only itself; per-listener order is the informer's order;
+//! - a listener counts the "initial list" adds queued to it and not yet handled; together with
+//!   the informer's own sync state this is the registration's `has_synced`;
+//! - `Sync` notifications go only to the listeners chosen by the last `should_resync`;
+//! - a panicking handler is logged and the notification skipped; delivery goes on.
+
+use std::collections::HashSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::ResourceEventHandler;
+use crate::object::{DeletedObject, Object};
+
+/// Shortest per-handler resync period (client-go `minimumResyncPeriod`).
+pub const MINIMUM_RESYNC_PERIOD: Duration = Duration::from_secs(1);
+
+/// One notification for one listener.
+#[derive(Clone, Debug)]
+pub(crate) enum Notification {
+    Add(Arc<Object>, bool),
+    Update(Arc<Object>, Arc<Object>),
+    Delete(DeletedObject),
+}
+
+/// Sync state shared by an informer and its registrations.
+#[derive(Default)]
+pub(crate) struct SyncState {
+    pub(crate) informer_synced: AtomicBool,
+    /// Woken whenever the informer syncs or a listener finishes its initial list.
+    pub(crate) changed: Notify,
+}
+
+pub(crate) struct Listener {
+    pub(crate) id: u64,
+    name: Arc<str>,
+    tx: Mutex<Option<mpsc::Sender<Notification>>>,
+    pub(crate) resync: Option<Duration>,
+    next_resync: Mutex<Option<Instant>>,
+    pending_initial: Arc<AtomicUsize>,
+    removed: Arc<AtomicBool>,
+    /// The listener thread could not be started: it will never deliver nor sync.
+    dead: bool,
+}
+
+impl Listener {
+    pub(crate) fn spawn(
+        id: u64,
+        informer_name: Arc<str>,
+        handler: Arc<dyn ResourceEventHandler>,
+        resync: Option<Duration>,
+        sync: Arc<SyncState>,
+    ) -> Arc<Listener> {
+        let (tx, rx) = mpsc::channel::<Notification>();
+        let pending_initial = Arc::new(AtomicUsize::new(0));
+        let removed = Arc::new(AtomicBool::new(false));
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let thread = {
+            let pending = pending_initial.clone();
+            let removed = removed.clone();
+            let name = informer_name.clone();
+            std::thread::Builder::new().name(format!("listener-{id}")).spawn(move || {
+                // Handlers may use tokio (spawn, channels): give them the informer's runtime.
+                let _guard = runtime.as_ref().map(|h| h.enter());
+                run_listener(&name, id, handler, rx, &pending, &removed, &sync);
+            })
+        };
+        let dead = match thread {
+            Ok(_) => false,
+            Err(error) => {
+                tracing::error!(informer = %informer_name, listener = id, %error,
+                    "cannot start listener thread; handler will receive nothing");
+                true
+            }
+        };
+        let resync = resync.filter(|d| !d.is_zero()).map(|d| d.max(MINIMUM_RESYNC_PERIOD));
+        Arc::new(Listener {
+            id,
+            name: informer_name,
+            tx: Mutex::new(if dead { None } else { Some(tx) }),
+            resync,
+            next_resync: Mutex::new(resync.map(|d| Instant::now() + d)),
+            pending_initial,
+            removed,
+            dead,
+        })
+    }
+
+    pub(crate) fn send(&self, n: Notification) {
+        let initial = matches!(n, Notification::Add(_, true));
+        let tx = self.tx.lock();
+        let Some(tx) = tx.as_ref() else { return };
+        if initial {
+            self.pending_initial.fetch_add(1, Ordering::SeqCst);
+        }
+        if tx.send(n).is_err() && initial {
+            // The thread is gone (removed): nothing will ever decrement this.
+            self.pending_initial.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// All initial-list notifications handed to this listener have been handled.
+    pub(crate) fn initial_handled(&self) -> bool {
+        !self.dead && self.pending_initial.load(Ordering::SeqCst) == 0
+    }
+
+    pub(crate) fn stop(&self) {
+        self.removed.store(true, Ordering::SeqCst);
+        self.tx.lock().take();
+        tracing::debug!(informer = %self.name, listener = self.id, "listener stopped");
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.removed.load(Ordering::SeqCst)
+    }
+}
+
+fn run_listener(
+    informer: &str,
+    id: u64,
+    handler: Arc<dyn ResourceEventHandler>,
+    rx: mpsc::Receiver<Notification>,
+    pending_initial: &AtomicUsize,
+    removed: &AtomicBool,
+    sync: &SyncState,
+) {
+    for n in rx {
+        if removed.load(Ordering::SeqCst) {
+            break;
+        }
+        let initial = matches!(n, Notification::Add(_, true));
+        let outcome = catch_unwind(AssertUnwindSafe(|| match &n {
+            Notification::Add(obj, in_initial_list) => handler.on_add(obj, *in_initial_list),
+            Notification::Update(old, new) => handler.on_update(old, new),
+            Notification::Delete(obj) => handler.on_delete(obj),
+        }));
+        if let Err(panic) = outcome {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic".into());
+            let (event, key) = match &n {
+                Notification::Add(o, _) => ("add", o.key().to_owned()),
+                Notification::Update(_, o) => ("update", o.key().to_owned()),
+                Notification::Delete(d) => ("delete", d.key().to_owned()),
+            };
+            tracing::error!(informer, listener = id, event, key, panic = %message,
+                "event handler panicked; notification skipped");
+        }
+        if initial && pending_initial.fetch_sub(1, Ordering::SeqCst) == 1 {
+            sync.changed.notify_waiters();
+        }
+    }
+}
+
+/// The set of listeners of one informer.
+#[derive(Default)]
+pub(crate) struct Processor {
+    listeners: RwLock<Vec<Arc<Listener>>>,
+    /// Listeners due for the current resync round.
+    syncing: Mutex<HashSet<u64>>,
+    next_id: AtomicU64,
+    /// Woken when the set of resync periods changes.
+    pub(crate) resync_changed: Notify,
+}
+
+impl Processor {
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn add(&self, listener: Arc<Listener>) {
+        self.listeners.write().push(listener);
+        self.resync_changed.notify_waiters();
+    }
+
+    pub(crate) fn remove(&self, id: u64) -> bool {
+        let mut listeners = self.listeners.write();
+        let before = listeners.len();
+        listeners.retain(|l| {
+            if l.id == id {
+                l.stop();
+                false
+            } else {
+                true
+            }
+        });
+        before != listeners.len()
+    }
+
+    pub(crate) fn stop_all(&self) {
+        for l in self.listeners.write().drain(..) {
+            l.stop();
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.listeners.read().len()
+    }
+
+    pub(crate) fn distribute(&self, n: Notification, is_sync: bool) {
+        let listeners = self.listeners.read();
+        if is_sync {
+            let syncing = self.syncing.lock();
+            for l in listeners.iter().filter(|l| syncing.contains(&l.id)) {
+                l.send(n.clone());
+            }
+        } else if let [only] = listeners.as_slice() {
+            only.send(n);
+        } else {
+            for l in listeners.iter() {
+                l.send(n.clone());
+            }
+        }
+    }
+
+    /// Picks the listeners whose resync period has elapsed at `now` (and schedules their next
+    /// one). Returns whether any is due: only then should the FIFO resync.
+    pub(crate) fn should_resync(&self, now: Instant) -> bool {
+        let listeners = self.listeners.read();
+        let mut syncing = self.syncing.lock();
+        syncing.clear();
+        for l in listeners.iter() {
+            let Some(period) = l.resync else { continue };
+            let mut next = l.next_resync.lock();
+            if next.is_some_and(|t| t <= now) {
+                syncing.insert(l.id);
+                *next = Some(now + period);
+            }
+        }
+        !syncing.is_empty()
+    }
+
+    /// The earliest time any listener is due for a resync.
+    pub(crate) fn next_resync_due(&self) -> Option<Instant> {
+        self.listeners.read().iter().filter_map(|l| *l.next_resync.lock()).min()
+    }
+}

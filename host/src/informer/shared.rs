@@ -1,0 +1,363 @@
+//! `SharedIndexInformer` (client-go `shared_informer.go`): a reflector feeding a DeltaFIFO,
+//! a processing loop applying each key's deltas to the indexer (`HandleDeltas`) and fanning
+//! notifications out to listeners, plus per-listener resync.
+//!
+//! Invariants:
+//! - the indexer is only written by `handle_deltas`, under `deltas_lock`; registering a
+//!   handler on a running informer takes the same lock, so its synthetic adds are exactly the
+//!   cache at that instant and every later change reaches it as a notification;
+//! - notifications are distributed in FIFO pop order, so each listener sees each key's
+//!   changes in order;
+//! - once stopped (explicitly or by the last [`InformerLease`](super::InformerLease) going
+//!   away) the reflector and processing loop end and every listener thread exits.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::ResourceEventHandler;
+use super::processor::{Listener, Notification, Processor, SyncState};
+use crate::cache::{IndexError, IndexFunc, Indexer, KnownObjects};
+use crate::fifo::{Delta, DeltaFifo, PopOutcome};
+use crate::source::Reflector;
+
+/// How many keys the processing loop pops per FIFO lock.
+const POP_BATCH: usize = 256;
+
+/// Options of a [`SharedIndexInformer`].
+#[derive(Debug, Clone, Default)]
+pub struct InformerOptions {
+    /// Name used in logs (e.g. `v1/ConfigMap ns=default`).
+    pub name: String,
+    /// Extra indexes (the namespace index always exists).
+    pub indexes: Vec<(String, IndexFunc)>,
+    /// Resync period of handlers registered without one (`None`: no resync).
+    pub default_resync: Option<Duration>,
+}
+
+struct Shared {
+    name: Arc<str>,
+    indexer: Indexer,
+    fifo: Arc<DeltaFifo>,
+    processor: Processor,
+    deltas_lock: Mutex<()>,
+    sync: Arc<SyncState>,
+    started: AtomicBool,
+    cancel: CancellationToken,
+    default_resync: Option<Duration>,
+}
+
+/// One watch + one cache of one kind, shared by every handler registered on it.
+///
+/// Obtain one from an [`InformerFactory`](super::InformerFactory) (shared, leased) or build
+/// one directly and feed its [`fifo`](Self::fifo) yourself:
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use wasmctrl::informer::{InformerOptions, ResourceEventHandler, SharedIndexInformer};
+/// use wasmctrl::object::{DeletedObject, Object};
+///
+/// struct Print;
+/// impl ResourceEventHandler for Print {
+///     fn on_add(&self, obj: &Arc<Object>, _initial: bool) { println!("add {}", obj.key()) }
+///     fn on_update(&self, _old: &Arc<Object>, new: &Arc<Object>) { println!("update {}", new.key()) }
+///     fn on_delete(&self, obj: &DeletedObject) { println!("delete {}", obj.key()) }
+/// }
+///
+/// let informer = SharedIndexInformer::new(InformerOptions::default()).unwrap();
+/// let registration = informer.add_event_handler(Arc::new(Print), None);
+/// informer.start_processing();
+/// informer.fifo().replace(vec![Arc::new(Object::from_json(r#"{"metadata":{"name":"a"}}"#.into()).unwrap())]);
+/// registration.wait_for_sync().await;
+/// assert!(informer.indexer().get("a").is_some());
+/// informer.stop();
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct SharedIndexInformer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SharedIndexInformer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedIndexInformer")
+            .field("name", &self.shared.name)
+            .field("synced", &self.has_synced())
+            .field("listeners", &self.shared.processor.len())
+            .finish()
+    }
+}
+
+impl SharedIndexInformer {
+    /// A stopped informer with an empty cache.
+    pub fn new(options: InformerOptions) -> Result<Self, IndexError> {
+        let indexer = Indexer::new();
+        indexer.add_indexers(options.indexes)?;
+        let known: Arc<dyn KnownObjects> = Arc::new(indexer.clone());
+        Ok(Self {
+            shared: Arc::new(Shared {
+                name: Arc::from(options.name),
+                indexer,
+                fifo: Arc::new(DeltaFifo::new(Some(known))),
+                processor: Processor::default(),
+                deltas_lock: Mutex::new(()),
+                sync: Arc::new(SyncState::default()),
+                started: AtomicBool::new(false),
+                cancel: CancellationToken::new(),
+                default_resync: options.default_resync,
+            }),
+        })
+    }
+
+    /// The informer's name (for logs).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// A cheap-to-clone read handle on the cache.
+    pub fn indexer(&self) -> Indexer {
+        self.shared.indexer.clone()
+    }
+
+    /// The DeltaFIFO the source feeds (the reflector; tests and custom sources may feed it).
+    pub fn fifo(&self) -> &Arc<DeltaFifo> {
+        &self.shared.fifo
+    }
+
+    /// Adds indexes to the (possibly running) cache; existing objects are indexed at once.
+    pub fn add_indexers(&self, indexes: Vec<(String, IndexFunc)>) -> Result<(), IndexError> {
+        self.shared.indexer.add_indexers(indexes)
+    }
+
+    /// Registers a handler. `resync`: `None` uses the informer's default period,
+    /// `Some(Duration::ZERO)` disables resync for this handler, anything else is raised to
+    /// at least one second.
+    ///
+    /// On a running informer the handler first receives an `on_add(obj, true)` for every
+    /// cached object; its registration's [`has_synced`](HandlerRegistration::has_synced)
+    /// turns true once those (or, before start, the first list) have been handled.
+    pub fn add_event_handler(
+        &self,
+        handler: Arc<dyn ResourceEventHandler>,
+        resync: Option<Duration>,
+    ) -> HandlerRegistration {
+        let shared = &self.shared;
+        let resync = resync.or(shared.default_resync);
+        let id = shared.processor.next_id();
+        let listener = Listener::spawn(id, shared.name.clone(), handler, resync, shared.sync.clone());
+        {
+            let _blocked = shared.deltas_lock.lock();
+            if shared.started.load(Ordering::SeqCst) {
+                for obj in shared.indexer.list() {
+                    listener.send(Notification::Add(obj, true));
+                }
+            }
+            shared.processor.add(listener.clone());
+        }
+        tracing::debug!(informer = %shared.name, listener = id, ?resync, "event handler added");
+        HandlerRegistration { listener, shared: Arc::downgrade(&self.shared), sync: shared.sync.clone() }
+    }
+
+    /// Removes a handler; it receives nothing more. Returns whether it was registered.
+    pub fn remove_event_handler(&self, registration: &HandlerRegistration) -> bool {
+        self.shared.processor.remove(registration.listener.id)
+    }
+
+    /// Number of registered handlers.
+    pub fn handler_count(&self) -> usize {
+        self.shared.processor.len()
+    }
+
+    /// Whether the first list has been fully applied to the cache.
+    pub fn has_synced(&self) -> bool {
+        self.shared.sync.informer_synced.load(Ordering::SeqCst)
+    }
+
+    /// Waits until [`has_synced`](Self::has_synced) (wrap in `tokio::time::timeout`).
+    pub async fn wait_for_sync(&self) {
+        wait_until(&self.shared.sync, || self.has_synced()).await
+    }
+
+    /// Whether the informer has been started.
+    pub fn is_started(&self) -> bool {
+        self.shared.started.load(Ordering::SeqCst)
+    }
+
+    /// Whether the informer has been stopped.
+    pub fn is_stopped(&self) -> bool {
+        self.shared.cancel.is_cancelled()
+    }
+
+    /// Starts the reflector and the processing loop (no-op if already started).
+    pub fn start(&self, reflector: Reflector) {
+        if self.start_processing() {
+            let fifo = self.shared.fifo.clone();
+            let cancel = self.shared.cancel.clone();
+            tokio::spawn(async move { reflector.run(fifo, cancel).await });
+        }
+    }
+
+    /// Starts only the processing and resync loops; the caller feeds [`fifo`](Self::fifo).
+    /// Returns false if already started.
+    pub fn start_processing(&self) -> bool {
+        if self.shared.started.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let shared = self.shared.clone();
+        tokio::spawn(async move { shared.process_loop().await });
+        let shared = self.shared.clone();
+        tokio::spawn(async move { shared.resync_loop().await });
+        true
+    }
+
+    /// Stops the reflector and processing loop and every listener.
+    pub fn stop(&self) {
+        self.shared.stop();
+    }
+}
+
+impl Shared {
+    fn stop(&self) {
+        if self.cancel.is_cancelled() {
+            return;
+        }
+        self.cancel.cancel();
+        self.fifo.close();
+        self.processor.stop_all();
+        tracing::info!(informer = %self.name, "informer stopped");
+    }
+
+    async fn process_loop(self: Arc<Self>) {
+        loop {
+            let popped = self
+                .fifo
+                .pop_batch(POP_BATCH, |_, deltas, initial| {
+                    self.handle_deltas(deltas, initial);
+                    PopOutcome::Processed
+                })
+                .await;
+            if popped.is_err() {
+                break;
+            }
+            if !self.sync.informer_synced.load(Ordering::SeqCst) && self.fifo.has_synced() {
+                self.sync.informer_synced.store(true, Ordering::SeqCst);
+                self.sync.changed.notify_waiters();
+                tracing::info!(informer = %self.name, objects = self.indexer.len(), "informer synced");
+            }
+        }
+    }
+
+    /// client-go `HandleDeltas`: apply each delta to the indexer, oldest first, and notify.
+    fn handle_deltas(&self, deltas: &[Delta], in_initial_list: bool) {
+        let _blocked = self.deltas_lock.lock();
+        for delta in deltas {
+            match delta {
+                Delta::Deleted(deleted) => {
+                    self.indexer.delete(deleted.key());
+                    self.processor.distribute(Notification::Delete(deleted.clone()), false);
+                }
+                Delta::Added(obj) | Delta::Updated(obj) | Delta::Replaced(obj) | Delta::Sync(obj) => {
+                    match self.indexer.upsert(obj.clone()) {
+                        Some(old) => {
+                            // A relisted object that did not change is a sync, not an update.
+                            let is_sync = matches!(delta, Delta::Sync(_))
+                                || (matches!(delta, Delta::Replaced(_))
+                                    && old.resource_version() == obj.resource_version());
+                            self.processor.distribute(Notification::Update(old, obj.clone()), is_sync);
+                        }
+                        None => {
+                            self.processor.distribute(Notification::Add(obj.clone(), in_initial_list), false)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn resync_loop(self: Arc<Self>) {
+        loop {
+            let changed = self.processor.resync_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let due = self.processor.next_resync_due();
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = &mut changed => continue,
+                _ = async {
+                    match due {
+                        Some(t) => tokio::time::sleep_until(t).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if self.processor.should_resync(tokio::time::Instant::now()) {
+                        tracing::debug!(informer = %self.name, "resync");
+                        self.fifo.resync();
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn wait_until(sync: &SyncState, cond: impl Fn() -> bool) {
+    loop {
+        let changed = sync.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if cond() {
+            return;
+        }
+        changed.await;
+    }
+}
+
+/// A handler's registration on an informer.
+pub struct HandlerRegistration {
+    listener: Arc<Listener>,
+    shared: std::sync::Weak<Shared>,
+    sync: Arc<SyncState>,
+}
+
+impl std::fmt::Debug for HandlerRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandlerRegistration")
+            .field("id", &self.listener.id)
+            .field("synced", &self.has_synced())
+            .finish()
+    }
+}
+
+impl HandlerRegistration {
+    /// Whether the informer has synced and this handler has handled every object of the
+    /// initial list (or its synthetic adds).
+    pub fn has_synced(&self) -> bool {
+        self.sync.informer_synced.load(Ordering::SeqCst) && self.listener.initial_handled()
+    }
+
+    /// Waits until [`has_synced`](Self::has_synced) (wrap in `tokio::time::timeout`).
+    pub async fn wait_for_sync(&self) {
+        wait_until(&self.sync, || self.has_synced()).await
+    }
+
+    /// The handler's resync period after defaults and the one-second floor.
+    pub fn resync_period(&self) -> Option<Duration> {
+        self.listener.resync
+    }
+
+    /// Unregisters the handler: it receives nothing more. Returns whether it was registered.
+    pub fn remove(&self) -> bool {
+        match self.shared.upgrade() {
+            Some(shared) => shared.processor.remove(self.listener.id),
+            None => false,
+        }
+    }
+
+    /// Whether the handler was removed or its informer stopped.
+    pub fn is_removed(&self) -> bool {
+        self.listener.is_stopped()
+    }
+}

@@ -1,0 +1,164 @@
+//! A [`Plugin`] as the rest of the host sees it: the controller's [`Reconciler`], an
+//! informer [`ResourceEventHandler`] for its `on-add`/`on-update`/`on-delete` hooks, and
+//! the `map`/`filter` hooks.
+//!
+//! Invariants:
+//! - No Wasm runs on a tokio worker: reconciles go to `spawn_blocking`; notifications are
+//!   queued, in order, to one dispatcher thread per adapter; `map`/`filter`, which the
+//!   controller calls synchronously, run under `block_in_place`.
+//! - Hooks the plugin did not declare in `init` are never called (nothing is queued).
+//! - A trap in a notification hook is logged and counted; it never stops the dispatcher.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use futures::future::BoxFuture;
+
+use super::runtime::{FilterInput, Plugin};
+use super::spec::Gvk;
+use crate::controller::{Action, ReconcileError, Reconciler, Request};
+use crate::informer::ResourceEventHandler;
+use crate::object::{DeletedObject, Object};
+
+enum Notification {
+    Add { kind: Arc<Gvk>, object: Arc<Object>, in_initial_list: bool },
+    Update { kind: Arc<Gvk>, old: Arc<Object>, new: Arc<Object> },
+    Delete { kind: Arc<Gvk>, object: DeletedObject },
+    /// Answered once every notification queued before it was delivered.
+    Barrier(mpsc::SyncSender<()>),
+}
+
+/// A plugin adapted to the controller and the informers.
+pub struct PluginReconciler {
+    plugin: Plugin,
+    notifications: mpsc::Sender<Notification>,
+}
+
+impl PluginReconciler {
+    /// Wraps `plugin`; starts its notification dispatcher thread (it ends when the
+    /// adapter and every handler from [`PluginReconciler::event_handler`] are dropped).
+    pub fn new(plugin: Plugin) -> Result<Arc<Self>, std::io::Error> {
+        let (tx, rx) = mpsc::channel::<Notification>();
+        let p = plugin.clone();
+        std::thread::Builder::new().name(format!("plugin-{}", plugin.name())).spawn(move || {
+            for n in rx {
+                let result = match &n {
+                    Notification::Add { kind, object, in_initial_list } => {
+                        p.on_add_blocking(kind, object.json(), *in_initial_list)
+                    }
+                    Notification::Update { kind, old, new } => p.on_update_blocking(kind, old.json(), new.json()),
+                    Notification::Delete { kind, object } => {
+                        p.on_delete_blocking(kind, object.object().json(), object.is_final_state_unknown())
+                    }
+                    Notification::Barrier(done) => {
+                        let _ = done.send(());
+                        Ok(())
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::warn!(plugin = p.name(), error = %e, "notification hook failed");
+                }
+            }
+        })?;
+        Ok(Arc::new(PluginReconciler { plugin, notifications: tx }))
+    }
+
+    /// The adapted plugin.
+    pub fn plugin(&self) -> &Plugin {
+        &self.plugin
+    }
+
+    /// Blocks until every notification queued so far has been delivered to the plugin
+    /// (before swapping it out, and in tests).
+    pub fn drain_notifications(&self) {
+        let (tx, rx) = mpsc::sync_channel(1);
+        if self.notifications.send(Notification::Barrier(tx)).is_ok() {
+            let _ = rx.recv();
+        }
+    }
+
+    /// A handler for the informer of `kind` that forwards to the plugin's hooks.
+    pub fn event_handler(&self, kind: Gvk) -> Arc<dyn ResourceEventHandler> {
+        Arc::new(HookHandler { kind: Arc::new(kind), plugin: self.plugin.clone(), tx: self.notifications.clone() })
+    }
+
+    /// The plugin's `map` for a `watches` kind: the requests an object of `kind` affects.
+    /// A failed call maps to nothing (logged).
+    pub fn map(&self, kind: &Gvk, object: &Object) -> Vec<Request> {
+        if !self.plugin.hooks().map {
+            return Vec::new();
+        }
+        match off_worker(|| self.plugin.map_blocking(kind, object.json())) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(plugin = self.plugin.name(), kind = %kind, object = object.key(), error = %e, "map failed");
+                Vec::new()
+            }
+        }
+    }
+
+    /// The plugin's `filter`: whether the event goes on to the queue. A plugin without a
+    /// filter passes everything; a failed call passes the event too (logged), since
+    /// dropping it could lose a change.
+    pub fn filter(&self, kind: &Gvk, event: FilterInput<'_>) -> bool {
+        if !self.plugin.hooks().filter {
+            return true;
+        }
+        off_worker(|| self.plugin.filter_blocking(kind, event)).unwrap_or_else(|e| {
+            tracing::warn!(plugin = self.plugin.name(), kind = %kind, error = %e, "filter failed; letting the event through");
+            true
+        })
+    }
+}
+
+/// Runs blocking plugin code without stalling a multi-threaded runtime's worker.
+fn off_worker<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+impl Reconciler for PluginReconciler {
+    fn reconcile(&self, request: Request) -> BoxFuture<'static, Result<Action, ReconcileError>> {
+        let plugin = self.plugin.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || plugin.reconcile_blocking(&request))
+                .await
+                .unwrap_or_else(|e| Err(ReconcileError::Panic(format!("reconcile task failed: {e}"))))
+        })
+    }
+}
+
+struct HookHandler {
+    kind: Arc<Gvk>,
+    plugin: Plugin,
+    tx: mpsc::Sender<Notification>,
+}
+
+impl HookHandler {
+    fn send(&self, n: Notification) {
+        // The dispatcher only stops when every sender is gone; this one is alive.
+        let _ = self.tx.send(n);
+    }
+}
+
+impl ResourceEventHandler for HookHandler {
+    fn on_add(&self, obj: &Arc<Object>, in_initial_list: bool) {
+        if self.plugin.hooks().on_add {
+            self.send(Notification::Add { kind: self.kind.clone(), object: obj.clone(), in_initial_list });
+        }
+    }
+
+    fn on_update(&self, old: &Arc<Object>, new: &Arc<Object>) {
+        if self.plugin.hooks().on_update {
+            self.send(Notification::Update { kind: self.kind.clone(), old: old.clone(), new: new.clone() });
+        }
+    }
+
+    fn on_delete(&self, obj: &DeletedObject) {
+        if self.plugin.hooks().on_delete {
+            self.send(Notification::Delete { kind: self.kind.clone(), object: obj.clone() });
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Host side of the `cache` import: reads from the informer caches of the kinds the
+//! plugin declared.
+//!
+//! Invariants: a kind the plugin did not declare readable is refused with `forbidden`
+//! (and logged) before any cache is touched; objects go to the guest as the cached JSON
+//! bytes, never re-serialised.
+
+use std::sync::Arc;
+
+use super::bindings::wasmctrl::controller::cache::Host;
+use super::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
+use super::spec::Gvk;
+use super::state::HostState;
+use crate::object::{Object, key_of};
+
+/// Why a cache read was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheReadError {
+    #[error("invalid label selector {selector:?}: {reason}")]
+    InvalidSelector { selector: String, reason: String },
+    #[error("no index named {0:?} on this kind (declare it in the plugin's TOML)")]
+    UnknownIndex(String),
+}
+
+/// Read access to one kind's cache: what the runtime needs from an informer's indexer.
+pub trait CacheReader: Send + Sync + 'static {
+    /// The object stored under `key` (`namespace/name` or `name`).
+    fn get(&self, key: &str) -> Option<Arc<Object>>;
+    /// Every object, optionally only in `namespace`, optionally only those matching a
+    /// Kubernetes label selector.
+    fn list(&self, namespace: Option<&str>, label_selector: Option<&str>) -> Result<Vec<Arc<Object>>, CacheReadError>;
+    /// Objects whose index `index` contains `value`.
+    fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<Object>>, CacheReadError>;
+}
+
+impl HostState {
+    fn cache_for(&self, kind: WitGvk, op: &'static str) -> Result<&Arc<dyn CacheReader>, WitError> {
+        let kind = Gvk { api_version: kind.api_version, kind: kind.kind };
+        self.ctx.check_read(&kind, &self.call, op)?;
+        self.ctx.caches.get(&kind).ok_or_else(|| {
+            WitError::Unavailable(format!("the host has no cache of {kind} for plugin {}", self.plugin_name()))
+        })
+    }
+}
+
+fn to_json_list(objects: Vec<Arc<Object>>) -> Vec<Vec<u8>> {
+    objects.iter().map(|o| o.json().to_vec()).collect()
+}
+
+impl Host for HostState {
+    fn get(
+        &mut self,
+        kind: WitGvk,
+        namespace: Option<String>,
+        name: String,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, WitError>> {
+        let cache = match self.cache_for(kind, "cache.get") {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        let key = key_of(namespace.as_deref(), &name);
+        Ok(Ok(cache.get(&key).map(|o| o.json().to_vec())))
+    }
+
+    fn list(
+        &mut self,
+        kind: WitGvk,
+        namespace: Option<String>,
+        label_selector: Option<String>,
+    ) -> wasmtime::Result<Result<Vec<Vec<u8>>, WitError>> {
+        let cache = match self.cache_for(kind, "cache.list") {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        let namespace = namespace.as_deref().filter(|ns| !ns.is_empty());
+        Ok(cache
+            .list(namespace, label_selector.as_deref())
+            .map(to_json_list)
+            .map_err(|e| WitError::Invalid(e.to_string())))
+    }
+
+    fn by_index(&mut self, kind: WitGvk, index: String, value: String) -> wasmtime::Result<Result<Vec<Vec<u8>>, WitError>> {
+        let cache = match self.cache_for(kind, "cache.by-index") {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(cache.by_index(&index, &value).map(to_json_list).map_err(|e| WitError::Invalid(e.to_string())))
+    }
+}

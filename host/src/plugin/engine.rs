@@ -1,0 +1,320 @@
+//! The one wasmtime [`Engine`] of the host, its epoch ticker and its on-disk compile cache.
+//!
+//! Invariants:
+//! - The engine is configured once (Cranelift, epoch interruption, optional pooling
+//!   allocator) and shared by every plugin; so is the [`Linker`] with WASI p2 and the
+//!   `wasmctrl:controller` imports.
+//! - While a [`PluginEngine`] lives, a ticker thread bumps the engine's epoch every
+//!   [`EngineConfig::epoch_tick`]; call deadlines are counted in those ticks. The thread
+//!   stops when the last handle is dropped.
+//! - A compiled artifact is stored under `<cache-dir>/<sha256 of the wasm>-<engine hash>.cwasm`,
+//!   written to a temporary file and renamed, so a reader never sees half an artifact. An
+//!   artifact that fails to load (other wasmtime, corrupted) is recompiled and replaced.
+//!   The cache directory is trusted: it is the host's own, like its binary.
+
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
+
+use super::PluginError;
+use super::bindings;
+use super::state::HostState;
+use crate::metrics::Metrics;
+
+/// How the shared engine is set up.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Where compiled components are cached; `None` compiles on every load.
+    pub cache_dir: Option<PathBuf>,
+    /// Granularity of call deadlines (one epoch tick).
+    pub epoch_tick: Duration,
+    /// Use wasmtime's pooling allocator (faster instantiation, bounded slots).
+    pub pooling: Option<PoolingLimits>,
+    /// Maximum native stack a guest may use before it traps with a stack overflow.
+    pub max_wasm_stack: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            cache_dir: None,
+            epoch_tick: Duration::from_millis(5),
+            pooling: Some(PoolingLimits::default()),
+            max_wasm_stack: 512 << 10,
+        }
+    }
+}
+
+/// Slots of the pooling allocator, shared by every plugin instance of the host.
+#[derive(Clone, Debug)]
+pub struct PoolingLimits {
+    /// Live plugin instances at once (sum of every plugin's pool plus replacements).
+    pub instances: u32,
+    /// Upper bound of any plugin's `memory` limit.
+    pub max_memory: usize,
+}
+
+impl Default for PoolingLimits {
+    fn default() -> Self {
+        PoolingLimits { instances: 128, max_memory: 256 << 20 }
+    }
+}
+
+/// `{plugin, call}` labels of the runtime's own counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct PluginCallLabels {
+    pub plugin: String,
+    pub call: String,
+}
+
+/// The runtime's own metric families, registered once per engine.
+#[derive(Clone, Default)]
+pub(crate) struct RuntimeMetrics {
+    /// Traps by plugin and export (reconcile traps are also counted by the controller).
+    pub traps: Family<PluginCallLabels, Counter>,
+    /// Instances created (each runs `init`).
+    pub instantiations: Family<PluginCallLabels, Counter>,
+    /// Host calls refused for lack of a permission.
+    pub forbidden: Family<PluginCallLabels, Counter>,
+}
+
+/// A compiled component and where it came from.
+pub struct LoadedComponent {
+    pub component: Component,
+    /// Hex SHA-256 of the `.wasm` (the plugin's version in metrics).
+    pub hash: String,
+    /// Whether it was loaded from the compile cache rather than compiled.
+    pub from_cache: bool,
+    /// Time spent compiling or loading.
+    pub elapsed: Duration,
+}
+
+/// The host's shared engine; cheap to clone.
+#[derive(Clone)]
+pub struct PluginEngine {
+    inner: Arc<EngineInner>,
+}
+
+struct EngineInner {
+    engine: Engine,
+    linker: Linker<HostState>,
+    config: EngineConfig,
+    metrics: RuntimeMetrics,
+    ticker: Option<EpochTicker>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticker.take() {
+            t.stop();
+        }
+    }
+}
+
+impl PluginEngine {
+    /// Configures the engine, links the imports and starts the epoch ticker. Registers
+    /// the runtime's metrics in `metrics` when given.
+    pub fn new(config: EngineConfig, metrics: Option<&Metrics>) -> Result<Self, PluginError> {
+        let mut wasm = Config::new();
+        wasm.wasm_component_model(true)
+            .cranelift_opt_level(OptLevel::Speed)
+            .epoch_interruption(true)
+            .max_wasm_stack(config.max_wasm_stack)
+            .parallel_compilation(true);
+        if let Some(p) = &config.pooling {
+            let mut pool = PoolingAllocationConfig::default();
+            let n = p.instances.max(1);
+            // A wasm32-wasip2 Rust component instantiates a handful of core modules
+            // (the program plus wit-component shims), one memory and a few tables.
+            pool.total_component_instances(n)
+                .total_core_instances(n.saturating_mul(8))
+                .total_memories(n.saturating_mul(2))
+                .total_tables(n.saturating_mul(4))
+                .total_stacks(0)
+                .max_memory_size(p.max_memory)
+                .max_core_instances_per_component(16)
+                .max_memories_per_component(4)
+                .max_tables_per_component(8);
+            wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        }
+        let engine = Engine::new(&wasm).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::<HostState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| PluginError::Engine(format!("linking WASI: {e:#}")))?;
+        bindings::Plugin::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(|e| PluginError::Engine(format!("linking wasmctrl imports: {e:#}")))?;
+
+        let runtime_metrics = RuntimeMetrics::default();
+        if let Some(m) = metrics {
+            m.register("wasmctrl_plugin_traps", "Plugin calls that trapped", runtime_metrics.traps.clone());
+            m.register(
+                "wasmctrl_plugin_instantiations",
+                "Plugin instances created (each runs init)",
+                runtime_metrics.instantiations.clone(),
+            );
+            m.register(
+                "wasmctrl_plugin_forbidden_calls",
+                "Host calls refused because the plugin did not declare the kind",
+                runtime_metrics.forbidden.clone(),
+            );
+        }
+        let ticker = EpochTicker::start(engine.clone(), config.epoch_tick.max(Duration::from_micros(100)))?;
+        Ok(PluginEngine {
+            inner: Arc::new(EngineInner {
+                engine,
+                linker,
+                config,
+                metrics: runtime_metrics,
+                ticker: Some(ticker),
+            }),
+        })
+    }
+
+    /// The wasmtime engine.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    pub(crate) fn linker(&self) -> &Linker<HostState> {
+        &self.inner.linker
+    }
+
+    pub(crate) fn metrics(&self) -> &RuntimeMetrics {
+        &self.inner.metrics
+    }
+
+    /// The engine's configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Epoch ticks that cover `deadline` (at least one full tick is always granted).
+    pub(crate) fn deadline_ticks(&self, deadline: Duration) -> u64 {
+        let tick = self.inner.config.epoch_tick.max(Duration::from_micros(100)).as_nanos();
+        // +1: the current tick may be about to end.
+        (deadline.as_nanos().div_ceil(tick) as u64).saturating_add(1)
+    }
+
+    /// Compiles `wasm`, or loads it from the compile cache when an artifact for the same
+    /// bytes and the same engine exists. Blocking (compiling takes ~100s of ms).
+    pub fn load_component(&self, wasm: &[u8]) -> Result<LoadedComponent, PluginError> {
+        let start = Instant::now();
+        let hash = hex::encode(Sha256::digest(wasm));
+        let Some(dir) = &self.inner.config.cache_dir else {
+            let component = self.compile(wasm)?;
+            return Ok(LoadedComponent { component, hash, from_cache: false, elapsed: start.elapsed() });
+        };
+        let path = dir.join(format!("{hash}-{}.cwasm", self.engine_hash()));
+        if path.is_file() {
+            // SAFETY: the cache directory holds only artifacts this host wrote with
+            // `precompile_component` for an engine with the same compatibility hash
+            // (part of the file name); it is trusted like the host binary.
+            match unsafe { Component::deserialize_file(&self.inner.engine, &path) } {
+                Ok(component) => {
+                    return Ok(LoadedComponent { component, hash, from_cache: true, elapsed: start.elapsed() });
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "cached component unusable; recompiling");
+                }
+            }
+        }
+        self.validate_component(wasm)?;
+        let artifact = self
+            .inner
+            .engine
+            .precompile_component(wasm)
+            .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
+        write_atomically(dir, &path, &artifact)?;
+        // SAFETY: as above; the file was written by this process just now.
+        let component = unsafe { Component::deserialize_file(&self.inner.engine, &path) }
+            .map_err(|e| PluginError::Compile(format!("loading {}: {e:#}", path.display())))?;
+        Ok(LoadedComponent { component, hash, from_cache: false, elapsed: start.elapsed() })
+    }
+
+    /// Compiles without touching the cache.
+    pub fn compile(&self, wasm: &[u8]) -> Result<Component, PluginError> {
+        self.validate_component(wasm)?;
+        Component::new(&self.inner.engine, wasm).map_err(|e| PluginError::Compile(format!("{e:#}")))
+    }
+
+    fn validate_component(&self, wasm: &[u8]) -> Result<(), PluginError> {
+        if wasmparser_is_core_module(wasm) {
+            return Err(PluginError::Compile(
+                "this is a core WebAssembly module, not a component: build for wasm32-wasip2 or run `wasm-tools component new`"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A short hex digest of what makes compiled artifacts compatible with this engine.
+    fn engine_hash(&self) -> String {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.inner.engine.precompile_compatibility_hash().hash(&mut h);
+        format!("{:016x}", h.finish())
+    }
+}
+
+/// Whether `wasm` starts with the core-module preamble (version 1, layer 0).
+fn wasmparser_is_core_module(wasm: &[u8]) -> bool {
+    wasm.len() >= 8 && wasm[..4] == *b"\0asm" && wasm[4..8] == [1, 0, 0, 0]
+}
+
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
+    let io = |what: &str, e: std::io::Error| PluginError::Cache(format!("{what} {}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(|e| io("creating", e))?;
+    let tmp = dir.join(format!(".{}.{}.tmp", std::process::id(), rand::random::<u64>()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io("writing compiled component into", e));
+    }
+    Ok(())
+}
+
+/// Bumps the engine's epoch at a fixed period on its own thread.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine, tick: Duration) -> Result<Self, PluginError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("wasm-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::park_timeout(tick);
+                    engine.increment_epoch();
+                }
+            })
+            .map_err(|e| PluginError::Engine(format!("starting the epoch ticker: {e}")))?;
+        Ok(EpochTicker { stop, thread })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.thread().unpark();
+        let _ = self.thread.join();
+    }
+}

@@ -1,0 +1,71 @@
+//! What a `.wasm` file is and whether it fits the `plugin` world (`wasmctrl check`).
+//!
+//! The check is the one loading does: link against the host's imports (WASI p2 granting
+//! nothing, plus `wasmctrl:controller`) and type-check the `reconciler` export. A report
+//! never runs guest code.
+
+use std::fmt;
+
+use super::bindings::PluginPre;
+use super::engine::PluginEngine;
+use super::PluginError;
+
+/// The interface a plugin must export; its package names the world it targets.
+const RECONCILER: &str = "wasmctrl:controller/reconciler";
+
+/// What `inspect_component` found.
+#[derive(Clone, Debug)]
+pub struct ComponentReport {
+    /// Size of the file in bytes.
+    pub size: usize,
+    /// Hex SHA-256 of the file (the version the host reports for it).
+    pub hash: String,
+    /// The world the component targets, as far as its exports tell
+    /// (`wasmctrl:controller/plugin@0.1.0`), if recognised.
+    pub world: Option<String>,
+    /// Interfaces the component imports.
+    pub imports: Vec<String>,
+    /// Interfaces and functions the component exports.
+    pub exports: Vec<String>,
+    /// `Ok` when the host can run it as a plugin, else why not.
+    pub fits: Result<(), String>,
+}
+
+/// Compiles `wasm` (never runs it) and reports what it targets and whether it fits.
+pub fn inspect_component(engine: &PluginEngine, wasm: &[u8]) -> Result<ComponentReport, PluginError> {
+    use sha2::Digest;
+    let hash = hex::encode(sha2::Sha256::digest(wasm));
+    let component = engine.compile(wasm)?;
+    let ty = component.component_type();
+    let imports: Vec<String> = ty.imports(engine.engine()).map(|(name, _)| name.to_owned()).collect();
+    let exports: Vec<String> = ty.exports(engine.engine()).map(|(name, _)| name.to_owned()).collect();
+    let world = exports.iter().find_map(|e| {
+        e.strip_prefix(RECONCILER).map(|version| format!("wasmctrl:controller/plugin{version}"))
+    });
+    let fits = engine
+        .linker()
+        .instantiate_pre(&component)
+        .map_err(|e| format!("{e:#}"))
+        .and_then(|pre| PluginPre::new(pre).map(|_| ()).map_err(|e| format!("{e:#}")));
+    Ok(ComponentReport { size: wasm.len(), hash, world, imports, exports, fits })
+}
+
+impl fmt::Display for ComponentReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "size:    {} bytes", self.size)?;
+        writeln!(f, "sha256:  {}", self.hash)?;
+        writeln!(f, "world:   {}", self.world.as_deref().unwrap_or("(not a wasmctrl plugin)"))?;
+        writeln!(f, "imports:")?;
+        for i in &self.imports {
+            writeln!(f, "  {i}")?;
+        }
+        writeln!(f, "exports:")?;
+        for e in &self.exports {
+            writeln!(f, "  {e}")?;
+        }
+        match &self.fits {
+            Ok(()) => write!(f, "fits:    yes (wasmctrl:controller/plugin@0.1.0)"),
+            Err(why) => write!(f, "fits:    no: {why}"),
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! A bounded pool of ready plugin instances.
+//!
+//! Invariants:
+//! - At most `max` instances are alive (idle + checked out) at once; a checkout beyond
+//!   that waits for a return, at most until the caller's deadline.
+//! - An instance comes back to the idle list only if its call ended cleanly; a lease
+//!   dropped while marked poisoned (a trap) destroys the instance and frees its slot, so
+//!   the next checkout instantiates afresh.
+//! - Instances are created outside the pool's lock (instantiation and `init` run guest code).
+
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+/// A bounded pool of `T`.
+pub(crate) struct Pool<T> {
+    max: usize,
+    state: Mutex<PoolState<T>>,
+    freed: Condvar,
+}
+
+struct PoolState<T> {
+    idle: Vec<T>,
+    live: usize,
+}
+
+/// Why no instance could be had.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CheckoutError<E> {
+    #[error("all {0} instances stayed busy until the call's deadline")]
+    Exhausted(usize),
+    #[error(transparent)]
+    Create(E),
+}
+
+impl<T> Pool<T> {
+    pub fn new(max: usize) -> Self {
+        Pool { max: max.max(1), state: Mutex::new(PoolState { idle: Vec::new(), live: 0 }), freed: Condvar::new() }
+    }
+
+    /// Adds an already created instance (counts against `max`; dropped if the pool is full).
+    pub fn put_new(&self, item: T) {
+        let mut s = self.state.lock();
+        if s.live < self.max {
+            s.live += 1;
+            s.idle.push(item);
+            self.freed.notify_one();
+        }
+    }
+
+    /// An idle instance, or a new one from `create` when below `max`, or waits for one to
+    /// come back until `deadline`.
+    pub fn checkout<E>(&self, deadline: Instant, create: impl FnOnce() -> Result<T, E>) -> Result<Lease<'_, T>, CheckoutError<E>> {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(item) = s.idle.pop() {
+                return Ok(Lease { pool: self, item: Some(item), poisoned: false });
+            }
+            if s.live < self.max {
+                s.live += 1;
+                drop(s);
+                return match create() {
+                    Ok(item) => Ok(Lease { pool: self, item: Some(item), poisoned: false }),
+                    Err(e) => {
+                        self.release_slot();
+                        Err(CheckoutError::Create(e))
+                    }
+                };
+            }
+            if self.freed.wait_until(&mut s, deadline).timed_out() {
+                return Err(CheckoutError::Exhausted(self.max));
+            }
+        }
+    }
+
+    fn release_slot(&self) {
+        let mut s = self.state.lock();
+        s.live -= 1;
+        self.freed.notify_one();
+    }
+
+    /// (idle, live) counts.
+    pub fn counts(&self) -> (usize, usize) {
+        let s = self.state.lock();
+        (s.idle.len(), s.live)
+    }
+
+    /// Drops every idle instance (checked-out ones are dropped on return as usual).
+    pub fn clear_idle(&self) {
+        let mut s = self.state.lock();
+        let n = s.idle.len();
+        s.idle.clear();
+        s.live -= n;
+        self.freed.notify_all();
+    }
+}
+
+/// A checked-out instance; returns to the pool on drop unless poisoned.
+pub(crate) struct Lease<'a, T> {
+    pool: &'a Pool<T>,
+    item: Option<T>,
+    poisoned: bool,
+}
+
+impl<T> Lease<'_, T> {
+    /// Marks the instance unusable: it is destroyed instead of returned.
+    pub fn poison(&mut self) {
+        self.poisoned = true;
+    }
+
+    pub fn get(&mut self) -> &mut T {
+        // `item` is only taken in `drop`.
+        self.item.as_mut().unwrap_or_else(|| unreachable!("lease used after drop"))
+    }
+}
+
+impl<T> Drop for Lease<'_, T> {
+    fn drop(&mut self) {
+        let Some(item) = self.item.take() else { return };
+        if self.poisoned {
+            drop(item);
+            self.pool.release_slot();
+        } else {
+            let mut s = self.pool.state.lock();
+            s.idle.push(item);
+            self.pool.freed.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn ok(v: u32) -> impl FnOnce() -> Result<u32, ()> {
+        move || Ok(v)
+    }
+
+    #[test]
+    fn reuses_returned_instances() {
+        let pool = Pool::new(2);
+        let far = Instant::now() + Duration::from_secs(60);
+        {
+            let mut l = pool.checkout(far, ok(1)).unwrap_or_else(|_| panic!());
+            assert_eq!(*l.get(), 1);
+        }
+        let mut l = pool.checkout(far, ok(2)).unwrap_or_else(|_| panic!());
+        assert_eq!(*l.get(), 1, "the idle instance is reused, not a new one created");
+        assert_eq!(pool.counts(), (0, 1));
+    }
+
+    #[test]
+    fn poisoned_instances_are_replaced() {
+        let pool = Pool::new(1);
+        let far = Instant::now() + Duration::from_secs(60);
+        {
+            let mut l = pool.checkout(far, ok(1)).unwrap_or_else(|_| panic!());
+            l.poison();
+        }
+        assert_eq!(pool.counts(), (0, 0));
+        let mut l = pool.checkout(far, ok(2)).unwrap_or_else(|_| panic!());
+        assert_eq!(*l.get(), 2);
+    }
+
+    #[test]
+    fn failed_creation_frees_its_slot() {
+        let pool: Pool<u32> = Pool::new(1);
+        let far = Instant::now() + Duration::from_secs(60);
+        assert!(matches!(pool.checkout(far, || Err("boom")), Err(CheckoutError::Create("boom"))));
+        assert_eq!(pool.counts(), (0, 0));
+        assert!(pool.checkout(far, ok(3)).is_ok());
+    }
+
+    #[test]
+    fn exhausted_pool_waits_until_deadline() {
+        let pool = Pool::new(1);
+        let _held = pool.checkout(Instant::now(), ok(1)).unwrap_or_else(|_| panic!());
+        // Deadline already passed: no wait.
+        assert!(matches!(pool.checkout(Instant::now(), ok(2)), Err(CheckoutError::Exhausted(1))));
+    }
+
+    #[test]
+    fn waiter_gets_the_returned_instance() {
+        let pool = Arc::new(Pool::new(1));
+        let far = Instant::now() + Duration::from_secs(60);
+        let held = pool.checkout(far, ok(1)).unwrap_or_else(|_| panic!());
+        let p = pool.clone();
+        let waiter = std::thread::spawn(move || {
+            let mut l = p.checkout(far, ok(2)).unwrap_or_else(|_| panic!());
+            *l.get()
+        });
+        drop(held);
+        assert_eq!(waiter.join().unwrap_or_default(), 1);
+    }
+}

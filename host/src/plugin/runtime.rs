@@ -1,0 +1,380 @@
+//! A loaded plugin: its compiled component, `InstancePre`, instance pool and the calls
+//! into its exports, with the sandbox's limits applied to each call.
+//!
+//! Invariants:
+//! - Every instance ran `init(settings)` successfully before its first other call.
+//! - Each call gets the plugin's deadline (epoch ticks) and its instance's memory and
+//!   table limits; any trap or host error fails that call only, and the instance is
+//!   destroyed (wasmtime refuses to re-enter a trapped component anyway).
+//! - Data a guest returns is measured against `max-output`; more is a sandbox violation,
+//!   reported like a trap.
+//! - Calls block: run them on blocking threads (the adapter does).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::Store;
+use wasmtime::component::Component;
+
+use super::bindings::exports::wasmctrl::controller::reconciler::{
+    FilterEvent, Hooks, ReconcileError as WitReconcileError, ReconcileResult,
+};
+use super::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as WitRequest};
+use super::bindings::{Plugin as PluginBindings, PluginPre};
+use super::cache::CacheReader;
+use super::client::KubeServices;
+use super::engine::{PluginCallLabels, PluginEngine};
+use super::pool::{CheckoutError, Pool};
+use super::spec::{Gvk, PluginSpec};
+use super::state::{CallInfo, HostState, PluginContext};
+use super::PluginError;
+use crate::controller::{Action, ReconcileError, Request};
+
+/// What the host gives a plugin beyond its spec: the caches of its readable kinds and
+/// (optionally) cluster access for `client` and `events`.
+#[derive(Clone, Default)]
+pub struct PluginEnv {
+    /// One cache per readable kind (informer indexers).
+    pub caches: HashMap<Gvk, Arc<dyn CacheReader>>,
+    pub kube: Option<Arc<KubeServices>>,
+}
+
+/// The optional exports a plugin implements (from its `init`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PluginHooks {
+    pub on_add: bool,
+    pub on_update: bool,
+    pub on_delete: bool,
+    pub map: bool,
+    pub filter: bool,
+}
+
+impl From<Hooks> for PluginHooks {
+    fn from(h: Hooks) -> Self {
+        PluginHooks {
+            on_add: h.contains(Hooks::ON_ADD),
+            on_update: h.contains(Hooks::ON_UPDATE),
+            on_delete: h.contains(Hooks::ON_DELETE),
+            map: h.contains(Hooks::MAP),
+            filter: h.contains(Hooks::FILTER),
+        }
+    }
+}
+
+/// Why a call into a plugin failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The guest trapped (panic, unreachable, deadline, out of memory, stack overflow) or
+    /// broke a sandbox limit; the instance was discarded.
+    #[error("plugin {plugin} trapped in {export}: {reason}")]
+    Trap { plugin: String, export: &'static str, reason: String },
+    /// A fresh instance's `init` failed.
+    #[error("plugin {plugin}: init failed: {reason}")]
+    Init { plugin: String, reason: String },
+    /// No instance became free before the deadline.
+    #[error("plugin {plugin}: {reason}")]
+    Busy { plugin: String, reason: String },
+}
+
+impl From<CallError> for ReconcileError {
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::Trap { .. } => ReconcileError::Panic(e.to_string()),
+            CallError::Init { .. } | CallError::Busy { .. } => ReconcileError::Retryable(e.to_string()),
+        }
+    }
+}
+
+/// One plugin instance: a store and the typed exports.
+pub(crate) struct Instance {
+    store: Store<HostState>,
+    bindings: PluginBindings,
+}
+
+/// A plugin ready to be called; cheap to clone.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<PluginInner>,
+}
+
+struct PluginInner {
+    engine: PluginEngine,
+    pre: PluginPre<HostState>,
+    ctx: Arc<PluginContext>,
+    pool: Pool<Instance>,
+    hooks: PluginHooks,
+    version: String,
+    deadline_ticks: u64,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin").field("name", &self.name()).field("version", &self.inner.version).finish()
+    }
+}
+
+impl Plugin {
+    /// Compiles (or loads from the compile cache) `wasm`, checks it targets the `plugin`
+    /// world, creates a first instance and runs its `init`. Blocking: run it on a blocking
+    /// thread. Fails, leaving nothing behind, when any step fails.
+    pub fn load(engine: &PluginEngine, spec: PluginSpec, wasm: &[u8], env: PluginEnv) -> Result<Plugin, PluginError> {
+        let loaded = engine.load_component(wasm)?;
+        Self::from_component(engine, spec, &loaded.component, loaded.hash, env)
+    }
+
+    /// As [`Plugin::load`], from an already compiled component.
+    pub fn from_component(
+        engine: &PluginEngine,
+        mut spec: PluginSpec,
+        component: &Component,
+        version: String,
+        env: PluginEnv,
+    ) -> Result<Plugin, PluginError> {
+        spec.limits = spec.limits.normalized();
+        spec.concurrency = spec.concurrency.max(1);
+        let name = spec.name.clone();
+        let instance_pre = engine
+            .linker()
+            .instantiate_pre(component)
+            .map_err(|e| PluginError::Incompatible { plugin: name.clone(), reason: format!("{e:#}") })?;
+        let pre = PluginPre::new(instance_pre)
+            .map_err(|e| PluginError::Incompatible { plugin: name.clone(), reason: format!("{e:#}") })?;
+        let deadline_ticks = engine.deadline_ticks(spec.limits.deadline);
+        // One instance per concurrent reconcile plus one for notifications (hooks, map,
+        // filter), so those never wait behind a full set of reconciles.
+        let pool = Pool::new(spec.concurrency + 1);
+        let ctx = Arc::new(PluginContext { spec, caches: env.caches, kube: env.kube, metrics: engine.metrics().clone() });
+        let mut inner =
+            PluginInner { engine: engine.clone(), pre, ctx, pool, hooks: PluginHooks::default(), version, deadline_ticks };
+        let (first, hooks) = inner
+            .instantiate()
+            .map_err(|e| PluginError::Init { plugin: name.clone(), reason: e.to_string() })?;
+        inner.hooks = hooks;
+        inner.pool.put_new(first);
+        tracing::info!(plugin = %name, version = %inner.version, ?hooks, "plugin loaded");
+        Ok(Plugin { inner: Arc::new(inner) })
+    }
+
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.inner.ctx.spec.name
+    }
+
+    /// The hex SHA-256 of the plugin's `.wasm`.
+    pub fn version(&self) -> &str {
+        &self.inner.version
+    }
+
+    /// The spec the plugin runs with (limits normalized).
+    pub fn spec(&self) -> &PluginSpec {
+        &self.inner.ctx.spec
+    }
+
+    /// The optional exports the plugin declared in `init`.
+    pub fn hooks(&self) -> PluginHooks {
+        self.inner.hooks
+    }
+
+    /// (idle, live) instances of the pool.
+    pub fn pool_counts(&self) -> (usize, usize) {
+        self.inner.pool.counts()
+    }
+
+    /// Drops the idle instances (e.g. when the plugin is being replaced).
+    pub fn release_idle_instances(&self) {
+        self.inner.pool.clear_idle();
+    }
+
+    /// Calls `reconcile`. Blocking.
+    pub fn reconcile_blocking(&self, request: &Request) -> Result<Action, ReconcileError> {
+        let wit = WitRequest { namespace: request.namespace.clone(), name: request.name.clone() };
+        let max = self.inner.ctx.spec.limits.max_output;
+        let result = self.inner.call("reconcile", Some(request.to_string()), |inst| {
+            let r = inst.bindings.wasmctrl_controller_reconciler().call_reconcile(&mut inst.store, &wit)?;
+            if let Err(WitReconcileError::Retryable(m) | WitReconcileError::Terminal(m)) = &r {
+                check_output(m.len(), max)?;
+            }
+            Ok(r)
+        })?;
+        match result {
+            Ok(ReconcileResult::Done) => Ok(Action::Done),
+            Ok(ReconcileResult::Requeue) => Ok(Action::Requeue),
+            Ok(ReconcileResult::RequeueAfter(ms)) => Ok(Action::RequeueAfter(Duration::from_millis(ms))),
+            Err(WitReconcileError::Retryable(m)) => Err(ReconcileError::Retryable(m)),
+            Err(WitReconcileError::Terminal(m)) => Err(ReconcileError::Terminal(m)),
+        }
+    }
+
+    /// Calls `on-add`. Blocking.
+    pub fn on_add_blocking(&self, kind: &Gvk, object: &[u8], in_initial_list: bool) -> Result<(), CallError> {
+        let kind = wit_gvk(kind);
+        self.inner.call("on-add", None, |inst| {
+            inst.bindings.wasmctrl_controller_reconciler().call_on_add(&mut inst.store, &kind, &object.to_vec(), in_initial_list)
+        })
+    }
+
+    /// Calls `on-update`. Blocking.
+    pub fn on_update_blocking(&self, kind: &Gvk, old: &[u8], new: &[u8]) -> Result<(), CallError> {
+        let kind = wit_gvk(kind);
+        self.inner.call("on-update", None, |inst| {
+            inst.bindings.wasmctrl_controller_reconciler().call_on_update(&mut inst.store, &kind, &old.to_vec(), &new.to_vec())
+        })
+    }
+
+    /// Calls `on-delete`. Blocking.
+    pub fn on_delete_blocking(&self, kind: &Gvk, object: &[u8], final_state_unknown: bool) -> Result<(), CallError> {
+        let kind = wit_gvk(kind);
+        self.inner.call("on-delete", None, |inst| {
+            inst.bindings.wasmctrl_controller_reconciler().call_on_delete(&mut inst.store, &kind, &object.to_vec(), final_state_unknown)
+        })
+    }
+
+    /// Calls `map`. Blocking.
+    pub fn map_blocking(&self, kind: &Gvk, object: &[u8]) -> Result<Vec<Request>, CallError> {
+        let wit_kind = wit_gvk(kind);
+        let max = self.inner.ctx.spec.limits.max_output;
+        let requests = self.inner.call("map", None, |inst| {
+            let list = inst.bindings.wasmctrl_controller_reconciler().call_map(&mut inst.store, &wit_kind, &object.to_vec())?;
+            // Per request: the two strings plus the fixed part of its canonical-ABI layout.
+            let size: usize = list.iter().map(|r| 20 + r.name.len() + r.namespace.as_ref().map_or(0, String::len)).sum();
+            check_output(size, max)?;
+            Ok(list)
+        })?;
+        Ok(requests.into_iter().map(|r| Request { namespace: r.namespace, name: r.name }).collect())
+    }
+
+    /// Calls `filter`. Blocking.
+    pub fn filter_blocking(&self, kind: &Gvk, event: FilterInput<'_>) -> Result<bool, CallError> {
+        let kind = wit_gvk(kind);
+        let event = match event {
+            FilterInput::Create(o) => FilterEvent::Create(o.to_vec()),
+            FilterInput::Update(old, new) => FilterEvent::Update((old.to_vec(), new.to_vec())),
+            FilterInput::Delete(o) => FilterEvent::Delete(o.to_vec()),
+        };
+        self.inner.call("filter", None, |inst| {
+            inst.bindings.wasmctrl_controller_reconciler().call_filter(&mut inst.store, &kind, &event)
+        })
+    }
+}
+
+/// The event a `filter` call is about, as JSON.
+#[derive(Clone, Copy, Debug)]
+pub enum FilterInput<'a> {
+    Create(&'a [u8]),
+    Update(&'a [u8], &'a [u8]),
+    Delete(&'a [u8]),
+}
+
+fn wit_gvk(kind: &Gvk) -> WitGvk {
+    WitGvk { api_version: kind.api_version.clone(), kind: kind.kind.clone() }
+}
+
+/// A guest returned more than `max-output` bytes.
+#[derive(Debug, thiserror::Error)]
+#[error("returned {size} bytes, over the plugin's max-output of {max}")]
+struct OutputTooLarge {
+    size: usize,
+    max: usize,
+}
+
+fn check_output(size: usize, max: usize) -> wasmtime::Result<()> {
+    if size > max {
+        return Err(wasmtime::Error::new(OutputTooLarge { size, max }));
+    }
+    Ok(())
+}
+
+impl PluginInner {
+    /// A new instance with `init` run on it.
+    fn instantiate(&self) -> Result<(Instance, PluginHooks), CallError> {
+        let plugin = &self.ctx.spec.name;
+        let mut store = Store::new(self.engine.engine(), HostState::new(self.ctx.clone()));
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(self.deadline_ticks);
+        store.data_mut().call = CallInfo {
+            export: "init",
+            request: None,
+            deadline: Instant::now() + self.ctx.spec.limits.deadline,
+        };
+        self.engine
+            .metrics()
+            .instantiations
+            .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: "init".into() })
+            .inc();
+        let bindings = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| CallError::Init { plugin: plugin.clone(), reason: describe_error(&e, &store, &self.ctx) })?;
+        let init = bindings
+            .wasmctrl_controller_reconciler()
+            .call_init(&mut store, &self.ctx.spec.settings.to_vec())
+            .map_err(|e| CallError::Init { plugin: plugin.clone(), reason: describe_error(&e, &store, &self.ctx) })?;
+        let info = init.map_err(|reason| CallError::Init { plugin: plugin.clone(), reason })?;
+        Ok((Instance { store, bindings }, info.hooks.into()))
+    }
+
+    /// Runs `f` on a pooled instance under the sandbox's limits.
+    fn call<R>(
+        &self,
+        export: &'static str,
+        request: Option<String>,
+        f: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
+        let deadline = Instant::now() + self.ctx.spec.limits.deadline;
+        let mut lease = match self.pool.checkout(deadline, || self.instantiate().map(|(i, _)| i)) {
+            Ok(l) => l,
+            Err(CheckoutError::Create(e)) => return Err(e),
+            Err(e @ CheckoutError::Exhausted(_)) => {
+                return Err(CallError::Busy { plugin: self.ctx.spec.name.clone(), reason: e.to_string() });
+            }
+        };
+        let inst = lease.get();
+        inst.store.set_epoch_deadline(self.deadline_ticks);
+        let data = inst.store.data_mut();
+        data.call = CallInfo { export, request, deadline };
+        data.stderr.lock().last_line = None;
+        match f(inst) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                let reason = describe_error(&e, &inst.store, &self.ctx);
+                lease.poison();
+                let plugin = self.ctx.spec.name.clone();
+                self.engine
+                    .metrics()
+                    .traps
+                    .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: export.into() })
+                    .inc();
+                tracing::warn!(plugin = %plugin, export, %reason, "plugin call trapped; instance discarded");
+                Err(CallError::Trap { plugin, export, reason })
+            }
+        }
+    }
+}
+
+/// A one-line reason for a failed call: the trap kind in words, the guest's last stderr
+/// line (a Rust panic message) when it wrote one.
+fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, ctx: &PluginContext) -> String {
+    let mut reason = if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
+        match trap {
+            wasmtime::Trap::Interrupt => format!("deadline of {:?} exceeded", ctx.spec.limits.deadline),
+            wasmtime::Trap::StackOverflow => "stack overflow".to_owned(),
+            wasmtime::Trap::UnreachableCodeReached => "unreachable executed (guest panic or abort)".to_owned(),
+            other => other.to_string(),
+        }
+    } else if let Some(too_large) = e.downcast_ref::<OutputTooLarge>() {
+        too_large.to_string()
+    } else {
+        let text = format!("{e:#}");
+        if text.contains("memory growth failure") || text.contains("memory.grow") {
+            format!("out of memory: the plugin's memory limit of {} bytes was reached", ctx.spec.limits.memory)
+        } else {
+            text
+        }
+    };
+    if let Some(line) = store.data().stderr.lock().last_line.take() {
+        reason.push_str(" — guest stderr: ");
+        reason.push_str(&line);
+    }
+    reason
+}

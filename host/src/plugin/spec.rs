@@ -1,0 +1,222 @@
+//! What the runtime needs to know about one plugin, independent of where it came from.
+//!
+//! The config module maps a plugin TOML onto [`PluginSpec`]; tests build one by hand.
+//! Invariants: every limit is non-zero once [`SandboxLimits::normalized`] ran, and
+//! `v1/Secret` is readable only when listed in the plugin's explicit `read` permissions.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+/// A kind as a manifest writes it: `apiVersion` + `kind` (`apps/v1` + `Deployment`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Gvk {
+    pub api_version: String,
+    pub kind: String,
+}
+
+impl Gvk {
+    /// Builds a kind from `apiVersion` and `kind`.
+    pub fn new(api_version: impl Into<String>, kind: impl Into<String>) -> Self {
+        Gvk { api_version: api_version.into(), kind: kind.into() }
+    }
+
+    /// The API group (`""` for the core group).
+    pub fn group(&self) -> &str {
+        self.api_version.rsplit_once('/').map_or("", |(group, _)| group)
+    }
+
+    /// The version (`v1`).
+    pub fn version(&self) -> &str {
+        self.api_version.rsplit_once('/').map_or(&self.api_version, |(_, version)| version)
+    }
+
+    /// Whether this is the core `v1/Secret` kind, which is never readable undeclared.
+    pub fn is_secret(&self) -> bool {
+        self.api_version == "v1" && self.kind == "Secret"
+    }
+
+    /// Parses the TOML form `"<apiVersion>/<Kind>"` (`"v1/Secret"`, `"apps/v1/Deployment"`).
+    pub fn parse(text: &str) -> Option<Self> {
+        let (api_version, kind) = text.rsplit_once('/')?;
+        if api_version.is_empty() || kind.is_empty() {
+            return None;
+        }
+        Some(Gvk::new(api_version, kind))
+    }
+}
+
+impl fmt::Display for Gvk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.api_version, self.kind)
+    }
+}
+
+/// Which kinds a plugin may read (cache and live `client.get`) and write.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Permissions {
+    readable: BTreeSet<Gvk>,
+    writable: BTreeSet<Gvk>,
+}
+
+impl Permissions {
+    /// Permissions from a plugin's declarations: `watched` are the kinds of `for`, `owns`
+    /// and `watches`; `read` and `write` are its `[permissions]`. A Secret is readable only
+    /// when it is in `read` (watching Secrets does not grant reading them).
+    pub fn new(
+        watched: impl IntoIterator<Item = Gvk>,
+        read: impl IntoIterator<Item = Gvk>,
+        write: impl IntoIterator<Item = Gvk>,
+    ) -> Self {
+        let mut readable: BTreeSet<Gvk> = watched.into_iter().filter(|g| !g.is_secret()).collect();
+        readable.extend(read);
+        Permissions { readable, writable: write.into_iter().collect() }
+    }
+
+    /// Whether the plugin may read objects of `kind`.
+    pub fn can_read(&self, kind: &Gvk) -> bool {
+        self.readable.contains(kind)
+    }
+
+    /// Whether the plugin may create, update, patch or delete objects of `kind`.
+    pub fn can_write(&self, kind: &Gvk) -> bool {
+        self.writable.contains(kind)
+    }
+
+    /// The readable kinds (each needs a cache).
+    pub fn readable(&self) -> impl Iterator<Item = &Gvk> {
+        self.readable.iter()
+    }
+
+    /// The writable kinds.
+    pub fn writable(&self) -> impl Iterator<Item = &Gvk> {
+        self.writable.iter()
+    }
+}
+
+/// Per-plugin sandbox limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxLimits {
+    /// Wall-clock budget of one call into the plugin (epoch interruption).
+    pub deadline: Duration,
+    /// Maximum linear memory of one instance, in bytes.
+    pub memory: usize,
+    /// Maximum bytes a guest may hand back per call (returned lists and strings) or pass
+    /// to one host call (object bodies, log messages).
+    pub max_output: usize,
+    /// Maximum elements of any one table.
+    pub table_elements: usize,
+    /// Maximum core + component instances one plugin instance may create.
+    pub instances: usize,
+    /// Maximum tables one plugin instance may create.
+    pub tables: usize,
+    /// Maximum linear memories one plugin instance may create.
+    pub memories: usize,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        SandboxLimits {
+            deadline: Duration::from_secs(5),
+            memory: 64 << 20,
+            max_output: 4 << 20,
+            table_elements: 100_000,
+            instances: 64,
+            tables: 16,
+            memories: 4,
+        }
+    }
+}
+
+impl SandboxLimits {
+    /// The limits with zero values replaced by the defaults (a zero limit would make
+    /// every call fail).
+    pub fn normalized(mut self) -> Self {
+        let d = SandboxLimits::default();
+        if self.deadline.is_zero() {
+            self.deadline = d.deadline;
+        }
+        for (value, default) in [
+            (&mut self.memory, d.memory),
+            (&mut self.max_output, d.max_output),
+            (&mut self.table_elements, d.table_elements),
+            (&mut self.instances, d.instances),
+            (&mut self.tables, d.tables),
+            (&mut self.memories, d.memories),
+        ] {
+            if *value == 0 {
+                *value = default;
+            }
+        }
+        self
+    }
+}
+
+/// Everything the runtime needs to run one plugin.
+#[derive(Clone, Debug)]
+pub struct PluginSpec {
+    /// The plugin's name (metrics, logs, `config.plugin-name`).
+    pub name: String,
+    /// The kind whose keys `reconcile` receives.
+    pub for_kind: Gvk,
+    /// Instances kept for concurrent calls (the controller's max concurrent reconciles).
+    pub concurrency: usize,
+    pub limits: SandboxLimits,
+    pub permissions: Permissions,
+    /// The `[settings]` table as JSON, handed to `init` and `config.settings`.
+    pub settings: Bytes,
+    /// Field manager of every write (server-side apply included).
+    pub field_manager: String,
+}
+
+impl PluginSpec {
+    /// A spec with default limits, concurrency 1, `{}` settings and field manager
+    /// `wasmctrl-<name>`; `for_kind` is readable.
+    pub fn new(name: impl Into<String>, for_kind: Gvk) -> Self {
+        let name = name.into();
+        PluginSpec {
+            field_manager: format!("wasmctrl-{name}"),
+            permissions: Permissions::new([for_kind.clone()], [], []),
+            name,
+            for_kind,
+            concurrency: 1,
+            limits: SandboxLimits::default(),
+            settings: Bytes::from_static(b"{}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gvk_parses_toml_form() {
+        assert_eq!(Gvk::parse("v1/Secret"), Some(Gvk::new("v1", "Secret")));
+        assert_eq!(Gvk::parse("apps/v1/Deployment"), Some(Gvk::new("apps/v1", "Deployment")));
+        assert_eq!(Gvk::parse("Secret"), None);
+        assert_eq!(Gvk::new("apps/v1", "Deployment").group(), "apps");
+        assert_eq!(Gvk::new("v1", "Pod").group(), "");
+        assert_eq!(Gvk::new("v1", "Pod").version(), "v1");
+    }
+
+    #[test]
+    fn watched_secrets_are_not_readable_unless_declared() {
+        let secret = Gvk::new("v1", "Secret");
+        let cm = Gvk::new("v1", "ConfigMap");
+        let p = Permissions::new([secret.clone(), cm.clone()], [], []);
+        assert!(!p.can_read(&secret));
+        assert!(p.can_read(&cm));
+        let p = Permissions::new([secret.clone()], [secret.clone()], []);
+        assert!(p.can_read(&secret));
+        assert!(!p.can_write(&secret));
+    }
+
+    #[test]
+    fn zero_limits_normalize_to_defaults() {
+        let l = SandboxLimits { memory: 0, deadline: Duration::ZERO, ..Default::default() }.normalized();
+        assert_eq!(l, SandboxLimits::default());
+    }
+}

@@ -1,0 +1,736 @@
+//! The work queue: client-go's `workqueue.Type` and `DelayingQueue` in one structure, with
+//! controller-runtime's low priority for initial-list events.
+//!
+//! Invariants (all under one mutex):
+//! - A key is *dirty* while it waits to be processed, and *processing* between `get` and
+//!   `done`. A key handed out by `get` is not handed out again until `done` is called for it,
+//!   so two workers never hold the same key at once.
+//! - Adding a dirty key is a no-op (it may raise its priority). Adding a processing key marks
+//!   it dirty; `done` then puts it back in the ready queue, so no change is lost.
+//! - A key is in a ready deque (with the sequence number its dirty entry records) if and only
+//!   if it is dirty and not processing. Deque entries whose sequence number no longer matches
+//!   are stale (left behind by a priority raise) and are skipped.
+//! - `add_after` keeps, per key, only the earliest ready time. Waiting keys become ready (are
+//!   `add`ed) at that time; readiness is checked by every queue operation, and every waiting
+//!   `get` sleeps until the earliest deadline, so no background task is needed.
+//! - After `shut_down`, adds are ignored, waiting (delayed) keys are dropped, and `get` hands
+//!   out what is still ready, then returns `None`.
+//!
+//! Time is tokio's (`tokio::time::Instant`), so tests can pause and advance the clock.
+
+use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::Hash;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::metrics::QueueMetrics;
+use crate::metrics::Metrics;
+
+/// What a queue key must be: `Request`, `String`, or any small value-like type.
+pub trait QueueKey: Clone + Eq + Hash + Send + Sync + 'static {}
+impl<T: Clone + Eq + Hash + Send + Sync + 'static> QueueKey for T {}
+
+/// The priority of an add. Ready keys of [`Priority::Normal`] are always handed out before
+/// keys of [`Priority::Low`] (controller-runtime gives initial-list events low priority, so
+/// live changes are not stuck behind a start-up backlog). Re-adding a low-priority key with
+/// normal priority raises it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Live changes, retries, delayed re-adds.
+    #[default]
+    Normal,
+    /// Start-up backlog (objects from an informer's initial list).
+    Low,
+}
+
+impl Priority {
+    fn index(self) -> usize {
+        match self {
+            Priority::Normal => 0,
+            Priority::Low => 1,
+        }
+    }
+}
+
+/// A key waiting to be processed.
+struct Dirty {
+    /// When the key was first added since it was last handed out (for queue latency).
+    added_at: Instant,
+    priority: Priority,
+    /// The sequence number of its live ready-deque entry; `None` while it is processing.
+    queued: Option<u64>,
+}
+
+/// A delayed add, ordered by ready time then insertion order.
+struct Waiting<K> {
+    ready_at: Instant,
+    seq: u64,
+    key: K,
+}
+
+impl<K> PartialEq for Waiting<K> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.ready_at, self.seq) == (other.ready_at, other.seq)
+    }
+}
+impl<K> Eq for Waiting<K> {}
+impl<K> PartialOrd for Waiting<K> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<K> Ord for Waiting<K> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.ready_at, self.seq).cmp(&(other.ready_at, other.seq))
+    }
+}
+
+struct State<K> {
+    dirty: HashMap<K, Dirty>,
+    /// Key → when its current processing started.
+    processing: HashMap<K, Instant>,
+    /// Ready deques by [`Priority::index`]; entries carry the sequence number of the add.
+    ready: [VecDeque<(K, u64)>; 2],
+    /// Number of live (non-stale) ready entries: the queue depth.
+    ready_len: usize,
+    /// Delayed adds (min-heap; stale entries are skipped by sequence number).
+    waiting: BinaryHeap<Reverse<Waiting<K>>>,
+    /// Key → (ready time, sequence number) of its live delayed add.
+    waiting_keys: HashMap<K, (Instant, u64)>,
+    next_seq: u64,
+    shutting_down: bool,
+    draining: bool,
+}
+
+pub(super) struct Inner<K> {
+    state: Mutex<State<K>>,
+    /// Wakes getters when a key becomes ready, the earliest deadline moves, or on shut down.
+    ready_notify: Notify,
+    /// Wakes `shut_down_with_drain` when the processing set empties.
+    drained_notify: Notify,
+    metrics: Option<QueueMetrics>,
+}
+
+/// A FIFO work queue of keys with dirty/processing sets, delayed adds and two priorities.
+///
+/// Cheap to clone: clones share one queue.
+///
+/// ```
+/// # tokio_test_block_on(async {
+/// use wasmctrl::queue::WorkQueue;
+/// let q = WorkQueue::new();
+/// q.add("a");
+/// q.add("a"); // already waiting: no-op
+/// let key = q.get().await.unwrap();
+/// q.add("a"); // processing: marked dirty, re-queued on done
+/// assert_eq!(q.len(), 0);
+/// q.done(&key);
+/// assert_eq!(q.len(), 1);
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+/// # }
+/// ```
+pub struct WorkQueue<K: QueueKey> {
+    inner: Arc<Inner<K>>,
+}
+
+impl<K: QueueKey> Clone for WorkQueue<K> {
+    fn clone(&self) -> Self {
+        WorkQueue { inner: self.inner.clone() }
+    }
+}
+
+impl<K: QueueKey> Default for WorkQueue<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: QueueKey> std::fmt::Debug for WorkQueue<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.inner.state.lock();
+        f.debug_struct("WorkQueue")
+            .field("ready", &s.ready_len)
+            .field("dirty", &s.dirty.len())
+            .field("processing", &s.processing.len())
+            .field("waiting", &s.waiting_keys.len())
+            .field("shutting_down", &s.shutting_down)
+            .finish()
+    }
+}
+
+impl<K: QueueKey> WorkQueue<K> {
+    /// A queue without metrics.
+    pub fn new() -> Self {
+        Self::build(None)
+    }
+
+    /// A queue exporting the `workqueue_*` metrics labelled `name="<name>"`.
+    ///
+    /// When called inside a tokio runtime, a background task refreshes the unfinished-work
+    /// gauges every 500 ms (as client-go does) until the queue is dropped or shut down and idle.
+    pub fn with_metrics(name: &str, metrics: Arc<Metrics>) -> Self {
+        let q = Self::build(Some(QueueMetrics::new(name, &metrics)));
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(refresh_unfinished_work(Arc::downgrade(&q.inner)));
+        }
+        q
+    }
+
+    fn build(metrics: Option<QueueMetrics>) -> Self {
+        WorkQueue {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State {
+                    dirty: HashMap::new(),
+                    processing: HashMap::new(),
+                    ready: [VecDeque::new(), VecDeque::new()],
+                    ready_len: 0,
+                    waiting: BinaryHeap::new(),
+                    waiting_keys: HashMap::new(),
+                    next_seq: 0,
+                    shutting_down: false,
+                    draining: false,
+                }),
+                ready_notify: Notify::new(),
+                drained_notify: Notify::new(),
+                metrics,
+            }),
+        }
+    }
+
+    pub(super) fn metrics(&self) -> Option<&QueueMetrics> {
+        self.inner.metrics.as_ref()
+    }
+
+    /// Marks `key` as needing processing (normal priority).
+    pub fn add(&self, key: K) {
+        self.add_with_priority(key, Priority::Normal);
+    }
+
+    /// Marks `key` as needing processing with `priority`. Ignored after shut down.
+    pub fn add_with_priority(&self, key: K, priority: Priority) {
+        let mut s = self.inner.state.lock();
+        let now = Instant::now();
+        let mut woke = self.promote_due(&mut s, now);
+        woke |= self.add_locked(&mut s, key, priority, now);
+        drop(s);
+        if woke {
+            self.inner.ready_notify.notify_one();
+        }
+    }
+
+    /// Adds `key` once `delay` has passed. If the key is already waiting, the earlier of the
+    /// two ready times wins. A zero delay adds at once. Ignored after shut down.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        if delay.is_zero() {
+            self.add(key);
+            return;
+        }
+        let now = Instant::now();
+        let ready_at = now + delay;
+        let mut s = self.inner.state.lock();
+        if s.shutting_down {
+            return;
+        }
+        let earliest_before = s.waiting.peek().map(|Reverse(w)| w.ready_at);
+        let seq = s.next_seq;
+        match s.waiting_keys.entry(key.clone()) {
+            Entry::Occupied(mut e) => {
+                if e.get().0 <= ready_at {
+                    return;
+                }
+                e.insert((ready_at, seq));
+            }
+            Entry::Vacant(e) => {
+                e.insert((ready_at, seq));
+            }
+        }
+        s.next_seq += 1;
+        s.waiting.push(Reverse(Waiting { ready_at, seq, key }));
+        drop(s);
+        // A getter may be sleeping until a later deadline: let every getter recompute it.
+        if earliest_before.is_none_or(|t| ready_at < t) {
+            self.inner.ready_notify.notify_waiters();
+        }
+    }
+
+    /// Waits for a ready key and marks it processing. The caller must call [`done`](Self::done)
+    /// with it when finished. Returns `None` once the queue is shut down and nothing is ready.
+    ///
+    /// Cancel safe: dropping the future before it completes takes nothing from the queue.
+    pub async fn get(&self) -> Option<K> {
+        loop {
+            let notified = self.inner.ready_notify.notified();
+            tokio::pin!(notified);
+            // Register before looking, so an add between the look and the wait is not missed.
+            notified.as_mut().enable();
+            let next_deadline = {
+                let mut s = self.inner.state.lock();
+                let now = Instant::now();
+                self.promote_due(&mut s, now);
+                if let Some(key) = self.pop_locked(&mut s, now) {
+                    let more = s.ready_len > 0;
+                    drop(s);
+                    if more {
+                        // Pass the baton: a permit consumed by us may have been meant for two adds.
+                        self.inner.ready_notify.notify_one();
+                    }
+                    return Some(key);
+                }
+                if s.shutting_down {
+                    return None;
+                }
+                s.waiting.peek().map(|Reverse(w)| w.ready_at)
+            };
+            match next_deadline {
+                Some(deadline) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Returns `key` (handed out by [`get`](Self::get)) to the queue's care: if it was added
+    /// while processing, it is ready again.
+    pub fn done(&self, key: &K) {
+        let mut s = self.inner.state.lock();
+        let now = Instant::now();
+        let Some(started) = s.processing.remove(key) else {
+            return;
+        };
+        if let Some(m) = &self.inner.metrics {
+            m.work_duration.observe(now.saturating_duration_since(started).as_secs_f64());
+        }
+        let mut requeued = false;
+        let seq = s.next_seq;
+        if let Some(d) = s.dirty.get_mut(key) {
+            d.queued = Some(seq);
+            let idx = d.priority.index();
+            s.next_seq += 1;
+            s.ready[idx].push_back((key.clone(), seq));
+            s.ready_len += 1;
+            self.set_depth(&s);
+            requeued = true;
+        }
+        let drained = s.processing.is_empty() && s.draining;
+        drop(s);
+        if requeued {
+            self.inner.ready_notify.notify_one();
+        }
+        if drained {
+            self.inner.drained_notify.notify_waiters();
+        }
+    }
+
+    /// Number of keys ready to be handed out (the `workqueue_depth`).
+    pub fn len(&self) -> usize {
+        let mut s = self.inner.state.lock();
+        if self.promote_due(&mut s, Instant::now()) {
+            drop(s);
+            self.inner.ready_notify.notify_one();
+            return self.inner.state.lock().ready_len;
+        }
+        s.ready_len
+    }
+
+    /// Whether no key is ready.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of keys currently handed out and not yet `done`.
+    pub fn processing_len(&self) -> usize {
+        self.inner.state.lock().processing.len()
+    }
+
+    /// Number of keys waiting for a delayed add.
+    pub fn waiting_len(&self) -> usize {
+        self.inner.state.lock().waiting_keys.len()
+    }
+
+    /// Whether no key is ready, processing or waiting for a delayed add (one consistent look).
+    pub fn is_idle(&self) -> bool {
+        let s = self.inner.state.lock();
+        s.ready_len == 0 && s.processing.is_empty() && s.waiting_keys.is_empty()
+    }
+
+    /// Stops the queue: adds are ignored from now on, delayed adds are dropped, and `get`
+    /// returns what is still ready, then `None`. Does not wait for processing keys.
+    pub fn shut_down(&self) {
+        let mut s = self.inner.state.lock();
+        s.shutting_down = true;
+        // A plain shut down ends a drain in progress (as client-go's ShutDown does).
+        s.draining = false;
+        s.waiting.clear();
+        s.waiting_keys.clear();
+        drop(s);
+        self.inner.ready_notify.notify_waiters();
+        self.inner.drained_notify.notify_waiters();
+    }
+
+    /// Shuts the queue down like [`shut_down`](Self::shut_down), then waits until every key
+    /// handed out has been marked `done`. A concurrent `shut_down` ends the wait.
+    pub async fn shut_down_with_drain(&self) {
+        {
+            let mut s = self.inner.state.lock();
+            s.draining = true;
+            s.shutting_down = true;
+            s.waiting.clear();
+            s.waiting_keys.clear();
+        }
+        self.inner.ready_notify.notify_waiters();
+        loop {
+            let notified = self.inner.drained_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let s = self.inner.state.lock();
+                if s.processing.is_empty() || !s.draining {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Whether [`shut_down`](Self::shut_down) or the drain variant was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.state.lock().shutting_down
+    }
+
+    /// Moves delayed keys whose time has come into the ready queue. Returns whether any key
+    /// became ready.
+    fn promote_due(&self, s: &mut State<K>, now: Instant) -> bool {
+        let mut any = false;
+        while let Some(Reverse(w)) = s.waiting.peek() {
+            if w.ready_at > now {
+                break;
+            }
+            let Some(Reverse(w)) = s.waiting.pop() else { break };
+            if s.waiting_keys.get(&w.key).is_some_and(|&(_, seq)| seq == w.seq) {
+                s.waiting_keys.remove(&w.key);
+                any |= self.add_locked(s, w.key, Priority::Normal, now);
+            }
+        }
+        any
+    }
+
+    /// Returns whether the key became ready (so a getter should be woken).
+    fn add_locked(&self, s: &mut State<K>, key: K, priority: Priority, now: Instant) -> bool {
+        if s.shutting_down {
+            return false;
+        }
+        let seq = s.next_seq;
+        if let Some(d) = s.dirty.get_mut(&key) {
+            if priority < d.priority {
+                d.priority = priority;
+                if d.queued.is_some() {
+                    // Re-queue at the higher priority; the old entry goes stale.
+                    d.queued = Some(seq);
+                    s.next_seq += 1;
+                    s.ready[priority.index()].push_back((key, seq));
+                    return true;
+                }
+            }
+            return false;
+        }
+        if let Some(m) = &self.inner.metrics {
+            m.adds.inc();
+        }
+        let processing = s.processing.contains_key(&key);
+        let queued = (!processing).then_some(seq);
+        s.dirty.insert(key.clone(), Dirty { added_at: now, priority, queued });
+        if processing {
+            return false;
+        }
+        s.next_seq += 1;
+        s.ready[priority.index()].push_back((key, seq));
+        s.ready_len += 1;
+        self.set_depth(s);
+        true
+    }
+
+    fn pop_locked(&self, s: &mut State<K>, now: Instant) -> Option<K> {
+        for idx in 0..s.ready.len() {
+            while let Some((key, seq)) = s.ready[idx].pop_front() {
+                let live = s.dirty.get(&key).is_some_and(|d| d.queued == Some(seq));
+                if !live {
+                    continue;
+                }
+                let Some(d) = s.dirty.remove(&key) else { continue };
+                s.ready_len -= 1;
+                self.set_depth(s);
+                if let Some(m) = &self.inner.metrics {
+                    m.queue_duration.observe(now.saturating_duration_since(d.added_at).as_secs_f64());
+                }
+                s.processing.insert(key.clone(), now);
+                return Some(key);
+            }
+        }
+        None
+    }
+
+    fn set_depth(&self, s: &State<K>) {
+        if let Some(m) = &self.inner.metrics {
+            m.depth.set(i64::try_from(s.ready_len).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+impl<K: QueueKey> Inner<K> {
+    /// Seconds of work in progress (summed) and of the longest-running key, now.
+    fn unfinished_work(&self) -> (f64, f64, bool) {
+        let s = self.state.lock();
+        let now = Instant::now();
+        let mut total = 0.0;
+        let mut longest = 0.0f64;
+        for started in s.processing.values() {
+            let secs = now.saturating_duration_since(*started).as_secs_f64();
+            total += secs;
+            longest = longest.max(secs);
+        }
+        (total, longest, s.shutting_down && s.processing.is_empty())
+    }
+}
+
+/// client-go's `updateUnfinishedWorkLoop`: refresh the unfinished-work gauges every 500 ms.
+async fn refresh_unfinished_work<K: QueueKey>(queue: Weak<Inner<K>>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = queue.upgrade() else { return };
+        let (total, longest, finished) = inner.unfinished_work();
+        if let Some(m) = &inner.metrics {
+            m.unfinished_work.set(total);
+            m.longest_running.set(longest);
+        }
+        if finished {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn basic_fifo_and_dedup() {
+        let q = WorkQueue::new();
+        q.add(1);
+        q.add(2);
+        q.add(1);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.get().await, Some(1));
+        assert_eq!(q.get().await, Some(2));
+        assert_eq!(q.len(), 0);
+        q.done(&1);
+        q.done(&2);
+        assert_eq!(q.processing_len(), 0);
+    }
+
+    #[tokio::test]
+    async fn add_while_processing_is_requeued_on_done() {
+        let q = WorkQueue::new();
+        q.add("a");
+        let k = q.get().await.unwrap();
+        q.add("a");
+        q.add("a");
+        assert_eq!(q.len(), 0, "a processing key is not handed out again");
+        q.done(&k);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.get().await, Some("a"));
+        q.done(&"a");
+        assert_eq!(q.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn low_priority_waits_for_normal() {
+        let q = WorkQueue::new();
+        q.add_with_priority("initial-1", Priority::Low);
+        q.add_with_priority("initial-2", Priority::Low);
+        q.add("live");
+        assert_eq!(q.get().await, Some("live"));
+        assert_eq!(q.get().await, Some("initial-1"));
+        assert_eq!(q.get().await, Some("initial-2"));
+    }
+
+    #[tokio::test]
+    async fn normal_add_raises_low_priority_key() {
+        let q = WorkQueue::new();
+        q.add_with_priority("a", Priority::Low);
+        q.add_with_priority("b", Priority::Low);
+        q.add("c");
+        q.add("b");
+        assert_eq!(q.len(), 3, "a raise does not count twice");
+        assert_eq!(q.get().await, Some("c"));
+        assert_eq!(q.get().await, Some("b"));
+        assert_eq!(q.get().await, Some("a"));
+        assert_eq!(q.len(), 0);
+        // The stale low entry of b is skipped, and b is not handed out twice.
+        q.shut_down();
+        assert_eq!(q.get().await, None);
+    }
+
+    #[tokio::test]
+    async fn low_add_does_not_lower_priority() {
+        let q = WorkQueue::new();
+        q.add("a");
+        q.add_with_priority("b", Priority::Low);
+        q.add_with_priority("a", Priority::Low);
+        assert_eq!(q.get().await, Some("a"));
+        assert_eq!(q.get().await, Some("b"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn add_after_keeps_earliest_time() {
+        let q = WorkQueue::new();
+        q.add_after("a", Duration::from_secs(10));
+        q.add_after("a", Duration::from_secs(5));
+        q.add_after("a", Duration::from_secs(20));
+        assert_eq!(q.waiting_len(), 1);
+        let start = Instant::now();
+        assert_eq!(q.get().await, Some("a"));
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        q.done(&"a");
+        // The later ready times were superseded: nothing else comes.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(q.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn add_after_orders_by_ready_time() {
+        let q = WorkQueue::new();
+        q.add_after("late", Duration::from_millis(300));
+        q.add_after("early", Duration::from_millis(100));
+        q.add_after("now", Duration::ZERO);
+        assert_eq!(q.get().await, Some("now"));
+        assert_eq!(q.get().await, Some("early"));
+        assert_eq!(q.get().await, Some("late"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn earlier_add_after_wakes_sleeping_getter() {
+        let q = WorkQueue::new();
+        q.add_after("a", Duration::from_secs(60));
+        let getter = tokio::spawn({
+            let q = q.clone();
+            async move {
+                let start = Instant::now();
+                let k = q.get().await;
+                (k, start.elapsed())
+            }
+        });
+        tokio::task::yield_now().await;
+        q.add_after("b", Duration::from_secs(1));
+        let (k, waited) = getter.await.unwrap();
+        assert_eq!(k, Some("b"));
+        assert_eq!(waited, Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_key_already_dirty_is_not_duplicated() {
+        let q = WorkQueue::new();
+        q.add("a");
+        q.add_after("a", Duration::from_millis(10));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.get().await, Some("a"));
+        assert_eq!(q.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn shut_down_hands_out_ready_keys_then_none() {
+        let q = WorkQueue::new();
+        q.add(1);
+        q.add_after(2, Duration::from_secs(1));
+        q.shut_down();
+        q.add(3);
+        assert_eq!(q.get().await, Some(1));
+        assert_eq!(q.get().await, None);
+        assert_eq!(q.waiting_len(), 0);
+    }
+
+    #[tokio::test]
+    async fn shut_down_wakes_blocked_getters() {
+        let q: WorkQueue<u32> = WorkQueue::new();
+        let getters: Vec<_> = (0..3)
+            .map(|_| {
+                let q = q.clone();
+                tokio::spawn(async move { q.get().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        q.shut_down();
+        for g in getters {
+            assert_eq!(g.await.unwrap(), None);
+        }
+    }
+
+    #[tokio::test]
+    async fn shut_down_with_drain_waits_for_processing() {
+        let q = WorkQueue::new();
+        q.add("a");
+        let k = q.get().await.unwrap();
+        let drain = tokio::spawn({
+            let q = q.clone();
+            async move { q.shut_down_with_drain().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!drain.is_finished());
+        assert!(q.is_shutting_down());
+        q.done(&k);
+        drain.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn shut_down_ends_a_drain() {
+        let q = WorkQueue::new();
+        q.add("a");
+        let _k = q.get().await.unwrap();
+        let drain = tokio::spawn({
+            let q = q.clone();
+            async move { q.shut_down_with_drain().await }
+        });
+        tokio::task::yield_now().await;
+        q.shut_down();
+        drain.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn drain_with_nothing_processing_returns_at_once() {
+        let q: WorkQueue<u8> = WorkQueue::new();
+        q.shut_down_with_drain().await;
+    }
+
+    #[tokio::test]
+    async fn done_of_unknown_key_is_ignored() {
+        let q = WorkQueue::new();
+        q.done(&"x");
+        q.add("x");
+        q.done(&"x");
+        assert_eq!(q.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn cancelled_get_takes_nothing() {
+        let q = WorkQueue::new();
+        let get = q.get();
+        drop(get);
+        q.add(7);
+        let r = tokio::time::timeout(Duration::from_millis(0), q.get()).await;
+        assert_eq!(r.ok().flatten(), Some(7));
+    }
+}

@@ -1,0 +1,429 @@
+//! `wasmctrl check PATH...`: the loader's validation, offline. A path may be a plugins
+//! directory, a plugin TOML, a `.wasm` component, or a host TOML (whose plugins directory is
+//! then checked too). On success it describes what would run.
+//!
+//! Invariants: the checks are the ones the [`super::PluginManager`] applies before starting
+//! a plugin (same parsing, same kind checks, same component validation through
+//! [`ComponentValidator`]); a report with any error has `ok() == false`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::config::{
+    BuiltinKinds, ConfigError, ConfigErrors, HostConfig, KindResolver, PluginConfig, PluginDefaults,
+    WatchSource,
+};
+
+use super::scan::{plugin_tomls, read_settled, wasm_files};
+
+/// What validating a component found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ComponentInfo {
+    /// Short content hash (the plugin's version).
+    pub version: String,
+    /// The world the component targets, as the runtime names it.
+    pub world: String,
+    /// The optional hooks `init` declared, when `init` was run.
+    pub hooks: Option<Hooks>,
+}
+
+/// The optional hooks a plugin declares that its TOML depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hooks {
+    pub map: bool,
+    pub filter: bool,
+}
+
+/// Compiles a component and checks it fits the plugin world (and, where the implementation
+/// can, that `init` accepts the plugin's settings). Implemented over the plugin runtime.
+pub trait ComponentValidator: Send + Sync {
+    /// `plugin` is the component's TOML when there is one (for `init`'s settings).
+    fn validate(&self, wasm: &[u8], plugin: Option<&PluginConfig>) -> Result<ComponentInfo, String>;
+}
+
+/// How to check.
+pub struct CheckOptions<'a> {
+    /// Where kinds are looked up; [`BuiltinKinds`] when `None` (offline).
+    pub kinds: Option<&'a dyn KindResolver>,
+    /// Validates components; when `None`, components are only read and hashed.
+    pub components: Option<&'a dyn ComponentValidator>,
+    /// Defaults for plugin TOMLs checked without a host TOML.
+    pub defaults: PluginDefaults,
+}
+
+impl Default for CheckOptions<'_> {
+    fn default() -> Self {
+        CheckOptions { kinds: None, components: None, defaults: PluginDefaults::default() }
+    }
+}
+
+/// One plugin that passed.
+#[derive(Clone, Debug)]
+pub struct CheckedPlugin {
+    pub config: PluginConfig,
+    /// `None` when no validator was given (only hashed) or the component was not checked.
+    pub component: Option<ComponentInfo>,
+    /// Short content hash of the `.wasm`.
+    pub version: String,
+}
+
+/// The outcome of `wasmctrl check`.
+#[derive(Clone, Debug, Default)]
+pub struct CheckReport {
+    pub hosts: Vec<HostConfig>,
+    pub plugins: Vec<CheckedPlugin>,
+    /// Components checked on their own (a `.wasm` path without a TOML next to it).
+    pub components: Vec<(PathBuf, ComponentInfo)>,
+    pub errors: ConfigErrors,
+    /// Not errors, but probably not what was meant (a `.wasm` no TOML uses, ...).
+    pub warnings: Vec<String>,
+}
+
+impl CheckReport {
+    /// True when nothing failed.
+    pub fn ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    /// Human-readable: errors first, then warnings, then what would run.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if !self.errors.is_empty() {
+            let _ = writeln!(out, "{}", self.errors);
+        }
+        for w in &self.warnings {
+            let _ = writeln!(out, "warning: {w}");
+        }
+        for h in &self.hosts {
+            let path = h.path.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+            let cluster = match &h.cluster {
+                crate::config::ClusterConfig::Embedded { .. } => "embedded dev cluster".to_owned(),
+                crate::config::ClusterConfig::Kubeconfig { path, context } => format!(
+                    "kubeconfig {}{}",
+                    path.as_deref().map(|p| p.display().to_string()).unwrap_or_else(|| "(default)".into()),
+                    context.as_deref().map(|c| format!(" context {c}")).unwrap_or_default()
+                ),
+                crate::config::ClusterConfig::InCluster => "in-cluster service account".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "host {path}: {cluster}; plugins in {}; serving on {}{}",
+                h.plugins_dir.display(),
+                h.server_address,
+                if h.leader_election.is_some() { "; leader election on" } else { "" }
+            );
+        }
+        for p in &self.plugins {
+            out.push_str(&describe_plugin(p));
+        }
+        for (path, c) in &self.components {
+            let _ = writeln!(out, "component {}: version {}, world {}", path.display(), c.version, c.world);
+        }
+        if self.ok() {
+            let _ = writeln!(
+                out,
+                "ok: {} plugin{} would run",
+                self.plugins.len(),
+                if self.plugins.len() == 1 { "" } else { "s" }
+            );
+        }
+        out
+    }
+}
+
+fn describe_source(s: &WatchSource) -> String {
+    let mut d = s.kind.to_string();
+    d.push_str(&format!(
+        " in {}",
+        s.namespace.as_deref().map_or("all namespaces".to_owned(), |n| format!("namespace {n}"))
+    ));
+    if let Some(l) = &s.label_selector {
+        d.push_str(&format!(", labels {l}"));
+    }
+    if let Some(f) = &s.field_selector {
+        d.push_str(&format!(", fields {f}"));
+    }
+    if !s.indexes.is_empty() {
+        d.push_str(&format!(", indexes {}", s.indexes.keys().cloned().collect::<Vec<_>>().join(" ")));
+    }
+    d
+}
+
+fn describe_plugin(p: &CheckedPlugin) -> String {
+    let c = &p.config;
+    let mut out = String::new();
+    let _ = writeln!(out, "plugin {} ({})", c.name, c.toml_path.display());
+    let component = match &p.component {
+        Some(info) => {
+            format!(", world {}{}", info.world, if info.hooks.is_some() { ", init ok" } else { "" })
+        }
+        None => ", component not validated".to_owned(),
+    };
+    let _ = writeln!(out, "  wasm     {} version {}{component}", c.wasm_path.display(), p.version);
+    let _ = writeln!(out, "  for      {}", describe_source(&c.for_source));
+    for s in &c.owns {
+        let _ = writeln!(out, "  owns     {}", describe_source(s));
+    }
+    for s in &c.watches {
+        let _ = writeln!(out, "  watches  {}", describe_source(s));
+    }
+    let list =
+        |v: &[crate::plugin::spec::Gvk]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    if !c.read.is_empty() {
+        let _ = writeln!(out, "  read     {}", list(&c.read));
+    }
+    if !c.write.is_empty() {
+        let _ = writeln!(out, "  write    {}", list(&c.write));
+    }
+    let _ = writeln!(
+        out,
+        "  limits   concurrency {}, deadline {}, memory {}, max-output {}, resync {}",
+        c.concurrency,
+        crate::config::DurationValue(c.deadline),
+        crate::config::ByteSize(c.memory),
+        crate::config::ByteSize(c.max_output),
+        c.resync.map_or("off".to_owned(), |r| crate::config::DurationValue(r).to_string()),
+    );
+    out
+}
+
+/// Short content hash used as a plugin's version.
+pub fn version_of(wasm: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(wasm)[..6])
+}
+
+/// Checks every path; see the module docs.
+pub fn check_paths(paths: &[PathBuf], options: &CheckOptions<'_>) -> CheckReport {
+    let mut report = CheckReport::default();
+    for path in paths {
+        check_one(path, options, &mut report);
+    }
+    report
+}
+
+fn check_one(path: &Path, options: &CheckOptions<'_>, report: &mut CheckReport) {
+    if path.is_dir() {
+        check_plugins_dir(path, &options.defaults, options, report);
+        return;
+    }
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("wasm") => {
+            let toml = path.with_extension("toml");
+            if toml.is_file() {
+                check_plugin(&toml, &options.defaults, options, report);
+            } else {
+                match read_settled(path) {
+                    Ok((bytes, _)) => match options.components {
+                        Some(v) => match v.validate(&bytes, None) {
+                            Ok(info) => report.components.push((path.to_path_buf(), info)),
+                            Err(e) => report
+                                .errors
+                                .push(ConfigError::file_level(path, format!("invalid component: {e}"))),
+                        },
+                        None => report.warnings.push(format!(
+                            "{}: read {} bytes (version {}); no runtime to validate it",
+                            path.display(),
+                            bytes.len(),
+                            version_of(&bytes)
+                        )),
+                    },
+                    Err(e) => report.errors.push(ConfigError::file_level(path, format!("cannot read: {e}"))),
+                }
+            }
+        }
+        Some("toml") => {
+            let text = match std::fs::read_to_string(path) {
+                Ok(t) => t,
+                Err(e) => {
+                    report.errors.push(ConfigError::file_level(path, format!("cannot read: {e}")));
+                    return;
+                }
+            };
+            if is_plugin_toml(&text) {
+                check_plugin(path, &options.defaults, options, report);
+            } else {
+                match HostConfig::parse(path, &text) {
+                    Ok(host) => {
+                        let dir = host.plugins_dir.clone();
+                        let defaults = host.plugin_defaults.clone();
+                        report.hosts.push(host);
+                        if dir.is_dir() {
+                            check_plugins_dir(&dir, &defaults, options, report);
+                        } else {
+                            report.errors.push(
+                                ConfigError::file_level(
+                                    path,
+                                    format!("plugins directory {} does not exist", dir.display()),
+                                )
+                                .with_field("plugins-dir"),
+                            );
+                        }
+                    }
+                    Err(errs) => report.errors.0.extend(errs.0),
+                }
+            }
+        }
+        _ => report.errors.push(ConfigError::file_level(
+            path,
+            if path.exists() {
+                "not a directory, `.toml` or `.wasm` file".to_owned()
+            } else {
+                "no such file or directory".to_owned()
+            },
+        )),
+    }
+}
+
+/// A plugin TOML has a `[for]` table; a host TOML never does.
+fn is_plugin_toml(text: &str) -> bool {
+    match text.parse::<toml::Table>() {
+        Ok(t) => t.contains_key("for"),
+        // Unparsable: guess from the text so the right parser reports the error.
+        Err(_) => text
+            .lines()
+            .any(|l| l.trim_start().starts_with("[for]") || l.trim_start().starts_with("api-version")),
+    }
+}
+
+fn check_plugins_dir(
+    dir: &Path,
+    defaults: &PluginDefaults,
+    options: &CheckOptions<'_>,
+    report: &mut CheckReport,
+) {
+    let tomls = match plugin_tomls(dir) {
+        Ok(t) => t,
+        Err(e) => {
+            report.errors.push(ConfigError::file_level(dir, format!("cannot list plugins directory: {e}")));
+            return;
+        }
+    };
+    if tomls.is_empty() {
+        report.warnings.push(format!("{}: no plugin TOMLs", dir.display()));
+    }
+    let first_plugin = report.plugins.len();
+    for toml in &tomls {
+        check_plugin(toml, defaults, options, report);
+    }
+    // Names must be unique within a directory (they name controllers and metrics).
+    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut duplicates = Vec::new();
+    for (i, p) in report.plugins.iter().enumerate().skip(first_plugin) {
+        if let Some(first) = seen.get(&p.config.name) {
+            duplicates.push((i, first.clone()));
+        } else {
+            seen.insert(p.config.name.clone(), p.config.toml_path.clone());
+        }
+    }
+    for (i, first) in duplicates.iter().rev() {
+        let p = report.plugins.remove(*i);
+        report.errors.push(
+            p.config
+                .field_error(
+                    "name",
+                    format!("plugin name `{}` is already used by {}", p.config.name, first.display()),
+                )
+                .with_hint("each plugin in a directory needs its own name"),
+        );
+    }
+    // A component no TOML refers to does nothing: probably a missing TOML.
+    if let Ok(wasms) = wasm_files(dir) {
+        for w in wasms {
+            let used = report.plugins.iter().any(|p| p.config.wasm_path == w)
+                || tomls.iter().any(|t| t.with_extension("wasm") == w);
+            if !used {
+                report.warnings.push(format!("{}: no plugin TOML uses this component", w.display()));
+            }
+        }
+    }
+}
+
+/// Parses, checks kinds, reads and validates the component, checks hooks. Adds the plugin
+/// or its errors to `report`.
+fn check_plugin(
+    toml: &Path,
+    defaults: &PluginDefaults,
+    options: &CheckOptions<'_>,
+    report: &mut CheckReport,
+) {
+    match validate_plugin(toml, defaults, options.kinds.unwrap_or(&BuiltinKinds), options.components) {
+        Ok(p) => report.plugins.push(p),
+        Err(errs) => report.errors.0.extend(errs.0),
+    }
+}
+
+/// The validation the manager applies before starting a plugin, as one function.
+pub fn validate_plugin(
+    toml: &Path,
+    defaults: &PluginDefaults,
+    kinds: &dyn KindResolver,
+    components: Option<&dyn ComponentValidator>,
+) -> Result<CheckedPlugin, ConfigErrors> {
+    let config = PluginConfig::load(toml, defaults)?;
+    config.check_kinds(kinds)?;
+    let bytes = match read_settled(&config.wasm_path) {
+        Ok((b, _)) => b,
+        Err(e) => {
+            let field = if config.file.wasm.is_some() { "wasm" } else { "name" };
+            let mut err = if config.file.wasm.is_some() {
+                config.field_error(field, format!("cannot read {}: {e}", config.wasm_path.display()))
+            } else {
+                ConfigError::file_level(toml, format!("cannot read {}: {e}", config.wasm_path.display()))
+                    .with_field("wasm")
+            };
+            err.hint = Some("put the component next to the TOML, or set `wasm = \"file.wasm\"`".into());
+            return Err(err.into());
+        }
+    };
+    let version = version_of(&bytes);
+    let component = match components {
+        Some(v) => {
+            let info = v.validate(&bytes, Some(&config)).map_err(|e| {
+                ConfigErrors::from(ConfigError::file_level(
+                    &config.wasm_path,
+                    format!("invalid component: {e}"),
+                ))
+            })?;
+            if let Some(h) = info.hooks {
+                config.check_hooks(h.map, h.filter)?;
+            }
+            Some(info)
+        }
+        None => None,
+    };
+    Ok(CheckedPlugin { config, component, version })
+}
+
+/// Validates components with the host's plugin engine: compiles (through the compile
+/// cache when the engine has one), checks the component fits the `plugin` world, and — when
+/// the plugin's TOML is known — instantiates it and runs `init` with its settings (no cluster
+/// access: imports answer `unavailable`), which also tells which optional hooks it declares.
+pub struct EngineValidator(pub crate::plugin::PluginEngine);
+
+impl ComponentValidator for EngineValidator {
+    fn validate(&self, wasm: &[u8], plugin: Option<&PluginConfig>) -> Result<ComponentInfo, String> {
+        let report = crate::plugin::inspect_component(&self.0, wasm).map_err(|e| e.to_string())?;
+        report.fits.clone()?;
+        let hooks = match plugin {
+            Some(config) => {
+                let loaded = crate::plugin::Plugin::load(
+                    &self.0,
+                    config.to_plugin_spec(),
+                    wasm,
+                    crate::plugin::PluginEnv::default(),
+                )
+                .map_err(|e| e.to_string())?;
+                let h = loaded.hooks();
+                Some(Hooks { map: h.map, filter: h.filter })
+            }
+            None => None,
+        };
+        Ok(ComponentInfo {
+            version: version_of(wasm),
+            world: report.world.clone().unwrap_or_else(|| "(unknown)".into()),
+            hooks,
+        })
+    }
+}

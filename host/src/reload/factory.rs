@@ -1,0 +1,138 @@
+//! The host's [`InformerFactory`] as the manager's [`InformerLeases`], and its discovery
+//! as a [`KindResolver`]-like lookup.
+//!
+//! Thin adapters only (newtypes, so they never collide with impls other modules add):
+//! leases, indexers as the runtime's [`CacheReader`], handler registrations as the
+//! controller's [`EventRegistration`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use super::wiring::{InformerLeases, LeasedInformer, WatchKey};
+use crate::cache::{IndexError, IndexSpec, Indexer, LabelSelector};
+use crate::config::{KindLookupError, ResolvedKind};
+use crate::controller::source::EventRegistration;
+use crate::informer::HandlerRegistration;
+use crate::informer::{InformerFactory, InformerLease, InformerSpec, ResourceEventHandler};
+use crate::object::Object;
+use crate::plugin::{CacheReadError, CacheReader, Gvk};
+use crate::source::DiscoveryError;
+
+/// An [`InformerFactory`] seen by the plugins manager.
+#[derive(Clone, Debug)]
+pub struct FactoryLeases(pub InformerFactory);
+
+struct Lease {
+    lease: InformerLease,
+    namespaced: bool,
+}
+
+impl InformerLeases for FactoryLeases {
+    fn lease<'a>(
+        &'a self,
+        key: &'a WatchKey,
+        indexes: &'a BTreeMap<String, IndexSpec>,
+    ) -> BoxFuture<'a, Result<Arc<dyn LeasedInformer>, String>> {
+        Box::pin(async move {
+            let resource = self
+                .0
+                .discovery()
+                .resolve(&key.kind.api_version, &key.kind.kind)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut spec = InformerSpec::new(&key.kind.api_version, &key.kind.kind);
+            spec.namespace = key.namespace.clone();
+            spec.label_selector = key.label_selector.clone();
+            spec.field_selector = key.field_selector.clone();
+            spec.indexes = indexes.clone();
+            let lease = self.0.informer(spec).await.map_err(|e| e.to_string())?;
+            Ok(Arc::new(Lease { lease, namespaced: resource.namespaced }) as Arc<dyn LeasedInformer>)
+        })
+    }
+
+    fn resolve<'a>(&'a self, kind: &'a Gvk) -> BoxFuture<'a, Result<ResolvedKind, KindLookupError>> {
+        Box::pin(async move {
+            match self.0.discovery().resolve(&kind.api_version, &kind.kind).await {
+                Ok(r) => Ok(ResolvedKind { plural: r.plural, namespaced: r.namespaced }),
+                Err(DiscoveryError::UnknownKind { known, .. }) => {
+                    Err(KindLookupError::UnknownKind { known_kinds: known })
+                }
+                Err(DiscoveryError::UnknownApiVersion { .. }) => {
+                    Err(KindLookupError::UnknownApiVersion { known_versions: Vec::new() })
+                }
+                Err(e) => Err(KindLookupError::Unavailable(e.to_string())),
+            }
+        })
+    }
+}
+
+impl LeasedInformer for Lease {
+    fn namespaced(&self) -> bool {
+        self.namespaced
+    }
+
+    fn has_synced(&self) -> bool {
+        self.lease.has_synced()
+    }
+
+    fn cache(&self) -> Arc<dyn CacheReader> {
+        Arc::new(IndexerCache(self.lease.indexer()))
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.lease.indexer().keys()
+    }
+
+    fn add_handler(
+        &self,
+        handler: Arc<dyn ResourceEventHandler>,
+        resync: Option<Duration>,
+    ) -> Box<dyn EventRegistration> {
+        Box::new(Registration(self.lease.add_event_handler(handler, resync)))
+    }
+}
+
+/// An informer's indexer as a plugin's cache.
+pub struct IndexerCache(pub Indexer);
+
+impl CacheReader for IndexerCache {
+    fn get(&self, key: &str) -> Option<Arc<Object>> {
+        self.0.get(key)
+    }
+
+    fn list(
+        &self,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        let selector = match label_selector.filter(|s| !s.trim().is_empty()) {
+            Some(s) => LabelSelector::parse(s)
+                .map_err(|e| CacheReadError::InvalidSelector { selector: e.selector, reason: e.reason })?,
+            None => LabelSelector::everything(),
+        };
+        Ok(self.0.list_selected(namespace, &selector))
+    }
+
+    fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        self.0.by_index(index, value).map_err(|e| match e {
+            IndexError::UnknownIndex(name) => CacheReadError::UnknownIndex(name),
+            other => CacheReadError::UnknownIndex(other.to_string()),
+        })
+    }
+}
+
+/// A handler registration as the controller's [`EventRegistration`].
+struct Registration(HandlerRegistration);
+
+impl EventRegistration for Registration {
+    fn has_synced(&self) -> bool {
+        self.0.has_synced()
+    }
+
+    fn remove(&self) {
+        self.0.remove();
+    }
+}

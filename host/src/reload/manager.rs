@@ -1,0 +1,701 @@
+//! The plugins directory manager: turns `<name>.toml` + `<name>.wasm` pairs into running
+//! controllers and follows the directory as files change.
+//!
+//! Life of a plugin (one per TOML stem):
+//! - **Load**: parse + check the TOML (kinds against discovery), read the `.wasm` once it
+//!   has settled, take leases on its informers and wait for them to sync, compile the
+//!   component and run `init` — all *before* anything running is touched. Any failure
+//!   rejects this version: logged, counted in `wasmctrl_plugin_reloads_total{result="rejected"}`,
+//!   shown in `/plugins` and `/readyz`; a running version keeps running.
+//! - **Start**: a controller per plugin whose queue lives as long as the plugin's `for`
+//!   kind, concurrency and name stay the same.
+//! - **Swap** (new `.wasm`, or a TOML change that keeps the `for` kind and concurrency): the
+//!   controller's reconciler is replaced (calls in flight finish on the old version, every
+//!   later call — queued keys included — goes to the new one; the queue's processing set
+//!   keeps a key from being reconciled by both at once); the new version's handlers are
+//!   wired (informers added or released through the factory's reference counts) and every
+//!   cached object of the `for` kind is enqueued, so each is reconciled by the new version;
+//!   then the old version's handlers and leases go.
+//! - **Restart** (the `for` kind, concurrency or name changed): the old controller drains
+//!   and stops, then the new one starts and reconciles every object of its `for` kind.
+//! - **Stop** (TOML removed): drained, stopped, informers released.
+//!
+//! Files are read only after the directory has been quiet for the debounce period and a
+//! whole read saw no change in size or modification time; hidden files (`.x.wasm.tmp`) are
+//! ignored, so writing a temporary file and renaming it is atomic for the manager. A
+//! half-written `.wasm` that slips through is not a valid component and is rejected like any
+//! broken build, leaving the running version in place.
+//!
+//! Invariants: at most one load/swap/stop runs per plugin at a time (a per-stem lock);
+//! plugin names are unique across the directory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kube::core::GroupVersionKind;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::check::version_of;
+use super::scan::{is_plugin_file, plugin_tomls, read_settled};
+use super::status::{PluginState, StatusBoard};
+use super::wiring::{Generation, InformerLeases, Leases, kube_gvk};
+use crate::config::{
+    ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, ResolvedKind,
+};
+use crate::controller::{
+    Controller, ControllerError, EventRegistration, EventSource, Reconciler, Request, Swap,
+    source::SourceError,
+};
+use crate::informer::ResourceEventHandler;
+use crate::metrics::Metrics;
+use crate::plugin::{Gvk, KubeServices, Plugin, PluginEngine, PluginEnv, PluginReconciler};
+use crate::queue::Priority;
+
+/// Where the plugins are and how to treat them.
+#[derive(Clone, Debug)]
+pub struct ManagerOptions {
+    pub plugins_dir: PathBuf,
+    /// Defaults for plugin TOMLs (the host TOML's `[defaults]`).
+    pub defaults: PluginDefaults,
+    /// How long informers may take to sync before a load fails.
+    pub cache_sync_timeout: Duration,
+    /// Quiet period after the last file event before files are read.
+    pub debounce: Duration,
+    /// Follow the directory (file events and SIGHUP). Off: load once.
+    pub watch: bool,
+}
+
+impl ManagerOptions {
+    /// Options for `plugins_dir` with defaults (200 ms debounce, 2 min sync timeout, watching).
+    pub fn new(plugins_dir: impl Into<PathBuf>) -> Self {
+        ManagerOptions {
+            plugins_dir: plugins_dir.into(),
+            defaults: PluginDefaults::default(),
+            cache_sync_timeout: Duration::from_secs(120),
+            debounce: Duration::from_millis(200),
+            watch: true,
+        }
+    }
+}
+
+/// What the manager runs plugins with.
+#[derive(Clone)]
+pub struct ManagerDeps {
+    pub engine: PluginEngine,
+    pub informers: Arc<dyn InformerLeases>,
+    /// Cluster access for plugins' `client` and `events` imports (`None`: refused).
+    pub kube: Option<Arc<KubeServices>>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Why the manager could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("plugins directory {dir}: {source}")]
+    Dir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("watching plugins directory {dir}: {source}")]
+    Watch {
+        dir: PathBuf,
+        #[source]
+        source: notify::Error,
+    },
+}
+
+enum Command {
+    /// Reload every plugin whose files changed (SIGHUP does the same); reply when done.
+    Rescan(oneshot::Sender<()>),
+}
+
+/// Runs the plugins of one directory. Dropping it does not stop the plugins: cancel the
+/// shutdown token given to [`PluginManager::start`] and await [`PluginManager::stopped`].
+pub struct PluginManager {
+    status: StatusBoard,
+    commands: mpsc::UnboundedSender<Command>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for PluginManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginManager").field("status", &self.status).finish_non_exhaustive()
+    }
+}
+
+impl PluginManager {
+    /// Loads every plugin of the directory (an invalid one is reported and skipped), then
+    /// follows the directory until `shutdown` is cancelled, when every plugin is drained and
+    /// stopped. Returns once the initial load is done.
+    pub async fn start(
+        options: ManagerOptions,
+        deps: ManagerDeps,
+        shutdown: CancellationToken,
+    ) -> Result<Self, ManagerError> {
+        let dir = options.plugins_dir.clone();
+        if !dir.is_dir() {
+            return Err(ManagerError::Dir {
+                dir,
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+            });
+        }
+        let status = StatusBoard::new(deps.metrics.clone());
+        let (events_tx, events_rx) = mpsc::unbounded_channel::<PathBuf>();
+        // Watch before the first scan, so a change made during it is not missed.
+        let watcher = if options.watch { Some(watch_dir(&dir, events_tx.clone())?) } else { None };
+        let shared = Arc::new(Shared {
+            options,
+            deps,
+            status: status.clone(),
+            slots: Mutex::default(),
+            names: Mutex::default(),
+            wasm_users: Mutex::default(),
+            shutdown: shutdown.clone(),
+            retry: events_tx,
+        });
+        shared.rescan().await;
+        status.mark_started();
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run_loop(shared, events_rx, commands_rx, watcher));
+        Ok(PluginManager { status, commands, task })
+    }
+
+    /// The per-plugin status (serve it as the HTTP server's [`crate::server::StatusSource`]).
+    pub fn status(&self) -> StatusBoard {
+        self.status.clone()
+    }
+
+    /// Re-reads the whole directory now (as SIGHUP does) and returns when done.
+    pub async fn rescan(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Rescan(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Waits until the manager stopped (after its shutdown token was cancelled, every plugin
+    /// drained).
+    pub async fn stopped(self) {
+        let _ = self.task.await;
+    }
+}
+
+/// A running plugin: its controller and current generation.
+struct Running {
+    controller: Controller,
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), ControllerError>>,
+    generation: Arc<Generation>,
+}
+
+impl Running {
+    fn name(&self) -> &str {
+        &self.generation.config.name
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Running>>>;
+
+struct Shared {
+    options: ManagerOptions,
+    deps: ManagerDeps,
+    status: StatusBoard,
+    /// Per TOML stem; the async mutex serializes loads, swaps and stops of one plugin.
+    slots: Mutex<BTreeMap<String, Slot>>,
+    /// Plugin name → stem that runs it.
+    names: Mutex<BTreeMap<String, String>>,
+    /// `.wasm` path → stems whose TOML names it.
+    wasm_users: Mutex<BTreeMap<PathBuf, BTreeSet<String>>>,
+    shutdown: CancellationToken,
+    /// Feeds a path back into the debouncer (a file that was still being written).
+    retry: mpsc::UnboundedSender<PathBuf>,
+}
+
+fn watch_dir(
+    dir: &Path,
+    tx: mpsc::UnboundedSender<PathBuf>,
+) -> Result<notify::RecommendedWatcher, ManagerError> {
+    use notify::Watcher;
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
+        Ok(event) => {
+            for path in event.paths {
+                let _ = tx.send(path);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "plugins directory watch error"),
+    })
+    .map_err(|source| ManagerError::Watch { dir: dir.to_owned(), source })?;
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .map_err(|source| ManagerError::Watch { dir: dir.to_owned(), source })?;
+    Ok(watcher)
+}
+
+async fn run_loop(
+    shared: Arc<Shared>,
+    mut events: mpsc::UnboundedReceiver<PathBuf>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    _watcher: Option<notify::RecommendedWatcher>,
+) {
+    let mut hangup = if shared.options.watch {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot listen for SIGHUP"))
+            .ok()
+    } else {
+        None
+    };
+    // Stem → time of its last file event.
+    let mut pending: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let due = pending.values().min().map(|t| *t + shared.options.debounce);
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => break,
+            Some(path) = events.recv() => {
+                for stem in shared.stems_for(&path) {
+                    pending.insert(stem, Instant::now());
+                }
+            }
+            Some(cmd) = commands.recv() => match cmd {
+                Command::Rescan(done) => {
+                    pending.clear();
+                    shared.rescan().await;
+                    let _ = done.send(());
+                }
+            },
+            Some(()) = async { match &mut hangup { Some(h) => h.recv().await, None => std::future::pending().await } } => {
+                tracing::info!("SIGHUP: rescanning the plugins directory");
+                pending.clear();
+                shared.rescan().await;
+            }
+            _ = tokio::time::sleep_until(due.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std)), if due.is_some() => {
+                let now = Instant::now();
+                let ready: Vec<String> = pending
+                    .iter()
+                    .filter(|(_, t)| **t + shared.options.debounce <= now)
+                    .map(|(s, _)| s.clone())
+                    .collect();
+                for stem in ready {
+                    pending.remove(&stem);
+                    let shared = shared.clone();
+                    tasks.spawn(async move { shared.sync_stem(&stem).await });
+                }
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+    // Let loads in progress finish (they are bounded by the sync timeout), then stop all.
+    while tasks.join_next().await.is_some() {}
+    shared.stop_all().await;
+}
+
+/// A failed load, with the reason shown to users.
+struct Rejection(String);
+
+impl From<ConfigErrors> for Rejection {
+    fn from(e: ConfigErrors) -> Self {
+        Rejection(e.to_string())
+    }
+}
+
+/// Discovery answers gathered up front, so the sync config checks can use them.
+struct ResolvedKinds(BTreeMap<Gvk, Result<ResolvedKind, KindLookupError>>);
+
+impl KindResolver for ResolvedKinds {
+    fn resolve(&self, kind: &Gvk) -> Result<ResolvedKind, KindLookupError> {
+        self.0.get(kind).cloned().unwrap_or(Err(KindLookupError::Unknown))
+    }
+}
+
+impl Shared {
+    fn toml_of(&self, stem: &str) -> PathBuf {
+        self.options.plugins_dir.join(format!("{stem}.toml"))
+    }
+
+    fn slot(&self, stem: &str) -> Slot {
+        self.slots.lock().entry(stem.to_owned()).or_default().clone()
+    }
+
+    /// The plugins a changed file concerns.
+    fn stems_for(&self, path: &Path) -> Vec<String> {
+        if !is_plugin_file(path) {
+            return Vec::new();
+        }
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else { return Vec::new() };
+        let mut stems = vec![stem.to_owned()];
+        if path.extension().is_some_and(|e| e == "wasm")
+            && let Some(users) = self.wasm_users.lock().get(path)
+        {
+            stems.extend(users.iter().filter(|u| *u != stem).cloned());
+        }
+        stems
+    }
+
+    /// Syncs every plugin of the directory and every running one, concurrently.
+    async fn rescan(self: &Arc<Self>) {
+        let mut stems: BTreeSet<String> = self.slots.lock().keys().cloned().collect();
+        match plugin_tomls(&self.options.plugins_dir) {
+            Ok(tomls) => {
+                stems.extend(tomls.iter().filter_map(|t| t.file_stem()?.to_str().map(str::to_owned)))
+            }
+            Err(e) => {
+                tracing::error!(dir = %self.options.plugins_dir.display(), error = %e, "cannot list plugins directory")
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for stem in stems {
+            let me = self.clone();
+            set.spawn(async move { me.sync_stem(&stem).await });
+        }
+        while set.join_next().await.is_some() {}
+    }
+
+    /// Brings one plugin in line with its files.
+    async fn sync_stem(self: &Arc<Self>, stem: &str) {
+        let slot = self.slot(stem);
+        let mut running = slot.lock().await;
+        if self.shutdown.is_cancelled() {
+            return;
+        }
+        let toml = self.toml_of(stem);
+        if !toml.is_file() {
+            if let Some(r) = running.take() {
+                self.stop_plugin(stem, r).await;
+            }
+            self.status.remove(stem);
+            self.forget_stem(stem);
+            return;
+        }
+        let result = self.load(stem, &toml, &mut running).await;
+        if let Err(Rejection(error)) = result {
+            let name = running.as_ref().map(|r| r.name().to_owned()).unwrap_or_else(|| stem.to_owned());
+            let keeps = running.as_ref().map(|r| r.generation.version.clone());
+            tracing::warn!(
+                plugin = %name,
+                file = %toml.display(),
+                running_version = keeps.as_deref().unwrap_or("none"),
+                error = %error,
+                "plugin rejected{}",
+                if keeps.is_some() { "; the running version keeps running" } else { "" }
+            );
+            self.status.count_reload(&name, false);
+            self.status.update(stem, toml.clone(), |s| {
+                s.last_error = Some(error);
+                s.rejected += 1;
+                if keeps.is_none() {
+                    s.state = PluginState::Failed;
+                }
+            });
+        }
+    }
+
+    fn forget_stem(&self, stem: &str) {
+        self.names.lock().retain(|_, s| s != stem);
+        for users in self.wasm_users.lock().values_mut() {
+            users.remove(stem);
+        }
+    }
+
+    /// Loads the files of `stem` and starts, swaps or restarts its plugin. Nothing running
+    /// changes unless every check passed.
+    async fn load(
+        self: &Arc<Self>,
+        stem: &str,
+        toml: &Path,
+        running: &mut Option<Running>,
+    ) -> Result<(), Rejection> {
+        let started = Instant::now();
+        let config = PluginConfig::load(toml, &self.options.defaults)?;
+        {
+            let mut users = self.wasm_users.lock();
+            for u in users.values_mut() {
+                u.remove(stem);
+            }
+            users.entry(config.wasm_path.clone()).or_default().insert(stem.to_owned());
+        }
+        if let Some(other) = self.names.lock().get(&config.name).filter(|s| *s != stem) {
+            return Err(Rejection(
+                config
+                    .field_error(
+                        "name",
+                        format!("plugin name `{}` is already used by {other}.toml", config.name),
+                    )
+                    .to_string(),
+            ));
+        }
+        let mut kinds = BTreeMap::new();
+        for (_, kind) in config.kinds() {
+            if !kinds.contains_key(kind) {
+                kinds.insert(kind.clone(), self.deps.informers.resolve(kind).await);
+            }
+        }
+        config.check_kinds(&ResolvedKinds(kinds))?;
+
+        let (bytes, _) = match read_settled(&config.wasm_path) {
+            Ok(r) => r,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if running.is_none() {
+                    tracing::info!(plugin = %config.name, wasm = %config.wasm_path.display(), "waiting for the plugin's .wasm");
+                    self.status.update(stem, toml.to_owned(), |s| {
+                        s.state = PluginState::WaitingForWasm;
+                        s.wasm = Some(config.wasm_path.clone());
+                    });
+                }
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // Still being written: look again after another quiet period.
+                let _ = self.retry.send(config.wasm_path.clone());
+                return Ok(());
+            }
+            Err(e) => return Err(Rejection(format!("cannot read {}: {e}", config.wasm_path.display()))),
+        };
+        let version = version_of(&bytes);
+        if let Some(r) = running.as_ref()
+            && r.generation.config == config
+            && r.generation.version == version
+        {
+            return Ok(());
+        }
+
+        // Everything the new version needs, before touching the running one.
+        let leases = Leases::acquire(&config, &*self.deps.informers).await.map_err(Rejection)?;
+        let deadline = tokio::time::Instant::now() + self.options.cache_sync_timeout;
+        while !leases.all_synced() {
+            if tokio::time::Instant::now() >= deadline {
+                let pending: Vec<String> = leases
+                    .informers
+                    .iter()
+                    .filter(|(_, i)| !i.has_synced())
+                    .map(|(k, _)| k.to_string())
+                    .collect();
+                return Err(Rejection(format!(
+                    "informers did not sync within {:?}: {}",
+                    self.options.cache_sync_timeout,
+                    pending.join(", ")
+                )));
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        let spec = config.to_plugin_spec();
+        let env = PluginEnv { caches: leases.caches(), kube: self.deps.kube.clone() };
+        let engine = self.deps.engine.clone();
+        let plugin = tokio::task::spawn_blocking(move || Plugin::load(&engine, spec, &bytes, env))
+            .await
+            .map_err(|e| Rejection(format!("loading the component failed: {e}")))?
+            .map_err(|e| Rejection(e.to_string()))?;
+        let hooks = plugin.hooks();
+        config.check_hooks(hooks.map, hooks.filter)?;
+        let reconciler = PluginReconciler::new(plugin)
+            .map_err(|e| Rejection(format!("cannot start the plugin's dispatcher: {e}")))?;
+
+        let name = config.name.clone();
+        let previous = running.as_ref().map(|r| r.generation.version.clone());
+        let restart = running.as_ref().is_some_and(|r| {
+            let old = &r.generation.config;
+            old.for_source.kind != config.for_source.kind
+                || old.concurrency != config.concurrency
+                || old.name != config.name
+        });
+        let for_keys = leases.for_keys(&config);
+        match running.take() {
+            Some(r) if !restart => {
+                // Swap: new reconciler first, then the new handlers, then every `for` key once
+                // more (a key the old version took between the two is done again by the new one).
+                r.controller
+                    .swap(Swap {
+                        reconciler: Some(reconciler.clone() as Arc<dyn Reconciler>),
+                        ..Swap::default()
+                    })
+                    .map_err(|e| Rejection(e.to_string()))?;
+                let generation =
+                    match Generation::wire(config, version.clone(), reconciler, leases, r.controller.queue())
+                    {
+                        Ok(g) => Arc::new(g),
+                        Err(e) => {
+                            // Keep the old handlers (and thus a working plugin): put the old reconciler back.
+                            r.controller.swap_reconciler(r.generation.plugin.clone() as Arc<dyn Reconciler>);
+                            *running = Some(r);
+                            return Err(Rejection(e));
+                        }
+                    };
+                for key in for_keys {
+                    r.controller.queue().add_with_priority(Request::from_key(&key), Priority::Low);
+                }
+                *running = Some(Running { generation, ..r });
+            }
+            old => {
+                if let Some(old) = old {
+                    tracing::info!(plugin = %old.name(), "the `for` kind, concurrency or name changed: restarting the plugin's controller");
+                    self.stop_plugin(stem, old).await;
+                }
+                *running = Some(
+                    self.start_controller(config, version.clone(), reconciler, leases).map_err(Rejection)?,
+                );
+            }
+        }
+        let r = running.as_ref().map(|r| (r.controller.clone(), r.generation.config.wasm_path.clone()));
+        self.names.lock().retain(|_, s| s != stem);
+        self.names.lock().insert(name.clone(), stem.to_owned());
+        if let Some((controller, wasm)) = r {
+            let probe_controller = controller.clone();
+            self.status.set_probe(
+                stem,
+                Some(Arc::new(move || {
+                    let r = probe_controller.readiness();
+                    (r.is_ready(), r.error)
+                })),
+            );
+            self.status.update(stem, toml.to_owned(), |s| {
+                s.name = name.clone();
+                s.wasm = Some(wasm);
+                s.version = Some(version.clone());
+                s.last_error = None;
+                s.reloads += 1;
+                if s.state != PluginState::Running {
+                    s.state = PluginState::Starting;
+                }
+            });
+        }
+        self.status.set_info(&name, previous.as_deref(), Some(&version));
+        self.status.count_reload(&name, true);
+        tracing::info!(
+            plugin = %name,
+            version = %version,
+            previous = previous.as_deref().unwrap_or("none"),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "plugin {}",
+            if previous.is_some() { "reloaded" } else { "loaded" }
+        );
+        Ok(())
+    }
+
+    /// Builds the plugin's controller, wires the generation and starts the workers.
+    fn start_controller(
+        &self,
+        config: PluginConfig,
+        version: String,
+        reconciler: Arc<PluginReconciler>,
+        leases: Leases,
+    ) -> Result<Running, String> {
+        let gate = Arc::new(AtomicBool::new(false));
+        let source = Arc::new(GateSource {
+            kind: kube_gvk(&config.for_source.kind),
+            namespaced: leases.for_namespaced(&config),
+            synced: gate.clone(),
+        });
+        let controller = Controller::builder(config.name.clone(), reconciler.clone() as Arc<dyn Reconciler>)
+            .for_source(source as Arc<dyn EventSource>)
+            .max_concurrent_reconciles(config.concurrency)
+            .cache_sync_timeout(self.options.cache_sync_timeout)
+            .metrics(self.deps.metrics.clone())
+            .build()
+            .map_err(|e| e.to_string())?;
+        let generation = Arc::new(Generation::wire(config, version, reconciler, leases, controller.queue())?);
+        // Open the gate once this generation's handlers have their initial state.
+        let weak = Arc::downgrade(&generation);
+        tokio::spawn(async move {
+            loop {
+                match weak.upgrade() {
+                    Some(g) if g.has_synced() => {
+                        gate.store(true, Ordering::Release);
+                        return;
+                    }
+                    Some(_) => {}
+                    // Replaced before it synced: the next generation is the controller's now.
+                    None => {
+                        gate.store(true, Ordering::Release);
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        let stop = self.shutdown.child_token();
+        let run = controller.clone();
+        let token = stop.clone();
+        let task = tokio::spawn(async move { run.run(token).await });
+        Ok(Running { controller, stop, task, generation })
+    }
+
+    /// Drains and stops a plugin, then releases its handlers and informers.
+    async fn stop_plugin(&self, stem: &str, r: Running) {
+        let name = r.name().to_owned();
+        self.status.update(stem, self.toml_of(stem), |s| s.state = PluginState::Stopping);
+        r.stop.cancel();
+        match r.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(plugin = %name, error = %e, "controller ended with an error"),
+            Err(e) => tracing::error!(plugin = %name, error = %e, "controller task failed"),
+        }
+        self.status.set_probe(stem, None);
+        self.status.set_info(&name, Some(&r.generation.version), None);
+        drop(r.generation);
+        tracing::info!(plugin = %name, "plugin stopped");
+    }
+
+    async fn stop_all(&self) {
+        let slots: Vec<(String, Slot)> =
+            self.slots.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut set = tokio::task::JoinSet::new();
+        for (stem, slot) in slots {
+            let Some(r) = slot.lock().await.take() else { continue };
+            let name = r.name().to_owned();
+            // Stop concurrently: each drains its own in-flight reconciles.
+            r.stop.cancel();
+            set.spawn(async move {
+                let _ = r.task.await;
+                drop(r.generation);
+                tracing::info!(plugin = %name, stem = %stem, "plugin stopped");
+            });
+        }
+        while set.join_next().await.is_some() {}
+    }
+}
+
+/// The controller's `for` source: events come from the plugin's generations (wired by the
+/// manager, so they can change while the controller runs); this source only tells the
+/// controller when the first generation has synced.
+struct GateSource {
+    kind: GroupVersionKind,
+    namespaced: bool,
+    synced: Arc<AtomicBool>,
+}
+
+struct GateRegistration(Arc<AtomicBool>);
+
+impl EventSource for GateSource {
+    fn gvk(&self) -> GroupVersionKind {
+        self.kind.clone()
+    }
+
+    fn namespaced(&self) -> bool {
+        self.namespaced
+    }
+
+    fn register(
+        &self,
+        _handler: Arc<dyn ResourceEventHandler>,
+    ) -> Result<Box<dyn EventRegistration>, SourceError> {
+        // The controller's own handler is not needed: generations enqueue into its queue.
+        Ok(Box::new(GateRegistration(self.synced.clone())))
+    }
+}
+
+impl EventRegistration for GateRegistration {
+    fn has_synced(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn remove(&self) {}
+}

@@ -1,0 +1,232 @@
+//! Per-plugin status as users see it: `/plugins` (JSON), `/readyz` details, and the
+//! `wasmctrl_plugin_info` / `wasmctrl_plugin_reloads_total` metrics.
+//!
+//! Invariants: exactly one `wasmctrl_plugin_info{plugin, version}` series is 1 per running
+//! plugin (the old version's series is removed on swap); a rejected reload keeps the running
+//! version's state and records the rejection in `last_error` until the next success.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::RwLock;
+use serde::Serialize;
+
+use crate::metrics::{Metrics, PluginInfoLabels, PluginResultLabels};
+use crate::server::{Readiness, StatusSource};
+
+/// Where a plugin is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PluginState {
+    /// Loading, or waiting for its informers to sync.
+    Starting,
+    /// Reconciling.
+    Running,
+    /// Its TOML is there but its `.wasm` is not (yet).
+    WaitingForWasm,
+    /// Could not be started; `last_error` says why. Nothing of it runs.
+    Failed,
+    /// Being drained after its files were removed.
+    Stopping,
+}
+
+/// One plugin's status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PluginStatus {
+    pub name: String,
+    /// The plugin TOML.
+    pub toml: PathBuf,
+    /// The component.
+    pub wasm: Option<PathBuf>,
+    /// Short content hash of the running `.wasm`, when one runs.
+    pub version: Option<String>,
+    pub state: PluginState,
+    /// Whether its controller's informers have synced and its workers run.
+    pub ready: bool,
+    /// The last load or reload error (cleared by the next successful load).
+    pub last_error: Option<String>,
+    /// Successful loads and reloads.
+    pub reloads: u64,
+    /// Rejected loads and reloads.
+    pub rejected: u64,
+    /// When the state last changed, in seconds since the Unix epoch.
+    pub since: u64,
+}
+
+impl PluginStatus {
+    pub(crate) fn new(name: &str, toml: PathBuf) -> Self {
+        PluginStatus {
+            name: name.to_owned(),
+            toml,
+            wasm: None,
+            version: None,
+            state: PluginState::Starting,
+            ready: false,
+            last_error: None,
+            reloads: 0,
+            rejected: 0,
+            since: now(),
+        }
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The status of every plugin, keyed by the stem of its TOML; shared between the manager
+/// (which writes) and the HTTP server (which reads).
+#[derive(Clone)]
+pub struct StatusBoard {
+    plugins: Arc<RwLock<BTreeMap<String, PluginStatus>>>,
+    /// Readiness of each running controller, asked on demand.
+    probes: Arc<RwLock<BTreeMap<String, Arc<dyn Fn() -> (bool, Option<String>) + Send + Sync>>>>,
+    metrics: Arc<Metrics>,
+    /// Whether the initial scan finished (the host is not ready before).
+    started: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::fmt::Debug for StatusBoard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusBoard").field("plugins", &*self.plugins.read()).finish_non_exhaustive()
+    }
+}
+
+impl StatusBoard {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        StatusBoard { plugins: Arc::default(), probes: Arc::default(), metrics, started: Arc::default() }
+    }
+
+    /// Every plugin's status, by TOML stem, with `ready` filled in from its controller.
+    pub fn snapshot(&self) -> Vec<PluginStatus> {
+        let probes = self.probes.read();
+        self.plugins
+            .read()
+            .iter()
+            .map(|(stem, s)| {
+                let mut s = s.clone();
+                if let Some(probe) = probes.get(stem) {
+                    let (ready, error) = probe();
+                    s.ready = ready;
+                    if s.state == PluginState::Starting && ready {
+                        s.state = PluginState::Running;
+                    }
+                    if let (Some(e), None) = (error, &s.last_error) {
+                        s.last_error = Some(e);
+                    }
+                }
+                s
+            })
+            .collect()
+    }
+
+    /// One plugin's status.
+    pub fn get(&self, stem: &str) -> Option<PluginStatus> {
+        self.snapshot().into_iter().find(|s| s.toml.file_stem().is_some_and(|f| f == stem))
+    }
+
+    pub(crate) fn mark_started(&self) {
+        self.started.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub(crate) fn update(&self, stem: &str, toml: PathBuf, f: impl FnOnce(&mut PluginStatus)) {
+        let mut plugins = self.plugins.write();
+        let s = plugins.entry(stem.to_owned()).or_insert_with(|| PluginStatus::new(stem, toml));
+        let before = s.state;
+        f(s);
+        if s.state != before {
+            s.since = now();
+        }
+    }
+
+    pub(crate) fn set_probe(
+        &self,
+        stem: &str,
+        probe: Option<Arc<dyn Fn() -> (bool, Option<String>) + Send + Sync>>,
+    ) {
+        let mut probes = self.probes.write();
+        match probe {
+            Some(p) => probes.insert(stem.to_owned(), p),
+            None => probes.remove(stem),
+        };
+    }
+
+    pub(crate) fn remove(&self, stem: &str) {
+        self.plugins.write().remove(stem);
+        self.probes.write().remove(stem);
+    }
+
+    /// Counts a load/reload outcome in `wasmctrl_plugin_reloads_total`.
+    pub(crate) fn count_reload(&self, plugin: &str, success: bool) {
+        self.metrics
+            .plugin_reloads
+            .get_or_create(&PluginResultLabels {
+                plugin: plugin.to_owned(),
+                result: if success { "success" } else { "rejected" }.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Points `wasmctrl_plugin_info` at `version` (removing `previous`'s series).
+    pub(crate) fn set_info(&self, plugin: &str, previous: Option<&str>, version: Option<&str>) {
+        if let Some(prev) = previous
+            && Some(prev) != version
+        {
+            self.metrics
+                .plugin_info
+                .remove(&PluginInfoLabels { plugin: plugin.to_owned(), version: prev.to_owned() });
+        }
+        if let Some(v) = version {
+            self.metrics
+                .plugin_info
+                .get_or_create(&PluginInfoLabels { plugin: plugin.to_owned(), version: v.to_owned() })
+                .set(1);
+        }
+    }
+}
+
+impl StatusSource for StatusBoard {
+    fn readiness(&self) -> Readiness {
+        let mut details = Vec::new();
+        let mut ready = self.started.load(std::sync::atomic::Ordering::Acquire);
+        if !ready {
+            details.push("plugins directory not loaded yet".to_owned());
+        }
+        for s in self.snapshot() {
+            match s.state {
+                PluginState::Running | PluginState::Starting if !s.ready => {
+                    ready = false;
+                    details.push(format!(
+                        "plugin {}: not ready (informers syncing or workers not running)",
+                        s.name
+                    ));
+                }
+                PluginState::Failed => {
+                    // A plugin that never started is reported, not fatal: the others run.
+                    details.push(format!(
+                        "plugin {}: failed: {}",
+                        s.name,
+                        s.last_error.as_deref().unwrap_or("unknown error")
+                    ));
+                }
+                _ => {}
+            }
+            if s.state == PluginState::Running
+                && let Some(e) = &s.last_error
+            {
+                details.push(format!(
+                    "plugin {}: reload rejected, still running version {}: {e}",
+                    s.name,
+                    s.version.as_deref().unwrap_or("?")
+                ));
+            }
+        }
+        Readiness { ready, details }
+    }
+
+    fn plugins(&self) -> serde_json::Value {
+        serde_json::to_value(self.snapshot()).unwrap_or(serde_json::Value::Null)
+    }
+}

@@ -1,0 +1,335 @@
+//! How one version of a plugin is wired to the informers: leases on every informer its
+//! TOML needs, and the handlers that turn notifications into requests on its controller's
+//! queue (or into calls of its `on-*` hooks).
+//!
+//! A [`Generation`] is one (TOML, `.wasm`) pair made live. Hot reload builds the next
+//! generation beside the running one and then drops the old one, so:
+//! - informers both generations use are never stopped (the factory's leases are reference
+//!   counted: the new lease is taken before the old one is released);
+//! - the new generation's handlers start with the informers' current contents (synthetic
+//!   adds), so every existing object of the `for` kind is enqueued once more and reconciled
+//!   by the new version, and a change that lands during the overlap is enqueued by at least
+//!   one of the two generations (the queue merges duplicates);
+//! - dropping a generation removes its handlers before its leases go.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use kube::core::GroupVersionKind;
+
+use crate::cache::{IndexSpec, LabelSelector};
+use crate::config::{KindLookupError, PluginConfig, Predicates, ResolvedKind, WatchSource};
+use crate::controller::handler::{EnqueueForObject, EnqueueForOwner, EnqueueMapped, Mapper};
+use crate::controller::predicate::{
+    AnnotationPresent, AnnotationsChanged, Filter, FilterEvent, FilterPredicate, GenerationChanged,
+    LabelSelectorPredicate, LabelsChanged, Predicate, ResourceVersionChanged,
+};
+use crate::controller::source::EventRegistration;
+use crate::controller::{HotSwap, Request};
+use crate::informer::ResourceEventHandler;
+use crate::object::Object;
+use crate::plugin::{CacheReader, FilterInput, Gvk, PluginReconciler};
+use crate::queue::RateLimitingQueue;
+
+/// One informer: a kind and the scope it is watched in.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WatchKey {
+    pub kind: Gvk,
+    pub namespace: Option<String>,
+    pub label_selector: Option<String>,
+    pub field_selector: Option<String>,
+}
+
+impl WatchKey {
+    fn of(s: &WatchSource) -> Self {
+        WatchKey {
+            kind: s.kind.clone(),
+            namespace: s.namespace.clone(),
+            label_selector: s.label_selector.clone(),
+            field_selector: s.field_selector.clone(),
+        }
+    }
+
+    /// How many restrictions the scope has (0: every object of the kind).
+    fn restrictions(&self) -> usize {
+        [&self.namespace, &self.label_selector, &self.field_selector].iter().filter(|r| r.is_some()).count()
+    }
+}
+
+impl std::fmt::Display for WatchKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        if let Some(ns) = &self.namespace {
+            write!(f, " ns={ns}")?;
+        }
+        if let Some(l) = &self.label_selector {
+            write!(f, " labels={l}")?;
+        }
+        if let Some(x) = &self.field_selector {
+            write!(f, " fields={x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Shared informers, leased: what the manager needs from the host's informer factory
+/// (implemented for [`crate::informer::InformerFactory`] by [`super::FactoryLeases`]).
+pub trait InformerLeases: Send + Sync + 'static {
+    /// A lease on the informer for `key`, started if it is not running, with `indexes`
+    /// added to its cache. The informer stops when its last lease is dropped.
+    fn lease<'a>(
+        &'a self,
+        key: &'a WatchKey,
+        indexes: &'a BTreeMap<String, IndexSpec>,
+    ) -> BoxFuture<'a, Result<Arc<dyn LeasedInformer>, String>>;
+    /// Discovery: whether the cluster serves `kind`.
+    fn resolve<'a>(&'a self, kind: &'a Gvk) -> BoxFuture<'a, Result<ResolvedKind, KindLookupError>>;
+}
+
+/// One lease on a shared informer. Dropping it releases the lease.
+pub trait LeasedInformer: Send + Sync + 'static {
+    fn namespaced(&self) -> bool;
+    /// Whether the informer's cache holds the initial list.
+    fn has_synced(&self) -> bool;
+    /// Read access for plugins.
+    fn cache(&self) -> Arc<dyn CacheReader>;
+    /// Keys of every cached object.
+    fn keys(&self) -> Vec<String>;
+    /// Registers `handler` (it first receives the current contents as initial-list adds).
+    fn add_handler(
+        &self,
+        handler: Arc<dyn ResourceEventHandler>,
+        resync: Option<Duration>,
+    ) -> Box<dyn EventRegistration>;
+}
+
+/// `apps/v1` + `Deployment` as kube's type.
+pub(crate) fn kube_gvk(kind: &Gvk) -> GroupVersionKind {
+    GroupVersionKind::gvk(kind.group(), kind.version(), &kind.kind)
+}
+
+fn gvk_of(kind: &GroupVersionKind) -> Gvk {
+    let api_version =
+        if kind.group.is_empty() { kind.version.clone() } else { format!("{}/{}", kind.group, kind.version) };
+    Gvk::new(api_version, kind.kind.clone())
+}
+
+/// The leases a plugin's TOML needs.
+pub(crate) struct Leases {
+    pub informers: BTreeMap<WatchKey, Arc<dyn LeasedInformer>>,
+}
+
+impl Leases {
+    /// Takes a lease on the informer of every source and read permission of `config`.
+    pub async fn acquire(config: &PluginConfig, provider: &dyn InformerLeases) -> Result<Leases, String> {
+        let mut wanted: BTreeMap<WatchKey, BTreeMap<String, IndexSpec>> = BTreeMap::new();
+        for s in std::iter::once(&config.for_source).chain(&config.owns).chain(&config.watches) {
+            let indexes = wanted.entry(WatchKey::of(s)).or_default();
+            for (name, spec) in &s.indexes {
+                if let Some(existing) = indexes.get(name)
+                    && existing != spec
+                {
+                    return Err(format!("index `{name}` on {} is declared twice, differently", s.kind));
+                }
+                indexes.insert(name.clone(), spec.clone());
+            }
+        }
+        for kind in &config.read {
+            // Extra read kinds are cached where the plugin works: the `for` namespace.
+            let covered = wanted.keys().any(|k| {
+                &k.kind == kind
+                    && k.label_selector.is_none()
+                    && k.field_selector.is_none()
+                    && (k.namespace.is_none() || k.namespace == config.for_source.namespace)
+            });
+            if !covered {
+                wanted
+                    .entry(WatchKey {
+                        kind: kind.clone(),
+                        namespace: config.for_source.namespace.clone(),
+                        label_selector: None,
+                        field_selector: None,
+                    })
+                    .or_default();
+            }
+        }
+        let mut informers = BTreeMap::new();
+        for (key, indexes) in wanted {
+            let lease =
+                provider.lease(&key, &indexes).await.map_err(|e| format!("cannot watch {key}: {e}"))?;
+            informers.insert(key, lease);
+        }
+        Ok(Leases { informers })
+    }
+
+    pub fn all_synced(&self) -> bool {
+        self.informers.values().all(|i| i.has_synced())
+    }
+
+    fn get(&self, s: &WatchSource) -> Option<&Arc<dyn LeasedInformer>> {
+        self.informers.get(&WatchKey::of(s))
+    }
+
+    /// One cache per readable kind: the least restricted informer of that kind.
+    pub fn caches(&self) -> HashMap<Gvk, Arc<dyn CacheReader>> {
+        let mut best: HashMap<Gvk, (&WatchKey, &Arc<dyn LeasedInformer>)> = HashMap::new();
+        for (key, inf) in &self.informers {
+            match best.get(&key.kind) {
+                Some((k, _)) if k.restrictions() <= key.restrictions() => {}
+                _ => {
+                    best.insert(key.kind.clone(), (key, inf));
+                }
+            }
+        }
+        best.into_iter().map(|(kind, (_, inf))| (kind, inf.cache())).collect()
+    }
+
+    /// Keys of every cached object of the `for` source.
+    pub fn for_keys(&self, config: &PluginConfig) -> Vec<String> {
+        self.get(&config.for_source).map(|i| i.keys()).unwrap_or_default()
+    }
+
+    pub fn for_namespaced(&self, config: &PluginConfig) -> bool {
+        self.get(&config.for_source).is_none_or(|i| i.namespaced())
+    }
+}
+
+/// The plugin's `map` export as the controller's [`Mapper`].
+struct PluginMapper(Arc<PluginReconciler>);
+
+impl Mapper for PluginMapper {
+    fn map(&self, kind: &GroupVersionKind, obj: &Arc<Object>) -> Vec<Request> {
+        self.0.map(&gvk_of(kind), obj)
+    }
+}
+
+/// The plugin's `filter` export as the controller's [`Filter`].
+struct PluginFilter(Arc<PluginReconciler>);
+
+impl Filter for PluginFilter {
+    fn filter(&self, kind: &GroupVersionKind, event: FilterEvent<'_>) -> bool {
+        let input = match event {
+            FilterEvent::Create(o) => FilterInput::Create(o.json()),
+            FilterEvent::Update { old, new } => FilterInput::Update(old.json(), new.json()),
+            FilterEvent::Delete(d) => FilterInput::Delete(d.object().json()),
+        };
+        self.0.filter(&gvk_of(kind), input)
+    }
+}
+
+fn predicates(
+    p: &Predicates,
+    kind: &Gvk,
+    plugin: &Arc<PluginReconciler>,
+) -> Result<Vec<Arc<dyn Predicate>>, String> {
+    let mut out: Vec<Arc<dyn Predicate>> = Vec::new();
+    if p.generation_changed {
+        out.push(Arc::new(GenerationChanged));
+    }
+    if p.resource_version_changed {
+        out.push(Arc::new(ResourceVersionChanged));
+    }
+    if p.labels_changed {
+        out.push(Arc::new(LabelsChanged));
+    }
+    if p.annotations_changed {
+        out.push(Arc::new(AnnotationsChanged));
+    }
+    if let Some(sel) = &p.label_selector {
+        out.push(Arc::new(LabelSelectorPredicate(LabelSelector::parse(sel).map_err(|e| e.to_string())?)));
+    }
+    if let Some(key) = &p.annotation_present {
+        out.push(Arc::new(AnnotationPresent(key.clone())));
+    }
+    if p.filter {
+        let slot: HotSwap<dyn Filter> = HotSwap::new(Arc::new(PluginFilter(plugin.clone())));
+        out.push(Arc::new(FilterPredicate::new(kube_gvk(kind), slot)));
+    }
+    Ok(out)
+}
+
+/// One live version of a plugin: its leases and its handler registrations.
+pub(crate) struct Generation {
+    pub config: PluginConfig,
+    /// Short content hash of the `.wasm`.
+    pub version: String,
+    pub plugin: Arc<PluginReconciler>,
+    registrations: Vec<Box<dyn EventRegistration>>,
+    /// Held for its `Drop`: the informers are released after the registrations are removed
+    /// (fields drop after `Drop::drop` runs).
+    #[expect(dead_code, reason = "held only to keep the informers leased")]
+    leases: Leases,
+}
+
+impl Generation {
+    /// Registers the handlers of `config` on `leases`, enqueueing into `queue`.
+    pub fn wire(
+        config: PluginConfig,
+        version: String,
+        plugin: Arc<PluginReconciler>,
+        leases: Leases,
+        queue: &RateLimitingQueue<Request>,
+    ) -> Result<Generation, String> {
+        let mut registrations = Vec::new();
+        let resync = config.resync;
+        let for_kind = kube_gvk(&config.for_source.kind);
+        let for_namespaced = leases.for_namespaced(&config);
+        let missing = |s: &WatchSource| format!("no informer for {}", WatchKey::of(s));
+
+        let f = &config.for_source;
+        let inf = leases.get(f).ok_or_else(|| missing(f))?;
+        let handler = EnqueueForObject::new(queue.clone(), predicates(&f.predicates, &f.kind, &plugin)?);
+        registrations.push(inf.add_handler(Arc::new(handler), resync));
+
+        for s in &config.owns {
+            let inf = leases.get(s).ok_or_else(|| missing(s))?;
+            let handler = EnqueueForOwner::new(
+                queue.clone(),
+                predicates(&s.predicates, &s.kind, &plugin)?,
+                &for_kind,
+                for_namespaced,
+            );
+            registrations.push(inf.add_handler(Arc::new(handler), resync));
+        }
+        for s in &config.watches {
+            let inf = leases.get(s).ok_or_else(|| missing(s))?;
+            let mapper: HotSwap<dyn Mapper> = HotSwap::new(Arc::new(PluginMapper(plugin.clone())));
+            let handler = EnqueueMapped::new(
+                queue.clone(),
+                predicates(&s.predicates, &s.kind, &plugin)?,
+                kube_gvk(&s.kind),
+                mapper,
+            );
+            registrations.push(inf.add_handler(Arc::new(handler), resync));
+        }
+        let hooks = plugin.plugin().hooks();
+        if hooks.on_add || hooks.on_update || hooks.on_delete {
+            let mut seen = std::collections::BTreeSet::new();
+            for s in std::iter::once(&config.for_source).chain(&config.owns).chain(&config.watches) {
+                if seen.insert(WatchKey::of(s)) {
+                    let inf = leases.get(s).ok_or_else(|| missing(s))?;
+                    registrations.push(inf.add_handler(plugin.event_handler(s.kind.clone()), resync));
+                }
+            }
+        }
+        Ok(Generation { config, version, plugin, registrations, leases })
+    }
+
+    /// Whether every handler has received its informer's initial contents.
+    pub fn has_synced(&self) -> bool {
+        self.registrations.iter().all(|r| r.has_synced())
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        for r in &self.registrations {
+            r.remove();
+        }
+        // The old version's idle instances are no longer needed; busy ones go when their
+        // calls finish.
+        self.plugin.plugin().release_idle_instances();
+    }
+}

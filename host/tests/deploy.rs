@@ -1,0 +1,94 @@
+//! The manifests in `deploy/` are valid Kubernetes objects: each document parses into its
+//! k8s-openapi type, and nothing is lost on the way (a misspelt field would be).
+
+use std::path::Path;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use serde::Deserialize;
+use serde_json::Value;
+
+fn roundtrip<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) -> Value {
+    let typed: T = serde_json::from_value(doc.clone()).expect("document parses into its type");
+    serde_json::to_value(typed).expect("serialises")
+}
+
+/// Every field of `want` is in `got` with the same value (k8s-openapi drops unknown fields
+/// and may add defaults, so compare one way).
+fn assert_contains(want: &Value, got: &Value, path: &str) {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, v) in w {
+                let child = format!("{path}.{k}");
+                let g = g.get(k).unwrap_or_else(|| panic!("{child} is not a field of this kind"));
+                assert_contains(v, g, &child);
+            }
+        }
+        (Value::Array(w), Value::Array(g)) => {
+            assert_eq!(w.len(), g.len(), "{path}");
+            for (i, (w, g)) in w.iter().zip(g).enumerate() {
+                assert_contains(w, g, &format!("{path}[{i}]"));
+            }
+        }
+        _ => assert_eq!(want, got, "{path}"),
+    }
+}
+
+fn check_file(path: &Path) -> usize {
+    let text = std::fs::read_to_string(path).expect("manifest readable");
+    let mut n = 0;
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let doc = Value::deserialize(doc).expect("valid YAML");
+        if doc.is_null() {
+            continue;
+        }
+        let kind = doc["kind"].as_str().expect("kind").to_owned();
+        let back = match kind.as_str() {
+            "Namespace" => roundtrip::<Namespace>(&doc),
+            "ServiceAccount" => roundtrip::<ServiceAccount>(&doc),
+            "ConfigMap" => roundtrip::<ConfigMap>(&doc),
+            "Deployment" => roundtrip::<Deployment>(&doc),
+            "ClusterRole" => roundtrip::<ClusterRole>(&doc),
+            "ClusterRoleBinding" => roundtrip::<ClusterRoleBinding>(&doc),
+            "Role" => roundtrip::<Role>(&doc),
+            "RoleBinding" => roundtrip::<RoleBinding>(&doc),
+            other => panic!("{}: unexpected kind {other}", path.display()),
+        };
+        assert_contains(&doc, &back, &format!("{}:{kind}", path.display()));
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn deploy_manifests_are_valid_kubernetes_objects() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    let mut docs = 0;
+    for entry in std::fs::read_dir(&dir).expect("deploy/kubernetes exists") {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            docs += check_file(&path);
+        }
+    }
+    assert!(docs >= 5, "expected Namespace, ServiceAccount, ConfigMap, Deployment and RBAC; found {docs}");
+}
+
+#[test]
+fn deployment_probes_point_at_the_host_endpoints() {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/wasmctrl.yaml"))
+        .unwrap();
+    let deployment = serde_norway::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let d: Deployment = serde_json::from_value(deployment).unwrap();
+    let c = &d.spec.unwrap().template.spec.unwrap().containers[0];
+    let path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref().and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.clone())
+    };
+    assert_eq!(path(&c.liveness_probe).as_deref(), Some("/healthz"));
+    assert_eq!(path(&c.readiness_probe).as_deref(), Some("/readyz"));
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+}
