@@ -148,6 +148,7 @@ impl Registry {
             b("", "v1", "secrets", "Secret", true, &[], false),
             b("", "v1", "services", "Service", true, &["svc"], true),
             b("", "v1", "pods", "Pod", true, &["po"], true),
+            b("", "v1", "nodes", "Node", false, &["no"], true),
             b("", "v1", "events", "Event", true, &["ev"], false),
             b("events.k8s.io", "v1", "events", "Event", true, &["ev"], false),
             b("apps", "v1", "deployments", "Deployment", true, &["deploy"], true),

@@ -39,9 +39,9 @@ impl LabelSelector {
             if let Some(key) = part.strip_prefix('!') {
                 reqs.push(LabelReq::NotExists(valid_key(key.trim()).ok_or_else(bad)?));
             } else if let Some((k, v)) = part.split_once("!=") {
-                reqs.push(LabelReq::NotIn(valid_key(k.trim()).ok_or_else(bad)?, vec![v.trim().into()]));
+                reqs.push(LabelReq::NotIn(valid_key(k.trim()).ok_or_else(bad)?, vec![valid_value(v.trim()).ok_or_else(bad)?]));
             } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
-                reqs.push(LabelReq::In(valid_key(k.trim()).ok_or_else(bad)?, vec![v.trim().into()]));
+                reqs.push(LabelReq::In(valid_key(k.trim()).ok_or_else(bad)?, vec![valid_value(v.trim()).ok_or_else(bad)?]));
             } else if let Some((k, set)) = split_set_op(part, " notin ") {
                 reqs.push(LabelReq::NotIn(valid_key(k).ok_or_else(bad)?, parse_set(set).ok_or_else(bad)?));
             } else if let Some((k, set)) = split_set_op(part, " in ") {
@@ -76,6 +76,11 @@ fn valid_key(k: &str) -> Option<String> {
     ok.then(|| k.to_string())
 }
 
+fn valid_value(v: &str) -> Option<String> {
+    let ok = v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    ok.then(|| v.to_string())
+}
+
 fn split_set_op<'a>(part: &'a str, op: &str) -> Option<(&'a str, &'a str)> {
     let idx = part.find(op)?;
     Some((part[..idx].trim(), part[idx + op.len()..].trim()))
@@ -83,7 +88,7 @@ fn split_set_op<'a>(part: &'a str, op: &str) -> Option<(&'a str, &'a str)> {
 
 fn parse_set(s: &str) -> Option<Vec<String>> {
     let inner = s.strip_prefix('(')?.strip_suffix(')')?;
-    Some(inner.split(',').map(|v| v.trim().to_string()).collect())
+    inner.split(',').map(|v| valid_value(v.trim())).collect()
 }
 
 /// Splits on commas that are not inside parentheses.

@@ -433,7 +433,13 @@ fn compile_cache_serves_the_second_load_and_survives_corruption() {
         .collect();
     assert_eq!(artifacts.len(), 1, "{artifacts:?}");
     assert!(artifacts[0].file_name().is_some_and(|n| n.to_string_lossy().starts_with(&first.hash)));
-    std::fs::write(&artifacts[0], b"garbage").unwrap_or_else(|e| panic!("{e}"));
+    let hash = first.hash.clone();
+    // Components map their artifact: corrupt it as a new file, as a crash mid-write by
+    // another tool would leave it (the cache itself only ever renames files into place).
+    drop((first, second));
+    let garbage = dir.path().join("garbage");
+    std::fs::write(&garbage, b"garbage").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::rename(&garbage, &artifacts[0]).unwrap_or_else(|e| panic!("{e}"));
     let third = engine.load_component(&bytes).unwrap_or_else(|e| panic!("{e}"));
     assert!(!third.from_cache, "a corrupted artifact is recompiled");
     assert!(engine.load_component(&bytes).unwrap_or_else(|e| panic!("{e}")).from_cache);

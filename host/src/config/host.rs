@@ -305,7 +305,7 @@ fn resolve(
     if le_name.is_empty() || !super::names::is_dns_subdomain(&le_name) {
         err(&le_path("name"), false, format!("`{le_name}` is not a valid Lease name"), None);
     }
-    let leader_election = le.enabled.unwrap_or(false).then(|| LeaderElectionConfig {
+    let leader_election = le.enabled.unwrap_or(false).then_some(LeaderElectionConfig {
         namespace: le_namespace,
         name: le_name,
         lease_duration,

@@ -94,7 +94,7 @@ impl fmt::Display for DurationValue {
         }
         // The largest unit that divides the value exactly, so the string parses back.
         for (unit, scale) in [("h", 3_600_000u128), ("m", 60_000), ("s", 1_000), ("ms", 1)] {
-            if ms % scale == 0 {
+            if ms.is_multiple_of(scale) {
                 return write!(f, "{}{unit}", ms / scale);
             }
         }
@@ -180,7 +180,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
         for (unit, scale) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-            if b >= scale && b % scale == 0 {
+            if b >= scale && b.is_multiple_of(scale) {
                 return write!(f, "{}{unit}", b / scale);
             }
         }

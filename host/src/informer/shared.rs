@@ -361,3 +361,311 @@ impl HandlerRegistration {
         self.listener.is_stopped()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::{DeletedObject, Object};
+    use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Ev {
+        Add(String, String, bool),
+        Update(String, String, String),
+        Delete(String, String, bool),
+    }
+
+    type Gate = Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>;
+
+    struct Recorder {
+        tx: UnboundedSender<Ev>,
+        gate: Option<Gate>,
+        panic_on: Option<&'static str>,
+    }
+
+    impl Recorder {
+        fn wait_gate(&self) {
+            if let Some(g) = &self.gate {
+                let mut open = g.0.lock().unwrap();
+                while !*open {
+                    open = g.1.wait(open).unwrap();
+                }
+            }
+        }
+    }
+
+    impl ResourceEventHandler for Recorder {
+        fn on_add(&self, obj: &Arc<Object>, initial: bool) {
+            self.wait_gate();
+            if self.panic_on == Some(obj.name()) {
+                panic!("handler fails on {}", obj.name());
+            }
+            let _ = self.tx.send(Ev::Add(obj.key().into(), obj.resource_version().into(), initial));
+        }
+        fn on_update(&self, old: &Arc<Object>, new: &Arc<Object>) {
+            self.wait_gate();
+            if self.panic_on == Some(new.name()) {
+                panic!("handler fails on {}", new.name());
+            }
+            let _ = self.tx.send(Ev::Update(new.key().into(), old.resource_version().into(), new.resource_version().into()));
+        }
+        fn on_delete(&self, obj: &DeletedObject) {
+            self.wait_gate();
+            let _ = self.tx.send(Ev::Delete(
+                obj.key().into(),
+                obj.object().resource_version().into(),
+                obj.is_final_state_unknown(),
+            ));
+        }
+    }
+
+    fn recorder() -> (Arc<Recorder>, UnboundedReceiver<Ev>) {
+        let (tx, rx) = unbounded_channel();
+        (Arc::new(Recorder { tx, gate: None, panic_on: None }), rx)
+    }
+
+    fn gated() -> (Arc<Recorder>, UnboundedReceiver<Ev>, Gate) {
+        let (tx, rx) = unbounded_channel();
+        let gate: Gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        (Arc::new(Recorder { tx, gate: Some(gate.clone()), panic_on: None }), rx, gate)
+    }
+
+    fn open(g: &Gate) {
+        *g.0.lock().unwrap() = true;
+        g.1.notify_all();
+    }
+
+    fn obj(name: &str, rv: u64) -> Arc<Object> {
+        let json = format!(r#"{{"metadata":{{"namespace":"ns","name":"{name}","resourceVersion":"{rv}"}}}}"#);
+        Arc::new(Object::from_json(json.into()).unwrap())
+    }
+
+    fn informer() -> SharedIndexInformer {
+        SharedIndexInformer::new(InformerOptions { name: "test".into(), ..Default::default() }).unwrap()
+    }
+
+    async fn next(rx: &mut UnboundedReceiver<Ev>) -> Ev {
+        rx.recv().await.expect("handler channel closed")
+    }
+
+    fn add(name: &str, rv: u64, initial: bool) -> Ev {
+        Ev::Add(format!("ns/{name}"), rv.to_string(), initial)
+    }
+
+    #[tokio::test]
+    async fn handle_deltas_updates_cache_and_notifies_in_order() {
+        let inf = informer();
+        let (h, mut rx) = recorder();
+        let reg = inf.add_event_handler(h, None);
+        inf.start_processing();
+        inf.fifo().replace(vec![obj("a", 1), obj("b", 2)]);
+        inf.fifo().update(obj("a", 3));
+        inf.fifo().delete(DeletedObject::Known(obj("b", 4)));
+        // Deltas are grouped per key (a's update joins a's queued Replaced), in key order.
+        let mut evs = Vec::new();
+        for _ in 0..4 {
+            evs.push(next(&mut rx).await);
+        }
+        let of = |k: &str| evs.iter().filter(|e| format!("{e:?}").contains(k)).cloned().collect::<Vec<_>>();
+        assert_eq!(of("ns/a"), [add("a", 1, true), Ev::Update("ns/a".into(), "1".into(), "3".into())]);
+        assert_eq!(of("ns/b"), [add("b", 2, true), Ev::Delete("ns/b".into(), "4".into(), false)]);
+        reg.wait_for_sync().await;
+        inf.wait_for_sync().await;
+        assert_eq!(inf.indexer().get("ns/a").unwrap().resource_version(), "3");
+        assert!(inf.indexer().get("ns/b").is_none());
+        inf.stop();
+    }
+
+    // A relist: unchanged objects are not re-sent, changed ones are updates, vanished ones
+    // arrive as FinalStateUnknown tombstones.
+    #[tokio::test]
+    async fn relist_sends_updates_tombstones_and_skips_unchanged() {
+        let inf = informer();
+        let (h, mut rx) = recorder();
+        inf.add_event_handler(h, None);
+        inf.start_processing();
+        inf.fifo().replace(vec![obj("same", 1), obj("changed", 2), obj("gone", 3)]);
+        for _ in 0..3 {
+            next(&mut rx).await;
+        }
+        inf.fifo().replace(vec![obj("same", 1), obj("changed", 5), obj("new", 6)]);
+        let mut evs = vec![next(&mut rx).await, next(&mut rx).await, next(&mut rx).await];
+        evs.sort_by_key(|e| format!("{e:?}"));
+        assert_eq!(
+            evs,
+            [
+                add("new", 6, false),
+                Ev::Delete("ns/gone".into(), "3".into(), true),
+                Ev::Update("ns/changed".into(), "2".into(), "5".into()),
+            ]
+        );
+        // Nothing about "same": prove it by a marker event arriving next.
+        inf.fifo().add(obj("marker", 7));
+        assert_eq!(next(&mut rx).await, add("marker", 7, false));
+        inf.stop();
+    }
+
+    // TestSharedInformerInitializationRace / synthetic adds on a running informer.
+    #[tokio::test]
+    async fn handler_added_late_gets_synthetic_adds_then_changes() {
+        let inf = informer();
+        inf.start_processing();
+        inf.fifo().replace(vec![obj("a", 1), obj("b", 2)]);
+        inf.wait_for_sync().await;
+        let (h, mut rx) = recorder();
+        let reg = inf.add_event_handler(h, None);
+        let mut evs = vec![next(&mut rx).await, next(&mut rx).await];
+        evs.sort_by_key(|e| format!("{e:?}"));
+        assert_eq!(evs, [add("a", 1, true), add("b", 2, true)]);
+        reg.wait_for_sync().await;
+        assert!(reg.has_synced());
+        inf.fifo().update(obj("a", 3));
+        assert_eq!(next(&mut rx).await, Ev::Update("ns/a".into(), "1".into(), "3".into()));
+        inf.stop();
+    }
+
+    // Per-handler HasSynced (TestSharedInformerHandlerHasSynced-like): the informer is synced
+    // but a handler that has not processed its initial list is not.
+    #[tokio::test]
+    async fn registration_synced_only_after_its_initial_list_is_handled() {
+        let inf = informer();
+        let (slow, mut slow_rx, gate) = gated();
+        let (fast, mut fast_rx) = recorder();
+        let slow_reg = inf.add_event_handler(slow, None);
+        let fast_reg = inf.add_event_handler(fast, None);
+        inf.start_processing();
+        inf.fifo().replace(vec![obj("a", 1)]);
+        next(&mut fast_rx).await;
+        fast_reg.wait_for_sync().await;
+        inf.wait_for_sync().await;
+        assert!(inf.has_synced());
+        assert!(!slow_reg.has_synced(), "slow handler has not handled its initial add yet");
+        open(&gate);
+        next(&mut slow_rx).await;
+        slow_reg.wait_for_sync().await;
+        assert!(slow_reg.has_synced());
+        inf.stop();
+    }
+
+    // A slow listener delays only itself (unbounded per-listener buffers).
+    #[tokio::test]
+    async fn slow_listener_does_not_block_others() {
+        let inf = informer();
+        let (slow, mut slow_rx, gate) = gated();
+        let (fast, mut fast_rx) = recorder();
+        inf.add_event_handler(slow, None);
+        inf.add_event_handler(fast, None);
+        inf.start_processing();
+        inf.fifo().replace(Vec::new());
+        for i in 0..200 {
+            inf.fifo().add(obj(&format!("o{i}"), i));
+        }
+        for i in 0..200 {
+            assert_eq!(next(&mut fast_rx).await, add(&format!("o{i}"), i, false));
+        }
+        assert!(slow_rx.try_recv().is_err(), "the slow handler is still blocked");
+        open(&gate);
+        for i in 0..200 {
+            assert_eq!(next(&mut slow_rx).await, add(&format!("o{i}"), i, false), "order kept");
+        }
+        inf.stop();
+    }
+
+    #[tokio::test]
+    async fn panicking_handler_is_logged_and_skipped() {
+        let inf = informer();
+        let (tx, mut rx) = unbounded_channel();
+        inf.add_event_handler(Arc::new(Recorder { tx, gate: None, panic_on: Some("bad") }), None);
+        inf.start_processing();
+        inf.fifo().add(obj("good1", 1));
+        inf.fifo().add(obj("bad", 2));
+        inf.fifo().add(obj("good2", 3));
+        assert_eq!(next(&mut rx).await, add("good1", 1, false));
+        assert_eq!(next(&mut rx).await, add("good2", 3, false));
+        assert_eq!(inf.indexer().len(), 3, "the cache is unaffected");
+        inf.stop();
+    }
+
+    #[tokio::test]
+    async fn removed_handler_receives_nothing_more() {
+        let inf = informer();
+        let (h, mut rx) = recorder();
+        let (witness, mut wrx) = recorder();
+        let reg = inf.add_event_handler(h, None);
+        inf.add_event_handler(witness, None);
+        inf.start_processing();
+        inf.fifo().add(obj("a", 1));
+        next(&mut rx).await;
+        next(&mut wrx).await;
+        assert!(reg.remove());
+        assert!(!reg.remove(), "second removal is a no-op");
+        assert_eq!(inf.handler_count(), 1);
+        inf.fifo().add(obj("b", 2));
+        assert_eq!(next(&mut wrx).await, add("b", 2, false));
+        assert!(rx.recv().await.is_none(), "removed listener's channel closes without delivering");
+        inf.stop();
+    }
+
+    // TestListenerResyncPeriods: Sync goes only to listeners whose period elapsed.
+    #[tokio::test]
+    async fn resync_goes_only_to_due_listeners() {
+        let inf = informer();
+        let (often, mut often_rx) = recorder();
+        let (never, mut never_rx) = recorder();
+        let often_reg = inf.add_event_handler(often, Some(Duration::from_secs(1)));
+        let never_reg = inf.add_event_handler(never, Some(Duration::ZERO));
+        assert_eq!(often_reg.resync_period(), Some(Duration::from_secs(1)));
+        assert_eq!(never_reg.resync_period(), None);
+        // Drive the FIFO by hand (no resync loop): start only the processing loop.
+        let shared = inf.shared.clone();
+        tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.process_loop().await }
+        });
+        shared.started.store(true, Ordering::SeqCst);
+        inf.fifo().replace(vec![obj("a", 1)]);
+        next(&mut often_rx).await;
+        next(&mut never_rx).await;
+        let later = tokio::time::Instant::now() + Duration::from_secs(2);
+        assert!(shared.processor.should_resync(later));
+        inf.fifo().resync();
+        assert_eq!(next(&mut often_rx).await, Ev::Update("ns/a".into(), "1".into(), "1".into()));
+        inf.fifo().update(obj("a", 2));
+        assert_eq!(next(&mut often_rx).await, Ev::Update("ns/a".into(), "1".into(), "2".into()));
+        assert_eq!(
+            next(&mut never_rx).await,
+            Ev::Update("ns/a".into(), "1".into(), "2".into()),
+            "the non-resyncing listener saw no Sync"
+        );
+        // Not due again right away.
+        assert!(!shared.processor.should_resync(later + Duration::from_millis(500)));
+        inf.stop();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resync_loop_fires_on_the_handler_period() {
+        let start = tokio::time::Instant::now();
+        let inf = informer();
+        let (h, mut rx) = recorder();
+        inf.add_event_handler(h, Some(Duration::from_secs(30)));
+        inf.start_processing();
+        inf.fifo().replace(vec![obj("a", 1)]);
+        assert_eq!(next(&mut rx).await, add("a", 1, true));
+        assert_eq!(next(&mut rx).await, Ev::Update("ns/a".into(), "1".into(), "1".into()));
+        assert!(start.elapsed() >= Duration::from_secs(30), "resync waited for its period");
+        inf.stop();
+    }
+
+    #[tokio::test]
+    async fn stop_ends_listeners_and_fifo() {
+        let inf = informer();
+        let (h, mut rx) = recorder();
+        let reg = inf.add_event_handler(h, None);
+        inf.start_processing();
+        inf.stop();
+        assert!(inf.is_stopped());
+        assert!(inf.fifo().is_closed());
+        assert!(reg.is_removed());
+        assert!(rx.recv().await.is_none());
+    }
+}

@@ -43,6 +43,7 @@ pub trait ComponentValidator: Send + Sync {
 }
 
 /// How to check.
+#[derive(Default)]
 pub struct CheckOptions<'a> {
     /// Where kinds are looked up; [`BuiltinKinds`] when `None` (offline).
     pub kinds: Option<&'a dyn KindResolver>,
@@ -50,12 +51,6 @@ pub struct CheckOptions<'a> {
     pub components: Option<&'a dyn ComponentValidator>,
     /// Defaults for plugin TOMLs checked without a host TOML.
     pub defaults: PluginDefaults,
-}
-
-impl Default for CheckOptions<'_> {
-    fn default() -> Self {
-        CheckOptions { kinds: None, components: None, defaults: PluginDefaults::default() }
-    }
 }
 
 /// One plugin that passed.

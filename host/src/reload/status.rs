@@ -76,13 +76,16 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
+/// Asks a running controller whether it is ready, and why not.
+pub(crate) type ReadinessProbe = Arc<dyn Fn() -> (bool, Option<String>) + Send + Sync>;
+
 /// The status of every plugin, keyed by the stem of its TOML; shared between the manager
 /// (which writes) and the HTTP server (which reads).
 #[derive(Clone)]
 pub struct StatusBoard {
     plugins: Arc<RwLock<BTreeMap<String, PluginStatus>>>,
     /// Readiness of each running controller, asked on demand.
-    probes: Arc<RwLock<BTreeMap<String, Arc<dyn Fn() -> (bool, Option<String>) + Send + Sync>>>>,
+    probes: Arc<RwLock<BTreeMap<String, ReadinessProbe>>>,
     metrics: Arc<Metrics>,
     /// Whether the initial scan finished (the host is not ready before).
     started: Arc<std::sync::atomic::AtomicBool>,
@@ -141,11 +144,7 @@ impl StatusBoard {
         }
     }
 
-    pub(crate) fn set_probe(
-        &self,
-        stem: &str,
-        probe: Option<Arc<dyn Fn() -> (bool, Option<String>) + Send + Sync>>,
-    ) {
+    pub(crate) fn set_probe(&self, stem: &str, probe: Option<ReadinessProbe>) {
         let mut probes = self.probes.write();
         match probe {
             Some(p) => probes.insert(stem.to_owned(), p),

@@ -5,22 +5,59 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use std::sync::Arc;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio_util::sync::CancellationToken;
+use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig};
+use wasmctrl::controller::leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
+use wasmctrl::informer::{FactoryOptions, InformerFactory};
+use wasmctrl::metrics::Metrics;
+use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
+use wasmctrl::reload::scan::plugin_tomls;
+use wasmctrl::reload::{
+    CheckOptions, EngineValidator, FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, RbacOptions,
+    StatusBoard, check_paths, rbac_for,
+};
+use wasmctrl::server::{Readiness, StatusSource};
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 
 /// `wasmctrl run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The host TOML.
+    /// The host TOML (see docs/configuration.md).
     #[arg(long, short, default_value = "wasmctrl.toml")]
     pub config: PathBuf,
+    /// Use the embedded dev cluster, whatever the host TOML's `[cluster]` says.
+    #[arg(long)]
+    pub embedded: bool,
+    /// With the embedded dev cluster: also write a kubeconfig for it here, so kubectl can
+    /// watch what the plugins do.
+    #[arg(long)]
+    pub kubeconfig_out: Option<PathBuf>,
+    /// Override the `[server] address` for /metrics, /healthz and /readyz.
+    #[arg(long)]
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// `wasmctrl rbac`.
 #[derive(Args, Debug)]
 pub struct RbacArgs {
-    /// The host TOML whose plugins directory is read.
+    /// The host TOML whose plugins directory (and leader election) is read.
     #[arg(long, short, default_value = "wasmctrl.toml")]
     pub config: PathBuf,
+    /// The host's ServiceAccount.
+    #[arg(long, default_value = "wasmctrl")]
+    pub service_account: String,
+    /// The ServiceAccount's namespace.
+    #[arg(long, default_value = "wasmctrl-system")]
+    pub namespace: String,
+    /// Name of the (Cluster)Role and its binding.
+    #[arg(long, default_value = "wasmctrl")]
+    pub name: String,
+    /// Always emit a ClusterRole (default: a Role when every plugin stays in one namespace).
+    #[arg(long)]
+    pub cluster_scope: bool,
 }
 
 /// `wasmctrl dev-cluster`.
@@ -47,7 +84,8 @@ pub fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     if json {
         builder.json().init();
     } else {
@@ -55,16 +93,245 @@ pub fn init_tracing(json: bool) {
     }
 }
 
-pub fn run(_args: RunArgs) -> Result<ExitCode> {
-    anyhow::bail!("not wired yet")
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let mut host = match HostConfig::load(&args.config) {
+        Ok(host) => host,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if args.embedded && !matches!(host.cluster, ClusterConfig::Embedded { .. }) {
+        host.cluster = ClusterConfig::Embedded { seed: Vec::new(), state_file: None };
+    }
+    if let Some(address) = args.metrics_address {
+        host.server_address = address;
+    }
+    runtime()?.block_on(run_host(host, args.kubeconfig_out))
 }
 
-pub fn check(_paths: &[PathBuf]) -> Result<ExitCode> {
-    anyhow::bail!("not wired yet")
+/// The host's life: cluster access, metrics endpoint, plugins (under leader election when
+/// configured), until a signal; then drain and stop.
+async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<ExitCode> {
+    let shutdown = CancellationToken::new();
+    let (client, dev_cluster) = connect(&host.cluster, kubeconfig_out.as_deref()).await?;
+    let metrics = Metrics::new();
+
+    // The endpoint comes up first (liveness), reporting not-ready until plugins run.
+    let status = Arc::new(LateStatus::default());
+    let (address, server) =
+        wasmctrl::server::serve(host.server_address, metrics.clone(), status.clone(), shutdown.clone())
+            .await
+            .with_context(|| format!("binding the metrics endpoint on {}", host.server_address))?;
+    tracing::info!(%address, "serving /metrics, /healthz, /readyz and /plugins");
+
+    let engine = PluginEngine::new(
+        EngineConfig { cache_dir: Some(host.cache_dir.clone()), ..EngineConfig::default() },
+        Some(&metrics),
+    )
+    .context("configuring the WebAssembly engine")?;
+    let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
+    let identity = identity();
+    let deps = ManagerDeps {
+        engine,
+        informers: Arc::new(FactoryLeases(factory)),
+        kube: Some(KubeServices::new(client.clone(), tokio::runtime::Handle::current(), identity.clone())),
+        metrics,
+    };
+    let mut options = ManagerOptions::new(&host.plugins_dir);
+    options.defaults = host.plugin_defaults.clone();
+    options.cache_sync_timeout = host.cache_sync_timeout;
+
+    let signal = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            shutdown.cancel();
+        })
+    };
+
+    let outcome = match &host.leader_election {
+        None => run_plugins(options, deps, status, shutdown.clone()).await,
+        Some(le) => {
+            let config = LeaderElectionConfig {
+                lease_duration: le.lease_duration,
+                renew_deadline: le.renew_deadline,
+                retry_period: le.retry_period,
+                ..LeaderElectionConfig::new(&le.namespace, &le.name, &identity)
+            };
+            let elector = LeaderElector::new(client, config).context("configuring leader election")?;
+            tracing::info!(lease = %format!("{}/{}", le.namespace, le.name), %identity, "campaigning for leadership");
+            let mut result = Ok(());
+            let elected = elector
+                .run(shutdown.clone(), |leading| async {
+                    tracing::info!("elected leader; starting plugins");
+                    result = run_plugins(options, deps, status, leading).await;
+                })
+                .await;
+            match elected {
+                Err(LeaderElectionError::LeadershipLost { .. }) => {
+                    // Like controller-runtime: a replica that lost its lease exits, and is
+                    // restarted as a fresh candidate, so it never acts on a stale view.
+                    tracing::error!("leadership lost; exiting");
+                    shutdown.cancel();
+                    result.and(Err(anyhow::anyhow!("leader election lost")))
+                }
+                other => result.and(other.context("leader election")),
+            }
+        }
+    };
+    shutdown.cancel();
+    signal.abort();
+    if let Ok(Err(error)) = server.await {
+        tracing::warn!(%error, "metrics endpoint");
+    }
+    if let Some(cluster) = dev_cluster {
+        cluster.shutdown().await;
+    }
+    outcome.map(|()| ExitCode::SUCCESS)
 }
 
-pub fn rbac(_args: RbacArgs) -> Result<ExitCode> {
-    anyhow::bail!("not wired yet")
+/// Runs the plugins directory until `stop` is cancelled, then drains every plugin.
+async fn run_plugins(
+    options: ManagerOptions,
+    deps: ManagerDeps,
+    status: Arc<LateStatus>,
+    stop: CancellationToken,
+) -> Result<()> {
+    let dir = options.plugins_dir.clone();
+    let manager = PluginManager::start(options, deps, stop.clone())
+        .await
+        .with_context(|| format!("loading plugins from {}", dir.display()))?;
+    status.set(manager.status());
+    stop.cancelled().await;
+    tracing::info!("draining plugins");
+    manager.stopped().await;
+    Ok(())
+}
+
+/// A client for the configured cluster; with the embedded one, the running dev cluster too.
+async fn connect(
+    cluster: &ClusterConfig,
+    kubeconfig_out: Option<&std::path::Path>,
+) -> Result<(kube::Client, Option<DevCluster>)> {
+    let config = match cluster {
+        ClusterConfig::Embedded { seed, state_file } => {
+            let config = DevClusterConfig {
+                seed: read_seeds(seed)?,
+                state_file: state_file.clone(),
+                ..DevClusterConfig::default()
+            };
+            let dev = DevCluster::start(config).await.context("starting the embedded dev cluster")?;
+            tracing::info!(url = %dev.url(), objects = dev.object_count(), "embedded dev cluster running");
+            if let Some(path) = kubeconfig_out {
+                dev.write_kubeconfig(path)
+                    .with_context(|| format!("writing kubeconfig {}", path.display()))?;
+                tracing::info!(kubeconfig = %path.display(), "kubectl --kubeconfig {} get all -A", path.display());
+            }
+            let client = dev.client().context("connecting to the embedded dev cluster")?;
+            return Ok((client, Some(dev)));
+        }
+        ClusterConfig::Kubeconfig { path, context } => {
+            let options = KubeConfigOptions { context: context.clone(), ..KubeConfigOptions::default() };
+            match path {
+                Some(path) => {
+                    let file = Kubeconfig::read_from(path)
+                        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                    kube::Config::from_custom_kubeconfig(file, &options).await
+                }
+                None => kube::Config::from_kubeconfig(&options).await,
+            }
+            .context("loading the kubeconfig")?
+        }
+        ClusterConfig::InCluster => {
+            kube::Config::incluster().context("loading the in-cluster configuration")?
+        }
+    };
+    let client = kube::Client::try_from(config).context("creating the Kubernetes client")?;
+    Ok((client, None))
+}
+
+/// This replica's name in leases and Events: the pod name in a cluster, else host + pid.
+fn identity() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .map(|h| format!("{h}_{}", std::process::id()))
+        .unwrap_or_else(|_| format!("wasmctrl_{}", std::process::id()))
+}
+
+/// The plugins' status, once the manager runs (not ready before).
+#[derive(Default)]
+struct LateStatus(std::sync::OnceLock<StatusBoard>);
+
+impl LateStatus {
+    fn set(&self, board: StatusBoard) {
+        let _ = self.0.set(board);
+    }
+}
+
+impl StatusSource for LateStatus {
+    fn readiness(&self) -> Readiness {
+        match self.0.get() {
+            Some(board) => board.readiness(),
+            None => Readiness {
+                ready: false,
+                details: vec!["plugins not started (waiting for leadership or still loading)".into()],
+            },
+        }
+    }
+
+    fn plugins(&self) -> serde_json::Value {
+        self.0.get().map(|b| b.plugins()).unwrap_or_else(|| serde_json::json!([]))
+    }
+}
+
+pub fn check(paths: &[PathBuf]) -> Result<ExitCode> {
+    // Components are compiled and instantiated for real (no cluster needed); kinds are
+    // checked against the built-in list, since `check` runs offline.
+    let engine = PluginEngine::new(EngineConfig { pooling: None, ..EngineConfig::default() }, None)
+        .context("configuring the WebAssembly engine")?;
+    let validator = EngineValidator(engine);
+    let options = CheckOptions { components: Some(&validator), ..CheckOptions::default() };
+    let report = check_paths(paths, &options);
+    print!("{}", report.render());
+    Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+pub fn rbac(args: RbacArgs) -> Result<ExitCode> {
+    let host = match HostConfig::load(&args.config) {
+        Ok(host) => host,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let tomls = plugin_tomls(&host.plugins_dir)
+        .with_context(|| format!("reading plugins directory {}", host.plugins_dir.display()))?;
+    let mut plugins = Vec::new();
+    let mut failed = false;
+    for toml in &tomls {
+        match PluginConfig::load(toml, &host.plugin_defaults) {
+            Ok(p) => plugins.push(p),
+            Err(errors) => {
+                eprintln!("{errors}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        // RBAC for only some plugins would fail at run time in a confusing way.
+        return Ok(ExitCode::from(2));
+    }
+    let options = RbacOptions {
+        service_account: args.service_account,
+        service_account_namespace: args.namespace,
+        name: args.name,
+        cluster_scope: args.cluster_scope.then_some(true),
+        leader_election: host.leader_election.clone(),
+    };
+    let manifests = rbac_for(&plugins, &options, &BuiltinKinds);
+    print!("{}", manifests.to_yaml().context("encoding the RBAC as YAML")?);
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn dev_cluster(args: DevClusterArgs) -> Result<ExitCode> {
