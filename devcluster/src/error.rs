@@ -54,13 +54,7 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            reason,
-            message: message.into(),
-            details: None,
-            retry_after: None,
-        }
+        Self { code, reason, message: message.into(), details: None, retry_after: None }
     }
 
     fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
@@ -96,12 +90,8 @@ impl ApiError {
     /// 409 Conflict (stale resourceVersion, failed precondition, apply conflict).
     pub fn conflict(group: &str, resource: &str, name: &str, why: &str) -> Self {
         let qualified = qualify(group, resource);
-        Self::new(
-            409,
-            "Conflict",
-            format!("Operation cannot be fulfilled on {qualified} \"{name}\": {why}"),
-        )
-        .with_details(group, resource, name)
+        Self::new(409, "Conflict", format!("Operation cannot be fulfilled on {qualified} \"{name}\": {why}"))
+            .with_details(group, resource, name)
     }
 
     /// 422 Invalid.
@@ -141,7 +131,9 @@ impl ApiError {
         Self::new(
             415,
             "UnsupportedMediaType",
-            format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type:?})"),
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type:?})"
+            ),
         )
     }
 
@@ -192,9 +184,5 @@ impl ApiError {
 
 /// `resource.group`, or `resource` for the core group, as Kubernetes messages spell it.
 fn qualify(group: &str, resource: &str) -> String {
-    if group.is_empty() {
-        resource.to_string()
-    } else {
-        format!("{resource}.{group}")
-    }
+    if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") }
 }

@@ -65,10 +65,7 @@ impl FaultRule {
 
     /// A rule delaying requests under `path_prefix`.
     pub fn latency(path_prefix: impl Into<String>, delay: Duration) -> Self {
-        Self {
-            action: FaultAction::Latency(delay),
-            ..Self::error(path_prefix, 0)
-        }
+        Self { action: FaultAction::Latency(delay), ..Self::error(path_prefix, 0) }
     }
 
     /// Limits the rule to `n` matching requests.

@@ -25,6 +25,7 @@ pub mod error;
 pub mod faults;
 mod managed;
 pub mod patch;
+mod proto;
 pub mod resources;
 pub mod selector;
 mod server;
@@ -71,24 +72,14 @@ pub struct DevClusterConfig {
 
 impl Default for DevClusterConfig {
     fn default() -> Self {
-        Self {
-            port: None,
-            tls: true,
-            token: None,
-            seed: Vec::new(),
-            state_file: None,
-            history_size: 10_000,
-        }
+        Self { port: None, tls: true, token: None, seed: Vec::new(), state_file: None, history_size: 10_000 }
     }
 }
 
 impl DevClusterConfig {
     /// Plain-HTTP configuration for tests (random port, random token).
     pub fn plain_http() -> Self {
-        Self {
-            tls: false,
-            ..Self::default()
-        }
+        Self { tls: false, ..Self::default() }
     }
 }
 
@@ -128,23 +119,17 @@ impl DevCluster {
             })?;
             let snap: store::Snapshot = serde_json::from_slice(&data)
                 .map_err(|e| Error::Seed(format!("state file {}: {e}", path.display())))?;
-            store
-                .restore(snap)
-                .map_err(|e| Error::Seed(format!("state file {}: {e}", path.display())))?;
+            store.restore(snap).map_err(|e| Error::Seed(format!("state file {}: {e}", path.display())))?;
         }
         for doc in &config.seed {
             apply_yaml_to(&store, doc)?;
         }
         let listener = TcpListener::bind(("127.0.0.1", config.port.unwrap_or(0)))
             .await
-            .map_err(|source| Error::Io {
-                what: "binding 127.0.0.1".into(),
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| Error::Io {
-            what: "reading the bound address".into(),
-            source,
-        })?;
+            .map_err(|source| Error::Io { what: "binding 127.0.0.1".into(), source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| Error::Io { what: "reading the bound address".into(), source })?;
         let token = config.token.clone().unwrap_or_else(|| {
             let b: [u8; 24] = rand::random();
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
@@ -158,9 +143,7 @@ impl DevCluster {
         });
         let tls = if config.tls { Some(tls::generate()?) } else { None };
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        let acceptor = tls
-            .as_ref()
-            .map(|t| tokio_rustls::TlsAcceptor::from(t.server_config.clone()));
+        let acceptor = tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.server_config.clone()));
         let router = server::router(state);
         let task = tokio::spawn(serve(listener, acceptor, router, stop_rx));
         tracing::info!(url = %format!("{}://{addr}", if config.tls { "https" } else { "http" }), "dev cluster serving");
@@ -217,10 +200,7 @@ impl DevCluster {
     /// Writes [`Self::kubeconfig_yaml`] to `path` (mode 0600 on Unix).
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        let io = |source| Error::Io {
-            what: format!("writing kubeconfig {}", path.display()),
-            source,
-        };
+        let io = |source| Error::Io { what: format!("writing kubeconfig {}", path.display()), source };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
@@ -244,6 +224,13 @@ impl DevCluster {
     /// store. Returns how many objects were applied.
     pub fn apply_yaml(&self, yaml: &str) -> Result<usize, Error> {
         apply_yaml_to(&self.store, yaml)
+    }
+
+    /// The object store behind the server, for in-process benchmarks and tests that need to
+    /// write faster than HTTP allows. Not part of the stable API.
+    #[doc(hidden)]
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
     }
 
     /// Number of objects stored (all kinds, including the initial namespaces).
@@ -281,16 +268,10 @@ impl DevCluster {
     /// Writes the state file now (also done on shutdown).
     pub fn save_state(&self) -> Result<(), Error> {
         let Some(path) = &self.state_file else { return Ok(()) };
-        let snap = self
-            .store
-            .snapshot()
-            .map_err(|e| Error::Seed(format!("snapshot: {e}")))?;
+        let snap = self.store.snapshot().map_err(|e| Error::Seed(format!("snapshot: {e}")))?;
         let data = serde_json::to_vec(&snap).map_err(|e| Error::Seed(format!("encoding snapshot: {e}")))?;
         let tmp = path.with_extension("tmp");
-        let io = |source| Error::Io {
-            what: format!("writing state file {}", path.display()),
-            source,
-        };
+        let io = |source| Error::Io { what: format!("writing state file {}", path.display()), source };
         std::fs::write(&tmp, data).map_err(io)?;
         std::fs::rename(&tmp, path).map_err(io)?;
         Ok(())
@@ -299,10 +280,8 @@ impl DevCluster {
     /// A `kube::Config` for this server (trusting its CA, with the token).
     #[cfg(feature = "kube")]
     pub fn kube_config(&self) -> kube::Config {
-        let url: http::Uri = self
-            .url()
-            .parse()
-            .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1"));
+        let url: http::Uri =
+            self.url().parse().unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1"));
         let mut config = kube::Config::new(url);
         config.default_namespace = "default".into();
         config.root_cert = self.ca_der.clone().map(|der| vec![der]);
@@ -417,10 +396,7 @@ fn apply_yaml_to(store: &Store, yaml: &str) -> Result<usize, Error> {
         } else {
             String::new()
         };
-        let opts = WriteOpts {
-            dry_run: false,
-            manager: Some(SEED_FIELD_MANAGER.into()),
-        };
+        let opts = WriteOpts { dry_run: false, manager: Some(SEED_FIELD_MANAGER.into()) };
         let mut body = obj.clone();
         if let Some(m) = body.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("resourceVersion");

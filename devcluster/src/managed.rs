@@ -100,10 +100,7 @@ fn lookup<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
         } else if let Some(k) = seg.strip_prefix("k:") {
             let key: Value = serde_json::from_str(k).ok()?;
             let name = key.get("name")?.as_str()?;
-            cur = cur
-                .as_array()?
-                .iter()
-                .find(|i| i.get("name").and_then(Value::as_str) == Some(name))?;
+            cur = cur.as_array()?.iter().find(|i| i.get("name").and_then(Value::as_str) == Some(name))?;
         } else {
             return None;
         }
@@ -129,10 +126,8 @@ fn remove(v: &mut Value, path: &[String]) {
             let name = serde_json::from_str::<Value>(k)
                 .ok()
                 .and_then(|k| k.get("name").and_then(Value::as_str).map(str::to_string));
-            cur.as_array_mut().and_then(|a| {
-                a.iter_mut()
-                    .find(|i| i.get("name").and_then(Value::as_str) == name.as_deref())
-            })
+            cur.as_array_mut()
+                .and_then(|a| a.iter_mut().find(|i| i.get("name").and_then(Value::as_str) == name.as_deref()))
         } else {
             None
         };
@@ -255,11 +250,8 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, manager: &str, api_ve
     };
     // The client may not rewrite managedFields by sending them; keep the stored ones.
     let new_fields = fields_of(new);
-    let changed: FieldSet = new_fields
-        .iter()
-        .filter(|p| old.is_none_or(|o| lookup(o, p) != lookup(new, p)))
-        .cloned()
-        .collect();
+    let changed: FieldSet =
+        new_fields.iter().filter(|p| old.is_none_or(|o| lookup(o, p) != lookup(new, p))).cloned().collect();
     // Fields removed by this write are no longer owned by anyone.
     let removed: FieldSet = old
         .map(|o| fields_of(o).into_iter().filter(|p| lookup(new, p).is_none()).collect())
@@ -294,12 +286,11 @@ fn path_string(p: &[String]) -> String {
         if let Some(f) = seg.strip_prefix("f:") {
             s.push('.');
             s.push_str(f);
-        } else if let Some(k) = seg.strip_prefix("k:") {
-            if let Ok(key) = serde_json::from_str::<Value>(k)
-                && let Some(n) = key.get("name").and_then(Value::as_str)
-            {
-                s.push_str(&format!("[name=\"{n}\"]"));
-            }
+        } else if let Some(k) = seg.strip_prefix("k:")
+            && let Ok(key) = serde_json::from_str::<Value>(k)
+            && let Some(n) = key.get("name").and_then(Value::as_str)
+        {
+            s.push_str(&format!("[name=\"{n}\"]"));
         }
     }
     s
@@ -313,7 +304,9 @@ fn merge_into(live: &mut Value, applied: &Value) {
             for (k, av) in a {
                 match l.get_mut(k) {
                     Some(lv) if lv.is_object() && av.is_object() => merge_into(lv, av),
-                    Some(lv) if lv.is_array() && av.as_array().is_some_and(|x| keyed_list(x)) => merge_into(lv, av),
+                    Some(lv) if lv.is_array() && av.as_array().is_some_and(|x| keyed_list(x)) => {
+                        merge_into(lv, av)
+                    }
                     _ => {
                         l.insert(k.clone(), av.clone());
                     }
@@ -395,7 +388,9 @@ pub fn apply(
     }
     for e in entries.iter_mut().filter(|e| e.manager != manager) {
         e.fields.retain(|p| {
-            p.last().is_some_and(|s| s == ".") || lookup(&live, p) == lookup(&applied, p) || !applied_fields.contains(p)
+            p.last().is_some_and(|s| s == ".")
+                || lookup(&live, p) == lookup(&applied, p)
+                || !applied_fields.contains(p)
         });
     }
     // Leaves this manager applied before but no longer does, and nobody else owns, go away.
@@ -445,7 +440,8 @@ mod tests {
         let a1 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "1", "b": "2"}});
         let o = apply(None, &a1, "m1", false, "v1", false).unwrap();
         assert_eq!(managers(&o), vec!["m1:Apply"]);
-        let a2 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "1"}});
+        let a2 =
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "1"}});
         let o = apply(Some(o), &a2, "m1", false, "v1", false).unwrap();
         assert_eq!(o["data"], json!({"a": "1"}), "b was pruned");
     }

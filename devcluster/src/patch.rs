@@ -32,7 +32,9 @@ impl PatchType {
             "application/merge-patch+json" => Self::Merge,
             "application/json-patch+json" => Self::Json,
             "application/strategic-merge-patch+json" => Self::Strategic,
-            "application/apply-patch+yaml" | "application/apply-patch+json" | "application/apply-patch+cbor" => Self::Apply,
+            "application/apply-patch+yaml"
+            | "application/apply-patch+json"
+            | "application/apply-patch+cbor" => Self::Apply,
             _ => return None,
         })
     }
@@ -47,14 +49,23 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 pub fn json_patch(target: &mut Value, patch: &Value) -> Result<(), ApiError> {
     let p: json_patch::Patch = serde_json::from_value(patch.clone())
         .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-    json_patch::patch(target, &p).map_err(|e| ApiError::invalid("", "", "", format!("the server rejected our request due to an error in our request: {e}")))
+    json_patch::patch(target, &p).map_err(|e| {
+        ApiError::invalid(
+            "",
+            "",
+            "",
+            format!("the server rejected our request due to an error in our request: {e}"),
+        )
+    })
 }
 
 /// The merge key of list field `field` (under parent field `parent`), if the built-in types
 /// declare one; `Some("")` marks a list of primitives merged as a set.
 fn merge_key(parent: Option<&str>, field: &str) -> Option<&'static str> {
     Some(match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "imagePullSecrets" => "name",
+        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "imagePullSecrets" => {
+            "name"
+        }
         "volumeMounts" => "mountPath",
         "volumeDevices" => "devicePath",
         "ports" if parent == Some("containers") || parent == Some("initContainers") => "containerPort",
@@ -139,15 +150,8 @@ fn merge_map(target: &mut Value, patch: &Map<String, Value>, parent: Option<&str
 }
 
 fn merge_list(target: &mut Vec<Value>, patch: &[Value], key: &str, field: &str) {
-    if patch
-        .iter()
-        .any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace"))
-    {
-        *target = patch
-            .iter()
-            .filter(|i| i.get("$patch").is_none())
-            .map(strip_directives)
-            .collect();
+    if patch.iter().any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace")) {
+        *target = patch.iter().filter(|i| i.get("$patch").is_none()).map(strip_directives).collect();
         return;
     }
     if key.is_empty() {
@@ -200,7 +204,8 @@ mod tests {
 
     #[test]
     fn strategic_merges_containers_by_name() {
-        let mut t = json!({"spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "1"}]}});
+        let mut t =
+            json!({"spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "1"}]}});
         let p = json!({"spec": {"$setElementOrder/containers": [{"name": "a"}, {"name": "b"}], "containers": [{"name": "b", "image": "2"}]}});
         strategic_merge(&mut t, &p).unwrap();
         assert_eq!(t["spec"]["containers"][1]["image"], "2");
@@ -212,7 +217,8 @@ mod tests {
 
     #[test]
     fn strategic_directives() {
-        let mut t = json!({"metadata": {"finalizers": ["a"], "labels": {"x": "1", "y": "2"}}, "data": {"k": "v"}});
+        let mut t =
+            json!({"metadata": {"finalizers": ["a"], "labels": {"x": "1", "y": "2"}}, "data": {"k": "v"}});
         let p = json!({"metadata": {"finalizers": ["b"], "labels": {"x": null}}, "data": {"$patch": "replace", "n": "m"}});
         strategic_merge(&mut t, &p).unwrap();
         assert_eq!(t["metadata"]["finalizers"], json!(["a", "b"]));
@@ -228,7 +234,10 @@ mod tests {
         let mut t = json!({"a": 1});
         json_patch(&mut t, &json!([{"op": "replace", "path": "/a", "value": 2}])).unwrap();
         assert_eq!(t["a"], 2);
-        assert_eq!(json_patch(&mut t, &json!([{"op": "test", "path": "/a", "value": 3}])).unwrap_err().code, 422);
+        assert_eq!(
+            json_patch(&mut t, &json!([{"op": "test", "path": "/a", "value": 3}])).unwrap_err().code,
+            422
+        );
         assert_eq!(json_patch(&mut t, &json!({"op": "x"})).unwrap_err().code, 400);
     }
 }

@@ -55,11 +55,7 @@ pub struct ResourceInfo {
 impl ResourceInfo {
     /// `apiVersion` string for `version` of this resource.
     pub fn api_version(&self, version: &str) -> String {
-        if self.gr.group.is_empty() {
-            version.to_string()
-        } else {
-            format!("{}/{}", self.gr.group, version)
-        }
+        if self.gr.group.is_empty() { version.to_string() } else { format!("{}/{}", self.gr.group, version) }
     }
 
     /// The storage version (the first served version).
@@ -74,16 +70,7 @@ impl ResourceInfo {
 
     /// The `APIResource` discovery entry for this resource (and its status subresource).
     pub fn discovery_entries(&self) -> Vec<Value> {
-        let verbs = [
-            "create",
-            "delete",
-            "deletecollection",
-            "get",
-            "list",
-            "patch",
-            "update",
-            "watch",
-        ];
+        let verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
         let mut main = json!({
             "name": self.gr.resource,
             "singularName": self.singular,
@@ -128,10 +115,7 @@ impl Registry {
                  namespaced: bool,
                  short: &[&str],
                  status: bool| ResourceInfo {
-            gr: GroupResource {
-                group: group.into(),
-                resource: resource.into(),
-            },
+            gr: GroupResource { group: group.into(), resource: resource.into() },
             versions: vec![version.into()],
             kind: kind.into(),
             singular: kind.to_lowercase(),
@@ -184,14 +168,8 @@ impl Registry {
 
     /// The resource `group/resource` if it serves `version`.
     pub fn get(&self, group: &str, version: &str, resource: &str) -> Option<Arc<ResourceInfo>> {
-        let gr = GroupResource {
-            group: group.into(),
-            resource: resource.into(),
-        };
-        self.by_gr
-            .get(&gr)
-            .filter(|i| i.versions.iter().any(|v| v == version))
-            .cloned()
+        let gr = GroupResource { group: group.into(), resource: resource.into() };
+        self.by_gr.get(&gr).filter(|i| i.versions.iter().any(|v| v == version)).cloned()
     }
 
     /// The resource by group/resource, any version.
@@ -307,10 +285,7 @@ pub fn crd_resource(crd: &Value) -> Result<ResourceInfo, String> {
         versions.insert(0, v);
     }
     Ok(ResourceInfo {
-        gr: GroupResource {
-            group: group.into(),
-            resource: plural,
-        },
+        gr: GroupResource { group: group.into(), resource: plural },
         versions,
         kind,
         singular,

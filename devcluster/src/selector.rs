@@ -39,9 +39,15 @@ impl LabelSelector {
             if let Some(key) = part.strip_prefix('!') {
                 reqs.push(LabelReq::NotExists(valid_key(key.trim()).ok_or_else(bad)?));
             } else if let Some((k, v)) = part.split_once("!=") {
-                reqs.push(LabelReq::NotIn(valid_key(k.trim()).ok_or_else(bad)?, vec![valid_value(v.trim()).ok_or_else(bad)?]));
+                reqs.push(LabelReq::NotIn(
+                    valid_key(k.trim()).ok_or_else(bad)?,
+                    vec![valid_value(v.trim()).ok_or_else(bad)?],
+                ));
             } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
-                reqs.push(LabelReq::In(valid_key(k.trim()).ok_or_else(bad)?, vec![valid_value(v.trim()).ok_or_else(bad)?]));
+                reqs.push(LabelReq::In(
+                    valid_key(k.trim()).ok_or_else(bad)?,
+                    vec![valid_value(v.trim()).ok_or_else(bad)?],
+                ));
             } else if let Some((k, set)) = split_set_op(part, " notin ") {
                 reqs.push(LabelReq::NotIn(valid_key(k).ok_or_else(bad)?, parse_set(set).ok_or_else(bad)?));
             } else if let Some((k, set)) = split_set_op(part, " in ") {
@@ -70,9 +76,8 @@ impl LabelSelector {
 }
 
 fn valid_key(k: &str) -> Option<String> {
-    let ok = !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+    let ok =
+        !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
     ok.then(|| k.to_string())
 }
 
@@ -139,13 +144,11 @@ impl FieldSelector {
             } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
                 (k, v, true)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{part}'; can't understand '{part}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{part}'; can't understand '{part}'"
+                )));
             };
-            reqs.push(FieldReq {
-                path: path.trim().to_string(),
-                value: value.trim().to_string(),
-                equal,
-            });
+            reqs.push(FieldReq { path: path.trim().to_string(), value: value.trim().to_string(), equal });
         }
         Ok(Self { reqs })
     }
@@ -157,9 +160,7 @@ impl FieldSelector {
 
     /// Whether the selector only uses `metadata.name` / `metadata.namespace`.
     pub fn only_metadata(&self) -> bool {
-        self.reqs
-            .iter()
-            .all(|r| r.path == "metadata.name" || r.path == "metadata.namespace")
+        self.reqs.iter().all(|r| r.path == "metadata.name" || r.path == "metadata.namespace")
     }
 
     /// Matches using the object's name and namespace only; other fields are looked up in

@@ -24,7 +24,9 @@ use crate::managed;
 use crate::patch::{self, PatchType};
 use crate::resources::ResourceInfo;
 use crate::selector::{FieldSelector, LabelSelector};
-use crate::store::{DeleteOpts, Event, ListOpts, Store, Subresource, WatchFilter, WatchItem, WatchStart, WriteOpts};
+use crate::store::{
+    DeleteOpts, Event, ListOpts, Store, Subresource, WatchFilter, WatchItem, WatchStart, WriteOpts,
+};
 use crate::util::meta_str;
 
 /// The Kubernetes version the server reports (kubectl picks its behaviour from it).
@@ -60,8 +62,7 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
 fn json_response(code: StatusCode, body: Bytes) -> Response {
     let mut r = Response::new(Body::from(body));
     *r.status_mut() = code;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
 }
 
@@ -85,8 +86,7 @@ async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let path = parts.uri.path().to_string();
     if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
         let mut r = Response::new(Body::from("ok"));
-        r.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         return r;
     }
     let authorized = parts
@@ -107,13 +107,7 @@ async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         Ok(b) => b,
         Err(e) => return error_response(&ApiError::bad_request(format!("reading body: {e}"))),
     };
-    let ctx = Ctx {
-        st: &st,
-        method: &parts.method,
-        headers: &parts.headers,
-        query: &query,
-        body,
-    };
+    let ctx = Ctx { st: &st, method: &parts.method, headers: &parts.headers, query: &query, body };
     let result = route(&ctx, &path);
     match result {
         Ok(r) => r,
@@ -151,21 +145,13 @@ impl Ctx<'_> {
         if let Some(m) = self.q("fieldManager") {
             return m.to_string();
         }
-        let ua = self
-            .headers
-            .get(header::USER_AGENT)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("unknown");
+        let ua = self.headers.get(header::USER_AGENT).and_then(|h| h.to_str().ok()).unwrap_or("unknown");
         let m = ua.split('/').next().unwrap_or(ua);
         m.chars().take(128).collect()
     }
 
     fn format(&self) -> Format {
-        let accept = self
-            .headers
-            .get(header::ACCEPT)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("");
+        let accept = self.headers.get(header::ACCEPT).and_then(|h| h.to_str().ok()).unwrap_or("");
         for media in accept.split(',') {
             let media = media.trim();
             let mut parts = media.split(';').map(str::trim);
@@ -202,8 +188,11 @@ impl Ctx<'_> {
             .unwrap_or("application/json");
         let base = ct.split(';').next().unwrap_or("").trim();
         match base {
-            "application/yaml" | "application/apply-patch+yaml" => serde_norway::from_slice::<Value>(&self.body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}"))),
+            "application/yaml" | "application/apply-patch+yaml" => {
+                serde_norway::from_slice::<Value>(&self.body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+            }
+            "application/vnd.kubernetes.protobuf" => crate::proto::decode(&self.body),
             "application/json" | "" | "*/*" => serde_json::from_slice(&self.body)
                 .map_err(|e| ApiError::bad_request(format!("error decoding JSON body: {e}"))),
             _ if PatchType::from_content_type(base).is_some() => serde_json::from_slice(&self.body)
@@ -222,8 +211,7 @@ enum Format {
 }
 
 fn parse_query(q: Option<&str>) -> HashMap<String, String> {
-    q.map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
-        .unwrap_or_default()
+    q.map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect()).unwrap_or_default()
 }
 
 /// A resolved resource request.
@@ -248,7 +236,9 @@ fn route(ctx: &Ctx<'_>, path: &str) -> Result<Response, ApiError> {
             ));
         }
         ["apis"] if get => return Ok(value_response(StatusCode::OK, &group_list(&ctx.st.store))),
-        ["api", "v1"] if get => return Ok(value_response(StatusCode::OK, &resource_list(&ctx.st.store, "", "v1"))),
+        ["api", "v1"] if get => {
+            return Ok(value_response(StatusCode::OK, &resource_list(&ctx.st.store, "", "v1")));
+        }
         ["apis", g] if get => {
             return group_list(&ctx.st.store)["groups"]
                 .as_array()
@@ -282,11 +272,7 @@ fn route(ctx: &Ctx<'_>, path: &str) -> Result<Response, ApiError> {
         _ => (false, rest),
     };
     let registry = ctx.st.store.registry();
-    let lookup = |r: &str| {
-        registry
-            .get(group, version, r)
-            .ok_or_else(ApiError::path_not_found)
-    };
+    let lookup = |r: &str| registry.get(group, version, r).ok_or_else(ApiError::path_not_found);
     let (resource, namespace, name, sub) = match rest {
         ["namespaces", ns, r, tail @ ..]
             if group.is_empty() && !matches!(*r, "status" | "finalize") || !group.is_empty() =>
@@ -320,18 +306,12 @@ fn route(ctx: &Ctx<'_>, path: &str) -> Result<Response, ApiError> {
         _ => return Err(ApiError::path_not_found()),
     };
     if let Some(s) = &sub
-        && !(s == "status" && resource.status_subresource || s == "finalize" && resource.gr.resource == "namespaces")
+        && !(s == "status" && resource.status_subresource
+            || s == "finalize" && resource.gr.resource == "namespaces")
     {
         return Err(ApiError::path_not_found());
     }
-    let req = ResReq {
-        info: resource,
-        version: version.to_string(),
-        namespace,
-        name,
-        sub,
-        watch_path,
-    };
+    let req = ResReq { info: resource, version: version.to_string(), namespace, name, sub, watch_path };
     dispatch(ctx, &req)
 }
 
@@ -409,8 +389,10 @@ fn openapi_doc(store: &Store, group: &str, version: &str) -> Result<Response, Ap
     if infos.is_empty() {
         return Err(ApiError::path_not_found());
     }
-    let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
-    let param = |name: &str| json!({"name": name, "in": "query", "schema": {"type": "string"}, "uniqueItems": true});
+    let prefix =
+        if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+    let param =
+        |name: &str| json!({"name": name, "in": "query", "schema": {"type": "string"}, "uniqueItems": true});
     let write_params = json!([param("dryRun"), param("fieldManager"), param("fieldValidation")]);
     let mut paths = serde_json::Map::new();
     for info in infos {
@@ -429,9 +411,15 @@ fn openapi_doc(store: &Store, group: &str, version: &str) -> Result<Response, Ap
             format!("{prefix}/{}", info.gr.resource)
         };
         paths.insert(base.clone(), json!({"post": op("post"), "get": op("list")}));
-        paths.insert(format!("{base}/{{name}}"), json!({"patch": op("patch"), "put": op("put"), "get": op("get"), "delete": op("delete")}));
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({"patch": op("patch"), "put": op("put"), "get": op("get"), "delete": op("delete")}),
+        );
         if info.status_subresource {
-            paths.insert(format!("{base}/{{name}}/status"), json!({"patch": op("patch"), "put": op("put"), "get": op("get")}));
+            paths.insert(
+                format!("{base}/{{name}}/status"),
+                json!({"patch": op("patch"), "put": op("put"), "get": op("get")}),
+            );
         }
     }
     let doc = json!({
@@ -450,11 +438,7 @@ fn resource_list(store: &Store, group: &str, version: &str) -> Value {
         .filter(|i| i.gr.group == group && i.versions.iter().any(|v| v == version))
         .flat_map(|i| i.discovery_entries())
         .collect();
-    let gv = if group.is_empty() {
-        version.to_string()
-    } else {
-        format!("{group}/{version}")
-    };
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
 }
 
@@ -478,20 +462,14 @@ fn dispatch(ctx: &Ctx<'_>, req: &ResReq) -> Result<Response, ApiError> {
         }
         (Method::POST, None) => {
             let body = ctx.body_json()?;
-            let opts = WriteOpts {
-                dry_run: ctx.dry_run(),
-                manager: Some(ctx.manager()),
-            };
+            let opts = WriteOpts { dry_run: ctx.dry_run(), manager: Some(ctx.manager()) };
             let obj = ctx.st.store.create(gr, ns, to_storage(body, &req.info), &opts)?;
             render_one(ctx, req, StatusCode::CREATED, obj)
         }
         (Method::PUT, Some(name)) => {
             let body = ctx.body_json()?;
             let sub = if req.sub.is_some() { Subresource::Status } else { Subresource::Main };
-            let opts = WriteOpts {
-                dry_run: ctx.dry_run(),
-                manager: Some(ctx.manager()),
-            };
+            let opts = WriteOpts { dry_run: ctx.dry_run(), manager: Some(ctx.manager()) };
             let new = to_storage(body, &req.info);
             let (obj, _) = ctx.st.store.modify(gr, ns, name, sub, &opts, false, |_, _| Ok(new))?;
             render_one(ctx, req, StatusCode::OK, obj)
@@ -509,7 +487,9 @@ fn dispatch(ctx: &Ctx<'_>, req: &ResReq) -> Result<Response, ApiError> {
             let rv = ctx.st.store.current_rv();
             Ok(json_response(StatusCode::OK, render_list(ctx, req, Format::Full, &items, rv, None, 0)?))
         }
-        (m, _) => Err(ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource ({m})"))),
+        (m, _) => Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({m})"
+        ))),
     }
 }
 
@@ -541,7 +521,8 @@ fn delete_opts(ctx: &Ctx<'_>) -> Result<DeleteOpts, ApiError> {
     let body: Value = if ctx.body.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(&ctx.body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+        serde_json::from_slice(&ctx.body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
     };
     let s = |p: &str| body.pointer(p).and_then(Value::as_str).map(str::to_string);
     let mut propagation = s("/propagationPolicy").or_else(|| ctx.q("propagationPolicy").map(str::to_string));
@@ -553,10 +534,7 @@ fn delete_opts(ctx: &Ctx<'_>) -> Result<DeleteOpts, ApiError> {
         propagation = Some("Orphan".into());
     }
     let dry_run = ctx.dry_run()
-        || body
-            .get("dryRun")
-            .and_then(Value::as_array)
-            .is_some_and(|a| a.iter().any(|x| x == "All"));
+        || body.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == "All"));
     Ok(DeleteOpts {
         propagation,
         uid: s("/preconditions/uid"),
@@ -586,18 +564,20 @@ fn list_opts(ctx: &Ctx<'_>, req: &ResReq) -> Result<ListOpts, ApiError> {
     };
     if let Some(token) = ctx.q("continue") {
         if ctx.q("resourceVersion").is_some_and(|rv| rv != "0") {
-            return Err(ApiError::bad_request("specifying resource version is not allowed when using continue"));
+            return Err(ApiError::bad_request(
+                "specifying resource version is not allowed when using continue",
+            ));
         }
         let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(token.trim_end_matches('='))
             .map_err(|_| ApiError::bad_request("continue key is not valid: illegal base64 data"))?;
-        let t: ContinueToken = serde_json::from_slice(&raw).map_err(|_| ApiError::bad_request("continue key is not valid"))?;
+        let t: ContinueToken =
+            serde_json::from_slice(&raw).map_err(|_| ApiError::bad_request("continue key is not valid"))?;
         opts.after = Some((t.ns, t.name));
         opts.continue_rv = Some(t.rv);
     } else if let Some(rv) = ctx.q("resourceVersion").filter(|rv| *rv != "0") {
-        let n: u64 = rv
-            .parse()
-            .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
+        let n: u64 =
+            rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
         match ctx.q("resourceVersionMatch") {
             Some("Exact") => opts.exact_rv = Some(n),
             None | Some("NotOlderThan") => {
@@ -606,7 +586,9 @@ fn list_opts(ctx: &Ctx<'_>, req: &ResReq) -> Result<ListOpts, ApiError> {
                     let mut e = ApiError::injected(504, Some(1));
                     e.reason = "Timeout";
                     e.message = format!("Too large resource version: {n}, current: {current}");
-                    e.details = Some(json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}));
+                    e.details = Some(
+                        json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+                    );
                     return Err(e);
                 }
             }
@@ -622,12 +604,7 @@ fn list_handler(ctx: &Ctx<'_>, req: &ResReq) -> Result<Response, ApiError> {
     let opts = list_opts(ctx, req)?;
     let result = ctx.st.store.list(&req.info.gr, &opts)?;
     let next = result.next.map(|(ns, name)| {
-        let t = ContinueToken {
-            v: "meta.k8s.io/v1".into(),
-            rv: result.rv,
-            ns,
-            name,
-        };
+        let t = ContinueToken { v: "meta.k8s.io/v1".into(), rv: result.rv, ns, name };
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(&t).unwrap_or_default())
     });
     let body = render_list(ctx, req, ctx.format(), &result.items, result.rv, next, result.remaining)?;
@@ -683,7 +660,9 @@ fn json_path(v: &Value, path: &str) -> Value {
 }
 
 fn table(req: &ResReq, items: &[Value], headers: bool, list_meta: Option<Value>) -> Value {
-    let mut cols = vec![json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0})];
+    let mut cols = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
+    ];
     for (name, ty, _) in &req.info.printer_columns {
         cols.push(json!({"name": name, "type": ty, "format": "", "description": "", "priority": 0}));
     }
@@ -762,17 +741,14 @@ fn render_list(
 }
 
 fn patch_handler(ctx: &Ctx<'_>, req: &ResReq, name: &str) -> Result<Response, ApiError> {
-    let ct = ctx
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
+    let ct = ctx.headers.get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("");
     let pt = PatchType::from_content_type(ct).ok_or_else(|| ApiError::unsupported_media_type(ct))?;
     let patch_body: Value = match pt {
         PatchType::Apply => serde_norway::from_slice(&ctx.body)
             .or_else(|_| serde_json::from_slice(&ctx.body))
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
-        _ => serde_json::from_slice(&ctx.body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
+        _ => serde_json::from_slice(&ctx.body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
     };
     let ns = req.namespace.as_deref().unwrap_or("");
     let sub = if req.sub.is_some() { Subresource::Status } else { Subresource::Main };
@@ -780,7 +756,12 @@ fn patch_handler(ctx: &Ctx<'_>, req: &ResReq, name: &str) -> Result<Response, Ap
     let info = req.info.clone();
     let (obj, created) = if pt == PatchType::Apply {
         let manager = ctx.q("fieldManager").ok_or_else(|| {
-            ApiError::invalid("meta.k8s.io", "PatchOptions", "", "fieldManager: Required value: is required for apply patch")
+            ApiError::invalid(
+                "meta.k8s.io",
+                "PatchOptions",
+                "",
+                "fieldManager: Required value: is required for apply patch",
+            )
         })?;
         let force = ctx.flag("force");
         let applied = to_storage(patch_body, &info);
@@ -805,10 +786,7 @@ fn patch_handler(ctx: &Ctx<'_>, req: &ResReq, name: &str) -> Result<Response, Ap
             Ok(out)
         })?
     } else {
-        let opts = WriteOpts {
-            dry_run,
-            manager: Some(ctx.manager()),
-        };
+        let opts = WriteOpts { dry_run, manager: Some(ctx.manager()) };
         ctx.st.store.modify(&info.gr, ns, name, sub, &opts, false, |live, _| {
             let mut v = live.unwrap_or_default();
             match pt {
@@ -845,8 +823,7 @@ fn watch_handler(ctx: &Ctx<'_>, req: &ResReq) -> Result<Response, ApiError> {
         _ if send_initial => WatchStart::Current,
         None | Some("0") => WatchStart::Current,
         Some(rv) => WatchStart::After(
-            rv.parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?,
+            rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?,
         ),
     };
     let timeout = ctx
@@ -855,15 +832,9 @@ fn watch_handler(ctx: &Ctx<'_>, req: &ResReq) -> Result<Response, ApiError> {
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_WATCH_TIMEOUT);
     let format = ctx.format();
-    let watch = WatchCtx {
-        req: req.clone_shallow(),
-        format,
-        filter: filter.clone(),
-        headers_sent: false,
-    };
+    let watch = WatchCtx { req: req.clone_shallow(), format, filter: filter.clone(), headers_sent: false };
     let mut resp = Response::new(Body::empty());
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     let stream = match ctx.st.store.watch(&req.info.gr, filter, start) {
         Ok(s) => s,
         Err(e) if e.code == 410 => {

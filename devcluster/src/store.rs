@@ -60,19 +60,13 @@ impl ObjMeta {
         let labels = m
             .and_then(|m| m.get("labels"))
             .and_then(Value::as_object)
-            .map(|l| {
-                l.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                    .collect()
-            })
+            .map(|l| l.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect())
             .unwrap_or_default();
         let owners = m
             .and_then(|m| m.get("ownerReferences"))
             .and_then(Value::as_array)
             .map(|a| {
-                a.iter()
-                    .filter_map(|o| o.get("uid").and_then(Value::as_str).map(str::to_string))
-                    .collect()
+                a.iter().filter_map(|o| o.get("uid").and_then(Value::as_str).map(str::to_string)).collect()
             })
             .unwrap_or_default();
         Self {
@@ -211,13 +205,7 @@ struct Bucket {
 
 impl Bucket {
     fn new(info: Arc<ResourceInfo>, compacted_rv: u64) -> Self {
-        Self {
-            info,
-            objects: BTreeMap::new(),
-            history: VecDeque::new(),
-            compacted_rv,
-            watchers: Vec::new(),
-        }
+        Self { info, objects: BTreeMap::new(), history: VecDeque::new(), compacted_rv, watchers: Vec::new() }
     }
 }
 
@@ -352,9 +340,7 @@ fn finalizers(v: &Value) -> Vec<String> {
 }
 
 fn encode(v: &Value) -> Result<Bytes, ApiError> {
-    serde_json::to_vec(v)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::internal(format!("encoding object: {e}")))
+    serde_json::to_vec(v).map(Bytes::from).map_err(|e| ApiError::internal(format!("encoding object: {e}")))
 }
 
 fn decode(b: &Bytes) -> Result<Value, ApiError> {
@@ -362,17 +348,11 @@ fn decode(b: &Bytes) -> Result<Value, ApiError> {
 }
 
 fn namespaces_gr() -> GroupResource {
-    GroupResource {
-        group: String::new(),
-        resource: "namespaces".into(),
-    }
+    GroupResource { group: String::new(), resource: "namespaces".into() }
 }
 
 fn crd_gr() -> GroupResource {
-    GroupResource {
-        group: "apiextensions.k8s.io".into(),
-        resource: "customresourcedefinitions".into(),
-    }
+    GroupResource { group: "apiextensions.k8s.io".into(), resource: "customresourcedefinitions".into() }
 }
 
 /// Everything outside `metadata` (and `status` when it is a subresource), for the
@@ -394,10 +374,7 @@ impl Store {
     /// resource.
     pub fn new(history_size: usize) -> Self {
         let registry = Registry::builtin();
-        let buckets = registry
-            .all()
-            .map(|i| (i.gr.clone(), Bucket::new(i.clone(), 0)))
-            .collect();
+        let buckets = registry.all().map(|i| (i.gr.clone(), Bucket::new(i.clone(), 0))).collect();
         let store = Self {
             inner: Mutex::new(Inner {
                 rv: 0,
@@ -446,10 +423,7 @@ impl Store {
         if let Some(rv) = opts.exact_rv
             && rv != inner.rv
         {
-            return Err(ApiError::expired(format!(
-                "too old resource version: {rv} ({})",
-                inner.rv
-            )));
+            return Err(ApiError::expired(format!("too old resource version: {rv} ({})", inner.rv)));
         }
         if let Some(crv) = opts.continue_rv
             && crv < bucket.compacted_rv
@@ -463,19 +437,17 @@ impl Store {
             labels: opts.labels.clone(),
             fields: opts.fields.clone(),
         };
-        let range: Box<dyn Iterator<Item = (&ObjKey, &Stored)>> = match (&opts.after, &opts.namespace) {
-            (Some(after), _) => Box::new(
-                bucket
-                    .objects
-                    .range::<ObjKey, _>((std::ops::Bound::Excluded(after.clone()), std::ops::Bound::Unbounded)),
-            ),
-            (None, Some(ns)) if bucket.info.namespaced => Box::new(
-                bucket
-                    .objects
-                    .range::<ObjKey, _>((ns.clone(), String::new())..),
-            ),
-            _ => Box::new(bucket.objects.iter()),
-        };
+        let range: Box<dyn Iterator<Item = (&ObjKey, &Stored)>> =
+            match (&opts.after, &opts.namespace) {
+                (Some(after), _) => Box::new(bucket.objects.range::<ObjKey, _>((
+                    std::ops::Bound::Excluded(after.clone()),
+                    std::ops::Bound::Unbounded,
+                ))),
+                (None, Some(ns)) if bucket.info.namespaced => {
+                    Box::new(bucket.objects.range::<ObjKey, _>((ns.clone(), String::new())..))
+                }
+                _ => Box::new(bucket.objects.iter()),
+            };
         let mut items = Vec::new();
         let mut next = None;
         let mut remaining = 0;
@@ -504,12 +476,7 @@ impl Store {
         if remaining == 0 {
             next = None;
         }
-        Ok(ListResult {
-            items,
-            rv: opts.continue_rv.unwrap_or(inner.rv),
-            next,
-            remaining,
-        })
+        Ok(ListResult { items, rv: opts.continue_rv.unwrap_or(inner.rv), next, remaining })
     }
 
     /// Start a watch.
@@ -531,12 +498,7 @@ impl Store {
                     )));
                 }
                 let from = bucket.history.partition_point(|e| e.rv <= rv);
-                bucket
-                    .history
-                    .range(from..)
-                    .filter(|e| filter.view(e).is_some())
-                    .cloned()
-                    .collect()
+                bucket.history.range(from..).filter(|e| filter.view(e).is_some()).cloned().collect()
             }
             WatchStart::Current => bucket
                 .objects
@@ -556,15 +518,17 @@ impl Store {
         };
         let (tx, rx) = mpsc::channel(WATCH_CHANNEL);
         bucket.watchers.push(Watcher { filter, tx });
-        Ok(WatchStream {
-            initial,
-            start_rv: current,
-            rx,
-        })
+        Ok(WatchStream { initial, start_rv: current, rx })
     }
 
     /// Create an object (in the storage version). Returns the stored JSON.
-    pub fn create(&self, gr: &GroupResource, ns: &str, obj: Value, opts: &WriteOpts) -> Result<Bytes, ApiError> {
+    pub fn create(
+        &self,
+        gr: &GroupResource,
+        ns: &str,
+        obj: Value,
+        opts: &WriteOpts,
+    ) -> Result<Bytes, ApiError> {
         let mut inner = self.inner.lock();
         let out = inner.create(gr, ns, obj, opts)?;
         inner.run_gc();
@@ -575,6 +539,7 @@ impl Store {
     /// Read-modify-write one object: `f` gets the current object (None if absent) and returns
     /// the desired one. `create_if_missing` lets `f` create (server-side apply). A
     /// `metadata.resourceVersion` in the result is a precondition (409 if stale).
+    #[allow(clippy::too_many_arguments)]
     pub fn modify<F>(
         &self,
         gr: &GroupResource,
@@ -616,7 +581,13 @@ impl Store {
     }
 
     /// Delete one object. Returns the object's final (or deletion-pending) state.
-    pub fn delete(&self, gr: &GroupResource, ns: &str, name: &str, opts: &DeleteOpts) -> Result<Bytes, ApiError> {
+    pub fn delete(
+        &self,
+        gr: &GroupResource,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOpts,
+    ) -> Result<Bytes, ApiError> {
         let mut inner = self.inner.lock();
         let out = inner.delete(gr, &(ns.to_string(), name.to_string()), opts)?;
         inner.run_gc();
@@ -625,7 +596,12 @@ impl Store {
     }
 
     /// Delete every object matching `list` (deletecollection). Returns the deleted objects.
-    pub fn delete_collection(&self, gr: &GroupResource, list: &ListOpts, opts: &DeleteOpts) -> Result<Vec<Bytes>, ApiError> {
+    pub fn delete_collection(
+        &self,
+        gr: &GroupResource,
+        list: &ListOpts,
+        opts: &DeleteOpts,
+    ) -> Result<Vec<Bytes>, ApiError> {
         let keys: Vec<ObjKey> = {
             let inner = self.inner.lock();
             let bucket = inner.bucket(gr)?;
@@ -695,10 +671,7 @@ impl Store {
                 objects.push((gr.clone(), items));
             }
         }
-        Ok(Snapshot {
-            resource_version: inner.rv,
-            objects,
-        })
+        Ok(Snapshot { resource_version: inner.rv, objects })
     }
 
     /// Load a snapshot into an empty-ish store (objects are inserted as they were, keeping
@@ -709,7 +682,9 @@ impl Store {
         for (gr, items) in snap.objects {
             for obj in items {
                 if gr == crd_gr() {
-                    let info = crd_resource(&obj).map_err(|e| ApiError::invalid(&gr.group, "CustomResourceDefinition", meta_str(&obj, "name"), e))?;
+                    let info = crd_resource(&obj).map_err(|e| {
+                        ApiError::invalid(&gr.group, "CustomResourceDefinition", meta_str(&obj, "name"), e)
+                    })?;
                     inner.register(info);
                 }
                 inner.bucket(&gr)?;
@@ -737,15 +712,11 @@ impl Store {
 
 impl Inner {
     fn bucket(&self, gr: &GroupResource) -> Result<&Bucket, ApiError> {
-        self.buckets
-            .get(gr)
-            .ok_or_else(|| ApiError::not_found(&gr.group, &gr.resource, ""))
+        self.buckets.get(gr).ok_or_else(|| ApiError::not_found(&gr.group, &gr.resource, ""))
     }
 
     fn bucket_mut(&mut self, gr: &GroupResource) -> Result<&mut Bucket, ApiError> {
-        self.buckets
-            .get_mut(gr)
-            .ok_or_else(|| ApiError::not_found(&gr.group, &gr.resource, ""))
+        self.buckets.get_mut(gr).ok_or_else(|| ApiError::not_found(&gr.group, &gr.resource, ""))
     }
 
     fn register(&mut self, info: ResourceInfo) {
@@ -777,10 +748,7 @@ impl Inner {
         }
         if let Some(n) = new {
             for owner in &n.owners {
-                self.dependents
-                    .entry(owner.clone())
-                    .or_default()
-                    .insert((gr.clone(), n.key()));
+                self.dependents.entry(owner.clone()).or_default().insert((gr.clone(), n.key()));
             }
             self.uids.insert(n.uid.clone(), (gr.clone(), n.key()));
         }
@@ -788,7 +756,13 @@ impl Inner {
 
     /// Assigns the next RV to `obj`, stores it (or removes it for DELETED), records history
     /// and dispatches to watchers.
-    fn commit(&mut self, gr: &GroupResource, mut obj: Value, ty: EventType, prev: Option<&Stored>) -> Result<Bytes, ApiError> {
+    fn commit(
+        &mut self,
+        gr: &GroupResource,
+        mut obj: Value,
+        ty: EventType,
+        prev: Option<&Stored>,
+    ) -> Result<Bytes, ApiError> {
         self.rv += 1;
         let rv = self.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
@@ -826,7 +800,13 @@ impl Inner {
         Ok(json)
     }
 
-    fn create(&mut self, gr: &GroupResource, ns: &str, mut obj: Value, opts: &WriteOpts) -> Result<Bytes, ApiError> {
+    fn create(
+        &mut self,
+        gr: &GroupResource,
+        ns: &str,
+        mut obj: Value,
+        opts: &WriteOpts,
+    ) -> Result<Bytes, ApiError> {
         let info = self.bucket(gr)?.info.clone();
         if !obj.is_object() {
             return Err(ApiError::bad_request("the body of the request must be a JSON object"));
@@ -852,13 +832,19 @@ impl Inner {
                 }
             }
         }
-        let name_ok = if gr == &namespaces_gr() { valid_label_name(&name) } else { valid_name(&name) || info.custom && !name.is_empty() };
+        let name_ok = if gr == &namespaces_gr() {
+            valid_label_name(&name)
+        } else {
+            valid_name(&name) || info.custom && !name.is_empty()
+        };
         if !name_ok {
             return Err(ApiError::invalid(
                 &gr.group,
                 &info.kind,
                 &name,
-                format!("metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
+                format!(
+                    "metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+                ),
             ));
         }
         if info.namespaced {
@@ -892,6 +878,7 @@ impl Inner {
             }
         }
         default_object(gr, &mut obj, &name);
+        fold_string_data(gr, &mut obj);
         if *gr == crd_gr() {
             let new_info = self.validate_crd(&obj, &name)?;
             set_crd_status(&mut obj, &new_info);
@@ -909,7 +896,8 @@ impl Inner {
     }
 
     fn validate_crd(&self, obj: &Value, name: &str) -> Result<ResourceInfo, ApiError> {
-        let info = crd_resource(obj).map_err(|e| ApiError::invalid("apiextensions.k8s.io", "CustomResourceDefinition", name, e))?;
+        let info = crd_resource(obj)
+            .map_err(|e| ApiError::invalid("apiextensions.k8s.io", "CustomResourceDefinition", name, e))?;
         if let Some(existing) = self.registry.by_gr(&info.gr)
             && !existing.custom
         {
@@ -981,7 +969,10 @@ impl Inner {
                 &gr.group,
                 &gr.resource,
                 name,
-                &format!("Precondition failed: UID in precondition: {new_uid}, UID in object meta: {}", cur.meta.uid),
+                &format!(
+                    "Precondition failed: UID in precondition: {new_uid}, UID in object meta: {}",
+                    cur.meta.uid
+                ),
             ));
         }
         // Build the object that will be stored.
@@ -1015,10 +1006,19 @@ impl Inner {
         };
         obj["apiVersion"] = Value::String(info.api_version(info.storage_version()));
         obj["kind"] = Value::String(info.kind.clone());
+        fold_string_data(gr, &mut obj);
         {
             let old_meta = old.get("metadata").cloned().unwrap_or_default();
             let m = meta_mut(&mut obj);
-            for k in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+            for k in [
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ] {
                 match old_meta.get(k) {
                     Some(v) => {
                         m.insert(k.into(), v.clone());
@@ -1040,7 +1040,9 @@ impl Inner {
                     &gr.group,
                     &info.kind,
                     name,
-                    format!("metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers [\"{added}\"]"),
+                    format!(
+                        "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers [\"{added}\"]"
+                    ),
                 ));
             }
         }
@@ -1118,7 +1120,10 @@ impl Inner {
                 &gr.group,
                 &gr.resource,
                 &key.1,
-                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", cur.meta.uid),
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    cur.meta.uid
+                ),
             ));
         }
         if let Some(rv) = &opts.resource_version
@@ -1128,7 +1133,10 @@ impl Inner {
                 &gr.group,
                 &gr.resource,
                 &key.1,
-                &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", cur.meta.rv),
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    cur.meta.rv
+                ),
             ));
         }
         let mut obj = decode(&cur.json)?;
@@ -1150,7 +1158,9 @@ impl Inner {
                     &gr.group,
                     &info.kind,
                     &key.1,
-                    format!("propagationPolicy: Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\""),
+                    format!(
+                        "propagationPolicy: Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
+                    ),
                 ));
             }
         }
@@ -1187,7 +1197,12 @@ impl Inner {
     }
 
     /// Rewrites one object in place through `f` (used by the garbage collector).
-    fn rewrite(&mut self, gr: &GroupResource, key: &ObjKey, f: impl FnOnce(&mut Value)) -> Result<(), ApiError> {
+    fn rewrite(
+        &mut self,
+        gr: &GroupResource,
+        key: &ObjKey,
+        f: impl FnOnce(&mut Value),
+    ) -> Result<(), ApiError> {
         let Some(cur) = self.buckets.get(gr).and_then(|b| b.objects.get(key)).cloned() else {
             return Ok(());
         };
@@ -1200,7 +1215,12 @@ impl Inner {
         Ok(())
     }
 
-    fn remove_finalizer(&mut self, gr: &GroupResource, key: &ObjKey, finalizer: &str) -> Result<(), ApiError> {
+    fn remove_finalizer(
+        &mut self,
+        gr: &GroupResource,
+        key: &ObjKey,
+        finalizer: &str,
+    ) -> Result<(), ApiError> {
         self.rewrite(gr, key, |o| {
             if let Some(a) = o.pointer_mut("/metadata/finalizers").and_then(Value::as_array_mut) {
                 a.retain(|f| f.as_str() != Some(finalizer));
@@ -1213,7 +1233,12 @@ impl Inner {
         })
     }
 
-    fn remove_owner_ref(&mut self, gr: &GroupResource, key: &ObjKey, owner_uid: &str) -> Result<(), ApiError> {
+    fn remove_owner_ref(
+        &mut self,
+        gr: &GroupResource,
+        key: &ObjKey,
+        owner_uid: &str,
+    ) -> Result<(), ApiError> {
         self.rewrite(gr, key, |o| {
             if let Some(a) = o.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) {
                 a.retain(|r| r.get("uid").and_then(Value::as_str) != Some(owner_uid));
@@ -1247,10 +1272,14 @@ impl Inner {
         match item {
             GcItem::Gone { gr, meta } => {
                 // Dependents of the deleted object: delete when no owner remains, else drop the ref.
-                let deps: Vec<_> = self.dependents.get(&meta.uid).map(|s| s.iter().cloned().collect()).unwrap_or_default();
+                let deps: Vec<_> =
+                    self.dependents.get(&meta.uid).map(|s| s.iter().cloned().collect()).unwrap_or_default();
                 for (dgr, dkey) in deps {
-                    let Some(dep) = self.buckets.get(&dgr).and_then(|b| b.objects.get(&dkey)).cloned() else { continue };
-                    let live_owner = dep.meta.owners.iter().any(|o| *o != meta.uid && self.uids.contains_key(o));
+                    let Some(dep) = self.buckets.get(&dgr).and_then(|b| b.objects.get(&dkey)).cloned() else {
+                        continue;
+                    };
+                    let live_owner =
+                        dep.meta.owners.iter().any(|o| *o != meta.uid && self.uids.contains_key(o));
                     if live_owner {
                         self.remove_owner_ref(&dgr, &dkey, &meta.uid)?;
                     } else if !dep.meta.deleting {
@@ -1265,7 +1294,10 @@ impl Inner {
                 }
                 // A terminating namespace / CRD may now be empty.
                 if !meta.namespace.is_empty() {
-                    self.gc.push(GcItem::Deleting { gr: namespaces_gr(), key: (String::new(), meta.namespace.clone()) });
+                    self.gc.push(GcItem::Deleting {
+                        gr: namespaces_gr(),
+                        key: (String::new(), meta.namespace.clone()),
+                    });
                 }
                 if let Some(b) = self.buckets.get(&gr)
                     && b.info.custom
@@ -1286,12 +1318,15 @@ impl Inner {
                 }
             }
             GcItem::Deleting { gr, key } => {
-                let Some(cur) = self.buckets.get(&gr).and_then(|b| b.objects.get(&key)).cloned() else { return Ok(()) };
+                let Some(cur) = self.buckets.get(&gr).and_then(|b| b.objects.get(&key)).cloned() else {
+                    return Ok(());
+                };
                 if !cur.meta.deleting {
                     return Ok(());
                 }
                 let uid = cur.meta.uid.clone();
-                let deps: Vec<_> = self.dependents.get(&uid).map(|s| s.iter().cloned().collect()).unwrap_or_default();
+                let deps: Vec<_> =
+                    self.dependents.get(&uid).map(|s| s.iter().cloned().collect()).unwrap_or_default();
                 if cur.meta.finalizers.iter().any(|f| f == "orphan") {
                     for (dgr, dkey) in &deps {
                         self.remove_owner_ref(dgr, dkey, &uid)?;
@@ -1303,7 +1338,10 @@ impl Inner {
                         return self.remove_finalizer(&gr, &key, "foregroundDeletion");
                     }
                     for (dgr, dkey) in deps {
-                        let Some(dep) = self.buckets.get(&dgr).and_then(|b| b.objects.get(&dkey)).cloned() else { continue };
+                        let Some(dep) = self.buckets.get(&dgr).and_then(|b| b.objects.get(&dkey)).cloned()
+                        else {
+                            continue;
+                        };
                         if dep.meta.deleting {
                             continue;
                         }
@@ -1342,7 +1380,13 @@ impl Inner {
                         let keys: Vec<ObjKey> = self
                             .buckets
                             .get(&info.gr)
-                            .map(|b| b.objects.iter().filter(|(_, s)| !s.meta.deleting).map(|(k, _)| k.clone()).collect())
+                            .map(|b| {
+                                b.objects
+                                    .iter()
+                                    .filter(|(_, s)| !s.meta.deleting)
+                                    .map(|(k, _)| k.clone())
+                                    .collect()
+                            })
                             .unwrap_or_default();
                         for k in keys {
                             self.delete(&info.gr, &k, &DeleteOpts::default())?;
@@ -1350,7 +1394,9 @@ impl Inner {
                     }
                 }
                 // Finish deletion when nothing blocks it any more.
-                let Some(cur) = self.buckets.get(&gr).and_then(|b| b.objects.get(&key)).cloned() else { return Ok(()) };
+                let Some(cur) = self.buckets.get(&gr).and_then(|b| b.objects.get(&key)).cloned() else {
+                    return Ok(());
+                };
                 let obj = decode(&cur.json)?;
                 if cur.meta.finalizers.is_empty() && !self.blocks_deletion(&gr, &obj) {
                     let out = self.commit(&gr, obj, EventType::Deleted, Some(&cur))?;
@@ -1388,8 +1434,35 @@ fn check_kind(obj: &Value, info: &ResourceInfo) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Folds a Secret's write-only `stringData` into `data` (base64), as the API server does.
+fn fold_string_data(gr: &GroupResource, obj: &mut Value) {
+    if gr.group.is_empty()
+        && gr.resource == "secrets"
+        && let Some(m) = obj.as_object_mut()
+        && let Some(Value::Object(sd)) = m.remove("stringData")
+    {
+        use base64::Engine;
+        let data = m.entry("data").or_insert_with(|| json!({}));
+        if !data.is_object() {
+            *data = json!({});
+        }
+        if let Some(d) = data.as_object_mut() {
+            for (k, v) in sd {
+                let s = v.as_str().unwrap_or_default();
+                d.insert(k, Value::String(base64::engine::general_purpose::STANDARD.encode(s)));
+            }
+        }
+    }
+}
+
 /// Server-side defaults a real API server sets on create.
 fn default_object(gr: &GroupResource, obj: &mut Value, name: &str) {
+    if gr.group.is_empty()
+        && gr.resource == "secrets"
+        && obj.get("type").and_then(Value::as_str).is_none_or(str::is_empty)
+    {
+        obj["type"] = json!("Opaque");
+    }
     if *gr == namespaces_gr() {
         let m = meta_mut(obj);
         let labels = m.entry("labels").or_insert_with(|| json!({}));

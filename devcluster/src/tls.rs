@@ -32,18 +32,16 @@ fn tls_err(e: impl std::fmt::Display) -> Error {
 /// Generates a CA and a server certificate for the loopback names.
 pub fn generate() -> Result<TlsMaterial, Error> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(tls_err)?;
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "wasmctrl-devcluster-ca");
+    ca_params.distinguished_name.push(DnType::CommonName, "wasmctrl-devcluster-ca");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca_params.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     let ca_key = KeyPair::generate().map_err(tls_err)?;
     let ca = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(tls_err)?;
 
-    let mut params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).map_err(tls_err)?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "wasmctrl-devcluster");
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).map_err(tls_err)?;
+    params.distinguished_name.push(DnType::CommonName, "wasmctrl-devcluster");
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let key = KeyPair::generate().map_err(tls_err)?;
@@ -60,9 +58,5 @@ pub fn generate() -> Result<TlsMaterial, Error> {
         .map_err(tls_err)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let ca_der: CertificateDer<'static> = ca.der().clone();
-    Ok(TlsMaterial {
-        ca_pem: ca.pem(),
-        ca_der: ca_der.to_vec(),
-        server_config: Arc::new(config),
-    })
+    Ok(TlsMaterial { ca_pem: ca.pem(), ca_der: ca_der.to_vec(), server_config: Arc::new(config) })
 }

@@ -160,6 +160,9 @@ pub struct DeltaFifo {
     state: Mutex<State>,
     known: Option<Arc<dyn KnownObjects>>,
     notify: Notify,
+    /// Flips to true (once) when `has_synced` becomes true, after the last initial key's
+    /// `process` returned.
+    synced: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for DeltaFifo {
@@ -172,27 +175,46 @@ impl std::fmt::Debug for DeltaFifo {
 impl DeltaFifo {
     /// A FIFO; `known` is the store it feeds (for `replace` delete detection and `resync`).
     pub fn new(known: Option<Arc<dyn KnownObjects>>) -> Self {
-        Self { state: Mutex::new(State::default()), known, notify: Notify::new() }
+        Self {
+            state: Mutex::new(State::default()),
+            known,
+            notify: Notify::new(),
+            synced: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Publishes `has_synced` the first time it holds (called with the lock held).
+    fn publish_synced(&self, s: &State) {
+        if s.has_synced() && !*self.synced.borrow() {
+            self.synced.send_replace(true);
+        }
+    }
+
+    /// A receiver that turns true once [`has_synced`](Self::has_synced) does (it never turns
+    /// back); lets waiters learn of a sync even when nothing is left to pop (an empty list).
+    pub fn synced(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.synced.subscribe()
     }
 
     fn push(&self, key: &str, delta: Delta) {
         let mut s = self.state.lock();
         s.populated = true;
         s.queue_delta(key, delta);
+        self.publish_synced(&s);
         drop(s);
         self.notify.notify_waiters();
     }
 
     /// Queues an `Added` delta.
     pub fn add(&self, obj: Arc<Object>) {
-        let key = obj.key().to_owned();
-        self.push(&key, Delta::Added(obj));
+        let keyed = obj.clone();
+        self.push(keyed.key(), Delta::Added(obj));
     }
 
     /// Queues an `Updated` delta.
     pub fn update(&self, obj: Arc<Object>) {
-        let key = obj.key().to_owned();
-        self.push(&key, Delta::Updated(obj));
+        let keyed = obj.clone();
+        self.push(keyed.key(), Delta::Updated(obj));
     }
 
     /// Queues a `Deleted` delta, unless the key is neither queued nor known to the store
@@ -210,6 +232,7 @@ impl DeltaFifo {
         }
         s.populated = true;
         s.queue_delta(&key, Delta::Deleted(obj));
+        self.publish_synced(&s);
         drop(s);
         self.notify.notify_waiters();
     }
@@ -235,7 +258,10 @@ impl DeltaFifo {
             .filter_map(|k| s.items.get(k).and_then(|d| d.last()).map(|d| (k.clone(), d.object().clone())))
             .collect();
         for (key, last_known) in vanished_queued {
-            s.queue_delta(&key, Delta::Deleted(DeletedObject::FinalStateUnknown { key: key.clone(), last_known }));
+            s.queue_delta(
+                &key,
+                Delta::Deleted(DeletedObject::FinalStateUnknown { key: key.clone(), last_known }),
+            );
         }
         // Deletions among keys only the store knows.
         if let Some(known) = &self.known {
@@ -245,13 +271,17 @@ impl DeltaFifo {
                 }
                 let Some(last_known) = known.known_object(&key) else { continue };
                 let key: Arc<str> = Arc::from(key);
-                s.queue_delta(&key, Delta::Deleted(DeletedObject::FinalStateUnknown { key: key.clone(), last_known }));
+                s.queue_delta(
+                    &key,
+                    Delta::Deleted(DeletedObject::FinalStateUnknown { key: key.clone(), last_known }),
+                );
             }
         }
         if !s.populated {
             s.populated = true;
             s.initial_population = s.queue.len();
         }
+        self.publish_synced(&s);
         drop(s);
         self.notify.notify_waiters();
     }
@@ -314,6 +344,7 @@ impl DeltaFifo {
                             s.queue.push_back(key.clone());
                             s.items.insert(key, deltas);
                         }
+                        self.publish_synced(&s);
                     }
                     return Ok(n);
                 }
@@ -535,7 +566,10 @@ mod tests {
                 ("bar".into(), vec![(DeltaType::Deleted, "6".into(), true)]),
                 ("baz".into(), vec![(DeltaType::Deleted, "10".into(), false)]),
                 ("foo".into(), vec![(DeltaType::Replaced, "5".into(), false)]),
-                ("qux".into(), vec![(DeltaType::Added, "3".into(), false), (DeltaType::Deleted, "3".into(), true)]),
+                (
+                    "qux".into(),
+                    vec![(DeltaType::Added, "3".into(), false), (DeltaType::Deleted, "3".into(), true)]
+                ),
             ],
             "baz: the queued real delete wins over the tombstone (dedup); qux: queued then vanished \
              gets a tombstone with its newest object; bar: known only, tombstone from the store"
@@ -597,10 +631,12 @@ mod tests {
         f.add(obj("a", 1));
         assert!(f.has_synced());
 
-        // Empty first list: synced at once.
+        // Empty first list: synced at once, and waiters learn it without any pop.
         let f = DeltaFifo::new(None);
+        let mut rx = f.synced();
         f.replace(Vec::new());
         assert!(f.has_synced());
+        rx.wait_for(|v| *v).await.unwrap();
     }
 
     #[tokio::test]
@@ -683,7 +719,10 @@ mod tests {
         let mut seen = Vec::new();
         let n = f
             .pop_batch(3, |k, d, _| {
-                seen.push((k.to_owned(), d.iter().map(|x| x.object().resource_version().to_owned()).collect::<Vec<_>>()));
+                seen.push((
+                    k.to_owned(),
+                    d.iter().map(|x| x.object().resource_version().to_owned()).collect::<Vec<_>>(),
+                ));
                 PopOutcome::Processed
             })
             .await

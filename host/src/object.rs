@@ -250,9 +250,13 @@ struct RawMetadata<'a> {
     managed_fields: Option<&'a RawValue>,
 }
 
+/// Sorted key/value pairs (labels, annotations).
+type Pairs = Box<[(Box<str>, Box<str>)]>;
+
 /// Reads a JSON object of strings into sorted pairs (null values are skipped).
-fn string_pairs(raw: &RawValue) -> Result<Box<[(Box<str>, Box<str>)]>, serde_json::Error> {
-    let map: Option<std::collections::BTreeMap<Box<str>, Option<Box<str>>>> = serde_json::from_str(raw.get())?;
+fn string_pairs(raw: &RawValue) -> Result<Pairs, serde_json::Error> {
+    let map: Option<std::collections::BTreeMap<Box<str>, Option<Box<str>>>> =
+        serde_json::from_str(raw.get())?;
     Ok(map
         .unwrap_or_default()
         .into_iter()
@@ -364,7 +368,8 @@ impl Object {
             && let Some(a) = m.annotations
             && lookup(&annotations, LAST_APPLIED_ANNOTATION).is_some()
         {
-            annotations = annotations.iter().filter(|(k, _)| &**k != LAST_APPLIED_ANNOTATION).cloned().collect();
+            annotations =
+                annotations.iter().filter(|(k, _)| &**k != LAST_APPLIED_ANNOTATION).cloned().collect();
             match find_member(a.get(), LAST_APPLIED_ANNOTATION)
                 .and_then(|v| member_span(raw, v.get(), LAST_APPLIED_ANNOTATION))
             {
@@ -509,5 +514,103 @@ impl DeletedObject {
 
     pub fn is_final_state_unknown(&self) -> bool {
         matches!(self, DeletedObject::FinalStateUnknown { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(o: &Object) -> &str {
+        std::str::from_utf8(o.json()).unwrap()
+    }
+
+    #[test]
+    fn api_json_strips_managed_fields_in_any_position() {
+        let cases = [
+            (r#"{"metadata":{"managedFields":[{"a":1}],"name":"x"}}"#, r#"{"metadata":{"name":"x"}}"#),
+            (r#"{"metadata":{"name":"x","managedFields":[{"a":1}]}}"#, r#"{"metadata":{"name":"x"}}"#),
+            (
+                r#"{"metadata":{"name":"x", "managedFields" : [ {"a":"]"} ] , "uid":"u"}}"#,
+                r#"{"metadata":{"name":"x" , "uid":"u"}}"#,
+            ),
+            (
+                "{\n  \"metadata\": {\n    \"managedFields\": [],\n    \"name\": \"x\"\n  }\n}",
+                "{\n  \"metadata\": {\n    \n    \"name\": \"x\"\n  }\n}",
+            ),
+        ];
+        for (input, want) in cases {
+            let o = Object::from_api_json(input.as_bytes(), None, Transform::default()).unwrap();
+            assert_eq!(text(&o), want, "{input}");
+            let _: serde_json::Value = o.parse().unwrap();
+        }
+    }
+
+    #[test]
+    fn api_json_strips_last_applied_annotation() {
+        let input = r#"{"metadata":{"name":"x","annotations":{"keep":"1","kubectl.kubernetes.io/last-applied-configuration":"{\"big\":true}\n"}}}"#;
+        let o = Object::from_api_json(input.as_bytes(), None, Transform::default()).unwrap();
+        assert_eq!(text(&o), r#"{"metadata":{"name":"x","annotations":{"keep":"1"}}}"#);
+        assert_eq!(o.annotations().collect::<Vec<_>>(), [("keep", "1")]);
+        assert_eq!(o.annotation(LAST_APPLIED_ANNOTATION), None);
+
+        let kept = Object::from_api_json(input.as_bytes(), None, Transform::NONE).unwrap();
+        assert_eq!(text(&kept), input, "Transform::NONE keeps bytes as received");
+        assert!(kept.annotation(LAST_APPLIED_ANNOTATION).is_some());
+    }
+
+    #[test]
+    fn api_json_injects_missing_type_meta_only() {
+        let o = Object::from_api_json(
+            br#"{"metadata":{"name":"x"}}"#,
+            Some(("apps/v1", "Deployment")),
+            Transform::NONE,
+        )
+        .unwrap();
+        assert_eq!(text(&o), r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"x"}}"#);
+        let o = Object::from_api_json(
+            br#"{"kind":"Other","metadata":{"name":"x"}}"#,
+            Some(("v1", "ConfigMap")),
+            Transform::NONE,
+        )
+        .unwrap();
+        assert_eq!(text(&o), r#"{"apiVersion":"v1","kind":"Other","metadata":{"name":"x"}}"#);
+    }
+
+    #[test]
+    fn api_json_escaped_key_falls_back_to_reserialising() {
+        // "managedFields" spelled with an escape: found by the parser, not by byte matching.
+        let input = r#"{"metadata":{"name":"x","managed\u0046ields":[1]},"data":{"a":"b"}}"#;
+        let o = Object::from_api_json(input.as_bytes(), None, Transform::default()).unwrap();
+        let v: serde_json::Value = o.parse().unwrap();
+        assert!(v["metadata"].get("managedFields").is_none());
+        assert_eq!(v["data"]["a"], "b");
+    }
+
+    #[test]
+    fn api_json_metadata_matches_from_json() {
+        let input = r#"{"metadata":{"name":"n","namespace":"ns","uid":"u","resourceVersion":"7","generation":3,
+            "deletionTimestamp":"2026-01-01T00:00:00Z","labels":{"b":"2","a":"1"},
+            "ownerReferences":[{"apiVersion":"v1","kind":"K","name":"o","uid":"ou","controller":true}]}}"#;
+        let a = Object::from_api_json(input.as_bytes(), None, Transform::default()).unwrap();
+        let b = Object::from_json(Bytes::from(input)).unwrap();
+        assert_eq!(a.key(), "ns/n");
+        assert_eq!((a.name(), a.namespace()), (b.name(), b.namespace()));
+        assert_eq!(
+            (a.uid(), a.resource_version(), a.generation()),
+            (b.uid(), b.resource_version(), b.generation())
+        );
+        assert_eq!(a.deletion_timestamp(), b.deletion_timestamp());
+        assert_eq!(a.labels().collect::<Vec<_>>(), [("a", "1"), ("b", "2")]);
+        assert_eq!(a.controller_owner().map(|o| &*o.uid), Some("ou"));
+    }
+
+    #[test]
+    fn api_json_rejects_garbage_without_panicking() {
+        for bad in
+            [&b"not json"[..], b"{}", b"{\"metadata\":{}}", b"[1,2]", b"{\"metadata\":{\"name\":1}}", b""]
+        {
+            assert!(Object::from_api_json(bad, Some(("v1", "X")), Transform::default()).is_err());
+        }
     }
 }

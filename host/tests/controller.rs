@@ -81,7 +81,9 @@ fn scripted(results: Vec<Result<Action, ReconcileError>>) -> (Arc<dyn Reconciler
 }
 
 /// Starts `controller` and waits (on the paused clock) until its workers run.
-async fn start(controller: &Controller) -> (CancellationToken, tokio::task::JoinHandle<Result<(), ControllerError>>) {
+async fn start(
+    controller: &Controller,
+) -> (CancellationToken, tokio::task::JoinHandle<Result<(), ControllerError>>) {
     let token = CancellationToken::new();
     let task = tokio::spawn({
         let c = controller.clone();
@@ -287,7 +289,8 @@ async fn error_backoff_grows_then_success_forgets() {
     let err = || Err(ReconcileError::Retryable("boom".into()));
     let (r, mut calls) = scripted(vec![err(), err(), err(), err(), Ok(Action::Done)]);
     let src = ManualSource::new(cm_kind(), true);
-    let c = Controller::builder("backoff", r).for_source(src.clone()).metrics(metrics.clone()).build().unwrap();
+    let c =
+        Controller::builder("backoff", r).for_source(src.clone()).metrics(metrics.clone()).build().unwrap();
     let (token, task) = start(&c).await;
     src.add(&configmap("ns", "a", "1"), false);
     let got = next_calls(&mut calls, 5).await;
@@ -298,9 +301,18 @@ async fn error_backoff_grows_then_success_forgets() {
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert!(calls.try_recv().is_err(), "a success is not retried");
     assert_eq!(c.queue().num_requeues(&req("ns", "a")), 0, "success forgets the failures");
-    assert_eq!(series(&metrics, r#"controller_runtime_reconcile_total{controller="backoff",result="error"}"#), Some(4.0));
-    assert_eq!(series(&metrics, r#"controller_runtime_reconcile_total{controller="backoff",result="success"}"#), Some(1.0));
-    assert_eq!(series(&metrics, r#"controller_runtime_reconcile_errors_total{controller="backoff"}"#), Some(4.0));
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_reconcile_total{controller="backoff",result="error"}"#),
+        Some(4.0)
+    );
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_reconcile_total{controller="backoff",result="success"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_reconcile_errors_total{controller="backoff"}"#),
+        Some(4.0)
+    );
     assert_eq!(series(&metrics, r#"workqueue_retries_total{name="backoff"}"#), Some(4.0));
     token.cancel();
     task.await.unwrap().unwrap();
@@ -314,15 +326,22 @@ async fn terminal_error_is_counted_and_not_retried() {
         Err(ReconcileError::Terminal("bad spec".into())),
     ]);
     let src = ManualSource::new(cm_kind(), true);
-    let c = Controller::builder("terminal", r).for_source(src.clone()).metrics(metrics.clone()).build().unwrap();
+    let c =
+        Controller::builder("terminal", r).for_source(src.clone()).metrics(metrics.clone()).build().unwrap();
     let (token, task) = start(&c).await;
     src.add(&configmap("ns", "a", "1"), false);
     next_calls(&mut calls, 2).await;
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert!(calls.try_recv().is_err(), "a terminal error is not retried");
     assert_eq!(c.queue().num_requeues(&req("ns", "a")), 0, "a terminal error forgets the key");
-    assert_eq!(series(&metrics, r#"controller_runtime_terminal_reconcile_errors_total{controller="terminal"}"#), Some(1.0));
-    assert_eq!(series(&metrics, r#"controller_runtime_reconcile_errors_total{controller="terminal"}"#), Some(2.0));
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_terminal_reconcile_errors_total{controller="terminal"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_reconcile_errors_total{controller="terminal"}"#),
+        Some(2.0)
+    );
     // The object changing again reconciles it again.
     src.update(&configmap("ns", "a", "1"), &configmap("ns", "a", "2"));
     next_calls(&mut calls, 1).await;
@@ -346,12 +365,16 @@ async fn panic_is_retried_with_backoff_and_counted() {
         }
     });
     let src = ManualSource::new(cm_kind(), true);
-    let c = Controller::builder("panics", r).for_source(src.clone()).metrics(metrics.clone()).build().unwrap();
+    let c =
+        Controller::builder("panics", r).for_source(src.clone()).metrics(metrics.clone()).build().unwrap();
     let (token, task) = start(&c).await;
     src.add(&configmap("ns", "a", "1"), false);
     let got = next_calls(&mut calls, 2).await;
     assert_eq!(got[1].1 - got[0].1, Duration::from_millis(5));
-    assert_eq!(series(&metrics, r#"controller_runtime_reconcile_panics_total{controller="panics"}"#), Some(1.0));
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_reconcile_panics_total{controller="panics"}"#),
+        Some(1.0)
+    );
     assert!(c.readiness().is_ready(), "the worker survived the panic");
     token.cancel();
     task.await.unwrap().unwrap();
@@ -361,7 +384,8 @@ async fn panic_is_retried_with_backoff_and_counted() {
 async fn requeue_after_forgets_failures_and_waits() {
     let metrics = Metrics::new();
     let err = || Err(ReconcileError::Retryable("x".into()));
-    let (r, mut calls) = scripted(vec![err(), err(), Ok(Action::RequeueAfter(Duration::from_secs(30))), err()]);
+    let (r, mut calls) =
+        scripted(vec![err(), err(), Ok(Action::RequeueAfter(Duration::from_secs(30))), err()]);
     let src = ManualSource::new(cm_kind(), true);
     let c = Controller::builder("after", r).for_source(src.clone()).metrics(metrics.clone()).build().unwrap();
     let (token, task) = start(&c).await;
@@ -370,7 +394,10 @@ async fn requeue_after_forgets_failures_and_waits() {
     let times: Vec<Instant> = got.iter().map(|(_, t)| *t).collect();
     // err (5 ms), err (10 ms), requeue-after 30 s, err: backoff restarts at 5 ms.
     assert_eq!(gaps(&times), [5, 10, 30_000, 5].map(Duration::from_millis));
-    assert_eq!(series(&metrics, r#"controller_runtime_reconcile_total{controller="after",result="requeue_after"}"#), Some(1.0));
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_reconcile_total{controller="after",result="requeue_after"}"#),
+        Some(1.0)
+    );
     token.cancel();
     task.await.unwrap().unwrap();
 }
@@ -391,7 +418,10 @@ async fn requeue_uses_the_rate_limiter() {
     let got = next_calls(&mut calls, 4).await;
     let times: Vec<Instant> = got.iter().map(|(_, t)| *t).collect();
     assert_eq!(gaps(&times), [1, 2, 4].map(Duration::from_secs));
-    assert_eq!(series(&metrics, r#"controller_runtime_reconcile_total{controller="requeue",result="requeue"}"#), Some(3.0));
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_reconcile_total{controller="requeue",result="requeue"}"#),
+        Some(3.0)
+    );
     token.cancel();
     task.await.unwrap().unwrap();
 }
@@ -422,7 +452,10 @@ async fn reconcile_deadline_counts_as_error() {
     src.add(&configmap("ns", "a", "1"), false);
     let got = next_calls(&mut calls, 2).await;
     assert_eq!(got[1].1 - got[0].1, Duration::from_secs(2) + Duration::from_millis(5));
-    assert_eq!(series(&metrics, r#"controller_runtime_reconcile_errors_total{controller="deadline"}"#), Some(1.0));
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_reconcile_errors_total{controller="deadline"}"#),
+        Some(1.0)
+    );
     token.cancel();
     task.await.unwrap().unwrap();
 }
@@ -488,7 +521,8 @@ fn builder_rejects_bad_configs() {
     let no_for = Controller::builder("x", r.clone()).build().unwrap_err();
     assert!(no_for.to_string().contains("no `for` source"), "{no_for}");
     let src = ManualSource::new(cm_kind(), true);
-    let zero = Controller::builder("x", r.clone()).for_source(src.clone()).max_concurrent_reconciles(0).build();
+    let zero =
+        Controller::builder("x", r.clone()).for_source(src.clone()).max_concurrent_reconciles(0).build();
     assert!(zero.is_err());
     let filter_without_hook =
         Controller::builder("x", r).for_source(SourceSpec::new(src).with_filter()).build().unwrap_err();
@@ -569,7 +603,11 @@ async fn swap_reconciler_under_load() {
         })
     };
     let src = ManualSource::new(cm_kind(), true);
-    let c = Controller::builder("swap", make(0)).for_source(src.clone()).max_concurrent_reconciles(4).build().unwrap();
+    let c = Controller::builder("swap", make(0))
+        .for_source(src.clone())
+        .max_concurrent_reconciles(4)
+        .build()
+        .unwrap();
     let token = CancellationToken::new();
     let task = tokio::spawn({
         let (c, t) = (c.clone(), token.clone());
@@ -639,9 +677,15 @@ async fn metrics_report_workers_and_reconcile_time() {
     while !c.queue().queue().is_idle() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    assert_eq!(series(&metrics, r#"controller_runtime_max_concurrent_reconciles{controller="m"}"#), Some(3.0));
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_max_concurrent_reconciles{controller="m"}"#),
+        Some(3.0)
+    );
     assert_eq!(series(&metrics, r#"controller_runtime_active_workers{controller="m"}"#), Some(0.0));
-    assert_eq!(series(&metrics, r#"controller_runtime_reconcile_time_seconds_count{controller="m"}"#), Some(1.0));
+    assert_eq!(
+        series(&metrics, r#"controller_runtime_reconcile_time_seconds_count{controller="m"}"#),
+        Some(1.0)
+    );
     assert_eq!(series(&metrics, r#"workqueue_adds_total{name="m"}"#), Some(1.0));
     assert_eq!(series(&metrics, r#"workqueue_depth{name="m"}"#), Some(0.0));
     token.cancel();
@@ -676,7 +720,10 @@ async fn for_object_enqueues_own_key_with_initial_list_low_priority() {
     // A resync (same resourceVersion) is low priority too; a real change is not.
     h.on_update(&configmap("ns", "resync", "5"), &configmap("ns", "resync", "5"));
     h.on_update(&configmap("ns", "changed", "5"), &configmap("ns", "changed", "6"));
-    h.on_delete(&DeletedObject::FinalStateUnknown { key: "ns/gone".into(), last_known: configmap("ns", "gone", "1") });
+    h.on_delete(&DeletedObject::FinalStateUnknown {
+        key: "ns/gone".into(),
+        last_known: configmap("ns", "gone", "1"),
+    });
     let order: Vec<String> = drain(&q).await.into_iter().map(|r| r.name).collect();
     assert_eq!(order, ["live", "changed", "gone", "initial-1", "initial-2", "resync"]);
 }
@@ -732,7 +779,9 @@ async fn watches_map_runs_on_old_and_new() {
     let slot = HotSwap::new(mapper);
     let h = EnqueueMapped::new(q.clone(), vec![], cm_kind(), slot.clone());
     let labelled = |t: &str, rv: &str| {
-        obj(serde_json::json!({"metadata": {"namespace": "ns", "name": "src", "resourceVersion": rv, "labels": {"target": t}}}))
+        obj(
+            serde_json::json!({"metadata": {"namespace": "ns", "name": "src", "resourceVersion": rv, "labels": {"target": t}}}),
+        )
     };
     h.on_update(&labelled("a", "1"), &labelled("b", "2"));
     assert_eq!(drain(&q).await, [req("ns", "a"), req("ns", "b")]);
@@ -790,8 +839,11 @@ async fn filter_hook_decides_and_can_be_swapped() {
     assert_eq!(calls.recv().await.unwrap().0, req("ns", "keep-me"));
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(calls.try_recv().is_err());
-    c.swap(Swap { filter: Some(Arc::new(|_: &GroupVersionKind, _: FilterEvent<'_>| true)), ..Swap::default() })
-        .unwrap();
+    c.swap(Swap {
+        filter: Some(Arc::new(|_: &GroupVersionKind, _: FilterEvent<'_>| true)),
+        ..Swap::default()
+    })
+    .unwrap();
     src.add(&configmap("ns", "drop-me", "2"), false);
     assert_eq!(calls.recv().await.unwrap().0, req("ns", "drop-me"));
     token.cancel();
@@ -821,6 +873,12 @@ async fn owns_and_watches_through_a_running_controller() {
     assert_eq!(calls.recv().await.unwrap().0, req("ns", "owner"));
     configmaps.add(&configmap("ns", "cm", "1"), false);
     assert_eq!(calls.recv().await.unwrap().0, req("ns", "from-cm"));
+    // Swapping the mapper of a running controller (a plugin reload) serves the next event.
+    let mapper: Arc<dyn Mapper> =
+        Arc::new(|_: &GroupVersionKind, o: &Arc<Object>| vec![req("ns", &format!("v2-{}", o.name()))]);
+    c.swap(Swap { mapper: Some(mapper), ..Swap::default() }).unwrap();
+    configmaps.add(&configmap("ns", "cm2", "1"), false);
+    assert_eq!(calls.recv().await.unwrap().0, req("ns", "v2-cm2"));
     token.cancel();
     task.await.unwrap().unwrap();
 }
@@ -830,13 +888,14 @@ async fn owns_and_watches_through_a_running_controller() {
 
 mod devcluster {
     use super::*;
+    use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     use kube::Api;
     use kube::api::{DeleteParams, PostParams};
     use wasmctrl::controller::InformerSource;
-    use wasmctrl::controller::leader::{LeaderElectionConfig, LeaderElector};
+    use wasmctrl::controller::leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
     use wasmctrl::informer::{FactoryOptions, InformerFactory, InformerSpec};
-    use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+    use wasmctrl_devcluster::{DevCluster, DevClusterConfig, FaultRule};
 
     const WAIT: Duration = Duration::from_secs(30);
 
@@ -877,11 +936,23 @@ mod devcluster {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn end_to_end_for_and_owns_through_informers() {
         let (_cluster, client) = cluster().await;
+        // Objects present before the informers start arrive as initial-list adds.
+        let secrets_api: Api<Secret> = Api::namespaced(client.clone(), "default");
+        let unowned: Secret = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "unowned", "namespace": "default"}
+        }))
+        .unwrap();
+        secrets_api.create(&PostParams::default(), &unowned).await.unwrap();
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        cms.create(&PostParams::default(), &cm("existing")).await.unwrap();
         let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
         let configmaps =
-            InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace("default")).await.unwrap();
-        let secrets =
-            InformerSource::new(&factory, InformerSpec::new("v1", "Secret").namespace("default")).await.unwrap();
+            InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace("default"))
+                .await
+                .unwrap();
+        let secrets = InformerSource::new(&factory, InformerSpec::new("v1", "Secret").namespace("default"))
+            .await
+            .unwrap();
         let (r, mut calls) = scripted(vec![]);
         let metrics = Metrics::new();
         let c = Controller::builder("e2e", r)
@@ -897,7 +968,7 @@ mod devcluster {
             async move { c.run(t).await }
         });
 
-        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        until_seen(&mut calls, &req("default", "existing")).await;
         let created = cms.create(&PostParams::default(), &cm("parent")).await.unwrap();
         until_seen(&mut calls, &req("default", "parent")).await;
         assert!(c.readiness().is_ready());
@@ -912,7 +983,6 @@ mod devcluster {
             }]}
         }))
         .unwrap();
-        let secrets_api: Api<Secret> = Api::namespaced(client.clone(), "default");
         secrets_api.create(&PostParams::default(), &secret).await.unwrap();
         until_seen(&mut calls, &req("default", "parent")).await;
         settle(&c, &mut calls).await;
@@ -921,8 +991,123 @@ mod devcluster {
 
         token.cancel();
         task.await.unwrap().unwrap();
-        assert!(series(&metrics, r#"controller_runtime_reconcile_total{controller="e2e",result="success"}"#).unwrap() >= 3.0);
+        assert!(
+            series(&metrics, r#"controller_runtime_reconcile_total{controller="e2e",result="success"}"#)
+                .unwrap()
+                >= 3.0
+        );
         factory.shutdown();
+    }
+
+    struct Replica {
+        elector: Arc<LeaderElector>,
+        controller: Controller,
+        calls: Calls,
+        shutdown: CancellationToken,
+        task: tokio::task::JoinHandle<Result<(), LeaderElectionError>>,
+        factory: InformerFactory,
+    }
+
+    /// One replica: its own informers and controller, workers run only while it leads.
+    async fn replica(client: &kube::Client, id: &str) -> Replica {
+        let mut config = LeaderElectionConfig::new("default", "wasmctrl-test", id);
+        config.lease_duration = Duration::from_secs(4);
+        config.renew_deadline = Duration::from_secs(3);
+        config.retry_period = Duration::from_millis(500);
+        let elector = Arc::new(LeaderElector::new(client.clone(), config).unwrap());
+        let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
+        let source = InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace("default"))
+            .await
+            .unwrap();
+        let (r, calls) = scripted(vec![]);
+        let controller = Controller::builder(format!("le-{id}"), r).for_source(source).build().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let (elector, shutdown, c) = (elector.clone(), shutdown.clone(), controller.clone());
+            async move {
+                elector
+                    .run(shutdown, |leading| async move {
+                        let _ = c.run(leading).await;
+                    })
+                    .await
+            }
+        });
+        Replica { elector, controller, calls, shutdown, task, factory }
+    }
+
+    async fn until_leader(r: &Replica) {
+        tokio::time::timeout(WAIT, async {
+            while !r.elector.is_leader() || !r.controller.readiness().is_ready() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("never became leader");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leader_stops_workers_when_renewals_fail() {
+        let (cluster, client) = cluster().await;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        cms.create(&PostParams::default(), &cm("x")).await.unwrap();
+        let mut a = replica(&client, "replica-a").await;
+        until_leader(&a).await;
+        until_seen(&mut a.calls, &req("default", "x")).await;
+        // The API refuses every Lease request: renewals fail until the renew deadline passes.
+        cluster.faults().inject(FaultRule::error("/apis/coordination.k8s.io", 500));
+        let ended = tokio::time::timeout(WAIT, a.task).await.expect("leader never gave up").unwrap();
+        assert!(matches!(ended, Err(LeaderElectionError::LeadershipLost { .. })), "{ended:?}");
+        assert!(!a.elector.is_leader());
+        assert_eq!(a.controller.readiness().workers, 0, "workers stopped with the lease");
+        a.factory.shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leader_stops_workers_when_the_lease_is_taken_over() {
+        let (_cluster, client) = cluster().await;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        cms.create(&PostParams::default(), &cm("x")).await.unwrap();
+        let a = replica(&client, "replica-a").await;
+        until_leader(&a).await;
+        // Someone else writes the Lease (optimistic concurrency: retry on conflict).
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+        loop {
+            let mut lease = leases.get("wasmctrl-test").await.unwrap();
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.holder_identity = Some("intruder".into());
+            }
+            if leases.replace("wasmctrl-test", &PostParams::default(), &lease).await.is_ok() {
+                break;
+            }
+        }
+        let ended = tokio::time::timeout(WAIT, a.task).await.expect("leader never noticed").unwrap();
+        assert!(matches!(ended, Err(LeaderElectionError::LeadershipLost { .. })), "{ended:?}");
+        assert_eq!(a.controller.readiness().workers, 0);
+        a.factory.shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leader_releases_the_lease_when_its_work_ends() {
+        let (_cluster, client) = cluster().await;
+        let config = LeaderElectionConfig::new("default", "short-lived", "only");
+        let elector = LeaderElector::new(client.clone(), config).unwrap();
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        tokio::time::timeout(
+            WAIT,
+            elector.run(CancellationToken::new(), |_leading| async move {
+                flag.store(true, Ordering::SeqCst);
+            }),
+        )
+        .await
+        .expect("run did not return")
+        .unwrap();
+        assert!(ran.load(Ordering::SeqCst));
+        assert!(!elector.is_leader());
+        let lease = Api::<Lease>::namespaced(client, "default").get("short-lived").await.unwrap();
+        let spec = lease.spec.unwrap();
+        assert_eq!(spec.holder_identity, None, "released");
+        assert_eq!(spec.lease_transitions, Some(0));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -931,47 +1116,9 @@ mod devcluster {
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
         cms.create(&PostParams::default(), &cm("seen-by-leader")).await.unwrap();
 
-        struct Replica {
-            elector: Arc<LeaderElector>,
-            calls: Calls,
-            shutdown: CancellationToken,
-            task: tokio::task::JoinHandle<()>,
-            factory: InformerFactory,
-        }
-        async fn replica(client: &kube::Client, id: &str) -> Replica {
-            let mut config = LeaderElectionConfig::new("default", "wasmctrl-test", id);
-            config.lease_duration = Duration::from_secs(4);
-            config.renew_deadline = Duration::from_secs(3);
-            config.retry_period = Duration::from_millis(500);
-            let elector = Arc::new(LeaderElector::new(client.clone(), config).unwrap());
-            let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
-            let source =
-                InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace("default")).await.unwrap();
-            let (r, calls) = scripted(vec![]);
-            let c = Controller::builder(format!("le-{id}"), r).for_source(source).build().unwrap();
-            let shutdown = CancellationToken::new();
-            let task = tokio::spawn({
-                let (elector, shutdown) = (elector.clone(), shutdown.clone());
-                async move {
-                    let _ = elector
-                        .run(shutdown, |leading| async move {
-                            let _ = c.run(leading).await;
-                        })
-                        .await;
-                }
-            });
-            Replica { elector, calls, shutdown, task, factory }
-        }
-
         let mut a = replica(&client, "replica-a").await;
         // Let a win before b campaigns.
-        tokio::time::timeout(WAIT, async {
-            while !a.elector.is_leader() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .expect("replica-a never became leader");
+        until_leader(&a).await;
         let mut b = replica(&client, "replica-b").await;
         until_seen(&mut a.calls, &req("default", "seen-by-leader")).await;
         cms.create(&PostParams::default(), &cm("second")).await.unwrap();
@@ -984,7 +1131,7 @@ mod devcluster {
 
         // The leader shuts down and releases the lease: b takes over and reconciles everything.
         a.shutdown.cancel();
-        a.task.await.unwrap();
+        a.task.await.unwrap().unwrap();
         assert!(!a.elector.is_leader());
         while a.calls.try_recv().is_ok() {}
         until_seen(&mut b.calls, &req("default", "seen-by-leader")).await;
@@ -993,7 +1140,7 @@ mod devcluster {
         until_seen(&mut b.calls, &req("default", "third")).await;
         assert!(a.calls.try_recv().is_err(), "the old leader no longer reconciles");
         b.shutdown.cancel();
-        b.task.await.unwrap();
+        b.task.await.unwrap().unwrap();
         a.factory.shutdown();
         b.factory.shutdown();
     }

@@ -3,19 +3,19 @@
 //! Needs the guests built: `cargo xtask build-guests`. Every test shares one engine
 //! (as the host does) and one compile cache directory.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use parking_lot::RwLock;
+use wasmctrl::cache::{IndexFunc, Indexer};
 use wasmctrl::controller::{Action, ReconcileError, Reconciler, Request};
 use wasmctrl::metrics::Metrics;
 use wasmctrl::object::{DeletedObject, Object};
 use wasmctrl::plugin::{
-    CacheReadError, CacheReader, CallError, EngineConfig, FilterInput, Gvk, Permissions, Plugin, PluginEngine,
-    PluginEnv, PluginReconciler, PluginSpec, inspect_component,
+    CacheReader, CallError, EngineConfig, FilterInput, Gvk, Permissions, Plugin, PluginEngine, PluginEnv,
+    PluginReconciler, PluginSpec, inspect_component,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -65,58 +65,22 @@ fn cm(ns: &str, name: &str, labels: &str) -> Arc<Object> {
     ))
 }
 
-/// An in-memory cache reader: what an informer's indexer provides, for unit-level tests.
-/// Selectors: comma-separated `k=v` / `k` terms only.
-#[derive(Default)]
-struct MemoryCache {
-    objects: RwLock<BTreeMap<String, Arc<Object>>>,
+/// An informer's indexer holding `objects`, with a `by-app` label index besides the
+/// built-in `namespace` one.
+fn indexer(objects: impl IntoIterator<Item = Arc<Object>>) -> Arc<Indexer> {
+    let idx = Indexer::new();
+    idx.add_indexers([(
+        "by-app".to_owned(),
+        IndexFunc::custom(|o: &Object| o.label("app").map(|v| vec![v.to_owned()]).unwrap_or_default()),
+    )])
+    .unwrap_or_else(|e| panic!("{e}"));
+    for o in objects {
+        idx.upsert(o);
+    }
+    Arc::new(idx)
 }
 
-impl MemoryCache {
-    fn with(objects: impl IntoIterator<Item = Arc<Object>>) -> Arc<Self> {
-        let c = MemoryCache::default();
-        for o in objects {
-            c.objects.write().insert(o.key().to_owned(), o);
-        }
-        Arc::new(c)
-    }
-}
-
-impl CacheReader for MemoryCache {
-    fn get(&self, key: &str) -> Option<Arc<Object>> {
-        self.objects.read().get(key).cloned()
-    }
-
-    fn list(&self, namespace: Option<&str>, label_selector: Option<&str>) -> Result<Vec<Arc<Object>>, CacheReadError> {
-        let terms: Vec<(&str, Option<&str>)> = label_selector
-            .unwrap_or("")
-            .split(',')
-            .filter(|t| !t.is_empty())
-            .map(|t| match t.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (t, None),
-            })
-            .collect();
-        Ok(self
-            .objects
-            .read()
-            .values()
-            .filter(|o| namespace.is_none_or(|ns| o.namespace() == Some(ns)))
-            .filter(|o| terms.iter().all(|(k, v)| o.label(k).is_some() && v.is_none_or(|v| o.label(k) == Some(v))))
-            .cloned()
-            .collect())
-    }
-
-    fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<Object>>, CacheReadError> {
-        match index {
-            "namespace" => self.list(Some(value), None),
-            "by-app" => Ok(self.objects.read().values().filter(|o| o.label("app") == Some(value)).cloned().collect()),
-            other => Err(CacheReadError::UnknownIndex(other.to_owned())),
-        }
-    }
-}
-
-fn env_with(cache: Arc<MemoryCache>) -> PluginEnv {
+fn env_with(cache: Arc<Indexer>) -> PluginEnv {
     let mut caches: HashMap<Gvk, Arc<dyn CacheReader>> = HashMap::new();
     caches.insert(configmap(), cache);
     PluginEnv { caches, kube: None }
@@ -130,7 +94,8 @@ fn spec(name: &str) -> PluginSpec {
 }
 
 fn load(crate_name: &str, spec: PluginSpec, env: PluginEnv) -> Plugin {
-    Plugin::load(&shared().engine, spec, &wasm(crate_name), env).unwrap_or_else(|e| panic!("loading {crate_name}: {e}"))
+    Plugin::load(&shared().engine, spec, &wasm(crate_name), env)
+        .unwrap_or_else(|e| panic!("loading {crate_name}: {e}"))
 }
 
 fn req(ns: Option<&str>, name: &str) -> Request {
@@ -150,7 +115,7 @@ fn ok_payload(out: String) -> String {
 }
 
 fn probe_plugin() -> Plugin {
-    let cache = MemoryCache::with([
+    let cache = indexer([
         cm("default", "cm1", r#""app":"web","tier":"a""#),
         cm("default", "cm2", r#""app":"db""#),
         cm("other", "cm3", r#""app":"web""#),
@@ -166,7 +131,7 @@ fn probe_plugin() -> Plugin {
 #[test]
 fn cache_get_hands_over_the_cached_bytes_unchanged() {
     let original = cm("default", "cm1", r#""app":"web""#);
-    let plugin = load("test-plugin-probe", spec("probe-get"), env_with(MemoryCache::with([original.clone()])));
+    let plugin = load("test-plugin-probe", spec("probe-get"), env_with(indexer([original.clone()])));
     let got = ok_payload(probe(&plugin, Some("default"), "cache-get|v1|ConfigMap|cm1"));
     assert_eq!(got.as_bytes(), &original.json()[..]);
     assert_eq!(ok_payload(probe(&plugin, Some("default"), "cache-get|v1|ConfigMap|missing")), "none");
@@ -193,6 +158,9 @@ fn cache_by_index_reads_declared_indexes_and_refuses_unknown_ones() {
 #[test]
 fn config_import_gives_name_and_the_settings_init_saw() {
     let plugin = probe_plugin();
+    assert_eq!(ok_payload(probe(&plugin, None, "config")), r#"probe|{"namespaces":["a","b"]}|true"#);
+    // The instance replacing a trapped one ran init with the settings too.
+    assert!(matches!(plugin.reconcile_blocking(&req(None, "panic")), Err(ReconcileError::Panic(_))));
     assert_eq!(ok_payload(probe(&plugin, None, "config")), r#"probe|{"namespaces":["a","b"]}|true"#);
 }
 
@@ -259,7 +227,39 @@ fn map_and_filter_hooks_answer() {
     let ns = Gvk::new("v1", "Namespace");
     assert_eq!(adapter.map(&ns, &cm("team", "x", "")), vec![req(Some("team"), "mapped-x")]);
     assert!(adapter.filter(&configmap(), FilterInput::Create(cm("d", "keep", "").json())));
-    assert!(!adapter.filter(&configmap(), FilterInput::Update(cm("d", "a", "").json(), cm("d", "drop-me", "").json())));
+    assert!(
+        !adapter.filter(
+            &configmap(),
+            FilterInput::Update(cm("d", "a", "").json(), cm("d", "drop-me", "").json())
+        )
+    );
+}
+
+#[test]
+fn adapter_is_the_controllers_mapper_and_filter() {
+    use wasmctrl::controller::{Filter, FilterEvent, Mapper};
+    let adapter = PluginReconciler::new(probe_plugin()).unwrap_or_else(|e| panic!("{e}"));
+    let ns_kind = kube::core::GroupVersionKind::gvk("", "v1", "Namespace");
+    let obj = cm("team", "x", "");
+    assert_eq!(Mapper::map(&*adapter, &ns_kind, &obj), vec![req(Some("team"), "mapped-x")]);
+    let cm_kind = kube::core::GroupVersionKind::gvk("", "v1", "ConfigMap");
+    assert!(Filter::filter(&*adapter, &cm_kind, FilterEvent::Create(&obj)));
+    let dropped = cm("team", "drop-it", "");
+    assert!(!Filter::filter(&*adapter, &cm_kind, FilterEvent::Update { old: &obj, new: &dropped }));
+    assert!(!Filter::filter(
+        &*adapter,
+        &cm_kind,
+        FilterEvent::Delete(&DeletedObject::Known(dropped.clone()))
+    ));
+}
+
+#[test]
+fn plugins_without_hooks_pass_everything_and_map_nothing() {
+    let adapter = PluginReconciler::new(load("test-plugin-panic", spec("no-hooks"), env_with(indexer([]))))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(adapter.plugin().hooks(), Default::default());
+    assert!(adapter.map(&configmap(), &cm("a", "b", "")).is_empty());
+    assert!(adapter.filter(&configmap(), FilterInput::Create(cm("a", "drop", "").json())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,14 +281,16 @@ fn undeclared_kinds_and_secrets_are_not_readable() {
     let mut s = spec("undeclared-read");
     // Watching Secrets does not make them readable.
     s.permissions = Permissions::new([configmap(), Gvk::new("v1", "Secret")], [], []);
-    let plugin = load("test-plugin-undeclared-read", s, env_with(MemoryCache::with([])));
+    let plugin = load("test-plugin-undeclared-read", s, env_with(indexer([])));
     for (api_version, kind) in [("v1", "Secret"), ("apps/v1", "Deployment")] {
         let out = match plugin.reconcile_blocking(&req(Some(api_version), kind)) {
             Err(ReconcileError::Terminal(out)) => out,
             other => panic!("{other:?}"),
         };
         assert!(
-            out.starts_with("cache=forbidden(") && out.contains(";list=forbidden(") && out.contains(";client=forbidden("),
+            out.starts_with("cache=forbidden(")
+                && out.contains(";list=forbidden(")
+                && out.contains(";client=forbidden("),
             "{kind}: {out}"
         );
         assert!(out.contains(kind), "the refusal names the kind: {out}");
@@ -300,7 +302,11 @@ fn undeclared_kinds_and_secrets_are_not_readable() {
     };
     assert!(out.starts_with("cache=ok;list=ok;client=other("), "{out}");
     let metrics = shared().metrics.encode();
-    assert!(metrics.contains(r#"wasmctrl_plugin_forbidden_calls_total{plugin="undeclared-read",call="cache.get"}"#), "{metrics}");
+    assert!(
+        metrics
+            .contains(r#"wasmctrl_plugin_forbidden_calls_total{plugin="undeclared-read",call="cache.get"}"#),
+        "{metrics}"
+    );
 }
 
 #[test]
@@ -308,10 +314,12 @@ fn declared_secrets_are_readable() {
     let secret = Gvk::new("v1", "Secret");
     let mut s = spec("declared-secret");
     s.permissions = Permissions::new([configmap()], [secret.clone()], []);
-    let mut env = env_with(MemoryCache::with([]));
+    let mut env = env_with(indexer([]));
     env.caches.insert(
         secret,
-        MemoryCache::with([object(r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"x","namespace":"default"}}"#)]),
+        indexer([object(
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"x","namespace":"default"}}"#,
+        )]),
     );
     let plugin = load("test-plugin-undeclared-read", s, env);
     let out = match plugin.reconcile_blocking(&req(Some("v1"), "Secret")) {
@@ -325,7 +333,7 @@ fn declared_secrets_are_readable() {
 fn undeclared_kinds_are_not_writable() {
     let mut s = spec("undeclared-write");
     s.permissions = Permissions::new([configmap()], [Gvk::new("v1", "Secret")], [configmap()]);
-    let plugin = load("test-plugin-undeclared-write", s, env_with(MemoryCache::with([])));
+    let plugin = load("test-plugin-undeclared-write", s, env_with(indexer([])));
     assert_eq!(
         plugin.reconcile_blocking(&req(None, "x")),
         Err(ReconcileError::Terminal(["forbidden"; 7].join(",")))
@@ -337,7 +345,7 @@ fn undeclared_kinds_are_not_writable() {
 // next call, other plugins keep reconciling.
 
 fn assert_trap_then_recovery(crate_name: &str, name: &str, reason_part: &str) {
-    let plugin = load(crate_name, spec(name), env_with(MemoryCache::with([])));
+    let plugin = load(crate_name, spec(name), env_with(indexer([])));
     let bystander = probe_plugin();
     let (trapped, bystander_ok) = std::thread::scope(|s| {
         let t = s.spawn(|| plugin.reconcile_blocking(&req(None, "misbehave")));
@@ -390,9 +398,14 @@ fn imports_during_a_trap_work_and_the_next_instance_is_fresh() {
 #[test]
 fn huge_output_is_refused() {
     assert_trap_then_recovery("test-plugin-huge-output", "huge-output", "over the plugin's max-output");
-    let plugin = load("test-plugin-huge-output", spec("huge-output-map"), env_with(MemoryCache::with([])));
+    let mut s = spec("huge-output-map");
+    s.limits.deadline = Duration::from_secs(10);
+    s.limits.memory = 128 << 20;
+    let plugin = load("test-plugin-huge-output", s, env_with(indexer([])));
     match plugin.map_blocking(&configmap(), cm("a", "b", "").json()) {
-        Err(CallError::Trap { export: "map", reason, .. }) => assert!(reason.contains("max-output"), "{reason}"),
+        Err(CallError::Trap { export: "map", reason, .. }) => {
+            assert!(reason.contains("max-output"), "{reason}")
+        }
         other => panic!("expected a refused map, got {other:?}"),
     }
     assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
@@ -400,7 +413,7 @@ fn huge_output_is_refused() {
 
 #[test]
 fn reconcile_panic_counts_once_through_the_adapter() {
-    let plugin = load("test-plugin-panic", spec("panic-adapter"), env_with(MemoryCache::with([])));
+    let plugin = load("test-plugin-panic", spec("panic-adapter"), env_with(indexer([])));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
     let rt = rt.unwrap_or_else(|e| panic!("{e}"));
     let adapter = PluginReconciler::new(plugin).unwrap_or_else(|e| panic!("{e}"));
@@ -433,7 +446,6 @@ fn compile_cache_serves_the_second_load_and_survives_corruption() {
         .collect();
     assert_eq!(artifacts.len(), 1, "{artifacts:?}");
     assert!(artifacts[0].file_name().is_some_and(|n| n.to_string_lossy().starts_with(&first.hash)));
-    let hash = first.hash.clone();
     // Components map their artifact: corrupt it as a new file, as a crash mid-write by
     // another tool would leave it (the cache itself only ever renames files into place).
     drop((first, second));
@@ -446,8 +458,24 @@ fn compile_cache_serves_the_second_load_and_survives_corruption() {
 }
 
 #[test]
+fn an_unwritable_compile_cache_does_not_stop_loading() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let not_a_dir = dir.path().join("file");
+    std::fs::write(&not_a_dir, b"").unwrap_or_else(|e| panic!("{e}"));
+    let engine = PluginEngine::new(
+        EngineConfig { cache_dir: Some(not_a_dir.join("cache")), pooling: None, ..Default::default() },
+        None,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let plugin = Plugin::load(&engine, spec("uncached"), &wasm("test-plugin-panic"), env_with(indexer([])))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
+}
+
+#[test]
 fn inspect_reports_world_and_fit() {
-    let report = inspect_component(&shared().engine, &wasm("test-plugin-probe")).unwrap_or_else(|e| panic!("{e}"));
+    let report =
+        inspect_component(&shared().engine, &wasm("test-plugin-probe")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(report.world.as_deref(), Some("wasmctrl:controller/plugin@0.1.0"));
     assert!(report.fits.is_ok(), "{report}");
     assert!(report.imports.iter().any(|i| i == "wasmctrl:controller/cache@0.1.0"), "{report}");
@@ -455,16 +483,243 @@ fn inspect_reports_world_and_fit() {
 
     // A core module is not a component.
     let core = b"\0asm\x01\0\0\0";
-    let err = inspect_component(&shared().engine, core).err().unwrap_or_else(|| panic!("core module accepted"));
+    let err =
+        inspect_component(&shared().engine, core).err().unwrap_or_else(|| panic!("core module accepted"));
     assert!(err.to_string().contains("not a component"), "{err}");
     // Garbage is refused with an error, not a panic.
     assert!(inspect_component(&shared().engine, b"not wasm at all").is_err());
 }
 
 #[test]
-fn invalid_bytes_are_refused_at_load() {
-    let err = Plugin::load(&shared().engine, spec("broken"), b"\0asm\x0d\0\x01\0", PluginEnv::default())
+fn a_component_of_another_world_is_refused() {
+    // The smallest valid component: it exports nothing, so not the reconciler.
+    let empty_component = b"\0asm\x0d\0\x01\0";
+    let err = Plugin::load(&shared().engine, spec("other-world"), empty_component, PluginEnv::default())
         .err()
-        .unwrap_or_else(|| panic!("broken bytes loaded"));
+        .unwrap_or_else(|| panic!("a component without the reconciler export loaded"));
+    assert!(matches!(err, wasmctrl::plugin::PluginError::Incompatible { .. }), "{err}");
+    assert!(err.to_string().contains("wasmctrl:controller/reconciler"), "{err}");
+    let report = inspect_component(&shared().engine, empty_component).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.world, None);
+    assert!(report.fits.is_err(), "{report}");
+}
+
+#[test]
+fn invalid_bytes_are_refused_at_load() {
+    let err =
+        Plugin::load(&shared().engine, spec("broken"), b"\0asm\x0d\0\x01\0\xff\xff", PluginEnv::default())
+            .err()
+            .unwrap_or_else(|| panic!("broken bytes loaded"));
     assert!(matches!(err, wasmctrl::plugin::PluginError::Compile(_)), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Against the embedded dev cluster: a live informer cache and the client/events imports.
+
+mod live {
+    use super::*;
+    use kube::api::{Api, DynamicObject};
+    use wasmctrl::cache::IndexSpec;
+    use wasmctrl::informer::{FactoryOptions, InformerFactory, InformerSpec};
+    use wasmctrl::plugin::KubeServices;
+    use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+
+    const SEED: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: seed, namespace: default, labels: {app: web}}
+data: {k: v}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: other, namespace: default, labels: {app: db}}
+data: {k: v}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: c, image: nginx}]}
+"#;
+
+    /// Runs a probe op on a blocking thread (the probe blocks on the runtime).
+    async fn run(plugin: &Plugin, ns: Option<&str>, op: String) -> String {
+        let p = plugin.clone();
+        let ns = ns.map(str::to_owned);
+        tokio::task::spawn_blocking(move || probe(&p, ns.as_deref(), &op))
+            .await
+            .unwrap_or_else(|e| panic!("probe task: {e}"))
+    }
+
+    fn ok(out: String) -> serde_json::Value {
+        serde_json::from_str(&ok_payload(out)).unwrap_or_else(|e| panic!("not JSON: {e}"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_import_against_a_live_cache_and_the_dev_cluster() {
+        let cluster =
+            DevCluster::start(DevClusterConfig { seed: vec![SEED.into()], ..DevClusterConfig::plain_http() })
+                .await
+                .unwrap_or_else(|e| panic!("dev cluster: {e}"));
+        let client = cluster.client().unwrap_or_else(|e| panic!("client: {e}"));
+
+        // A live informer cache of ConfigMaps with a label index.
+        let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
+        let lease = factory
+            .informer(InformerSpec::new("v1", "ConfigMap").index("by-app", IndexSpec::Label("app".into())))
+            .await
+            .unwrap_or_else(|e| panic!("informer: {e}"));
+        lease.wait_for_sync().await;
+
+        let deployment = Gvk::new("apps/v1", "Deployment");
+        let mut s = spec("probe-live");
+        s.limits.deadline = Duration::from_secs(10);
+        s.field_manager = "wasmctrl-probe-live".into();
+        s.permissions =
+            Permissions::new([configmap()], [deployment.clone()], [configmap(), deployment.clone()]);
+        let env = PluginEnv {
+            caches: [(configmap(), Arc::new(lease.informer().indexer()) as Arc<dyn CacheReader>)]
+                .into_iter()
+                .collect(),
+            kube: Some(KubeServices::new(client.clone(), tokio::runtime::Handle::current(), "plugin-test")),
+        };
+        let wasm = wasm("test-plugin-probe");
+        let engine = shared().engine.clone();
+        let plugin = tokio::task::spawn_blocking(move || Plugin::load(&engine, s, &wasm, env))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("load: {e}"));
+        let d = Some("default");
+
+        // cache: get (the informer's bytes), list with selector, by-index, bad selector.
+        let cached =
+            lease.informer().indexer().get("default/seed").unwrap_or_else(|| panic!("seed not cached"));
+        let got = ok_payload(run(&plugin, d, "cache-get|v1|ConfigMap|seed".into()).await);
+        assert_eq!(got.as_bytes(), &cached.json()[..]);
+        assert_eq!(ok_payload(run(&plugin, d, "cache-list|v1|ConfigMap|app=web".into()).await), "seed");
+        assert_eq!(
+            ok_payload(run(&plugin, None, "cache-by-index|v1|ConfigMap|by-app|db".into()).await),
+            "other"
+        );
+        let out = run(&plugin, d, "cache-list|v1|ConfigMap|app in (a".into()).await;
+        assert!(out.starts_with("err:invalid:"), "{out}");
+
+        // client.get
+        assert_eq!(ok(run(&plugin, d, "client-get|v1|ConfigMap|seed".into()).await)["data"]["k"], "v");
+        let out = run(&plugin, d, "client-get|v1|ConfigMap|missing".into()).await;
+        assert!(out.starts_with("err:not-found:"), "{out}");
+
+        // client.create, twice
+        let obj = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"made","namespace":"default"},"data":{"a":"1"}}"#;
+        let created = ok(run(&plugin, d, format!("client-create|v1|ConfigMap|{obj}")).await);
+        assert_eq!(created["metadata"]["name"], "made");
+        let out = run(&plugin, d, format!("client-create|v1|ConfigMap|{obj}")).await;
+        assert!(out.starts_with("err:already-exists:"), "{out}");
+
+        // client.replace: compare-and-swap on resourceVersion
+        let stale = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"made","namespace":"default","resourceVersion":"1"},"data":{"a":"2"}}"#;
+        let out = run(&plugin, d, format!("client-replace|v1|ConfigMap|{stale}")).await;
+        assert!(out.starts_with("err:conflict:"), "{out}");
+        let rv = created["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
+        let fresh = format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"made","namespace":"default","resourceVersion":"{rv}"}},"data":{{"a":"2"}}}}"#
+        );
+        assert_eq!(
+            ok(run(&plugin, d, format!("client-replace|v1|ConfigMap|{fresh}")).await)["data"]["a"],
+            "2"
+        );
+
+        // client.patch: merge and JSON patch
+        let patched =
+            ok(run(&plugin, d, r#"client-patch|v1|ConfigMap|made|{"data":{"b":"3"}}"#.into()).await);
+        assert_eq!(patched["data"]["b"], "3");
+        let patched = ok(run(
+            &plugin,
+            d,
+            r#"client-patch|v1|ConfigMap|made|json:[{"op":"add","path":"/data/c","value":"4"}]"#.into(),
+        )
+        .await);
+        assert_eq!(patched["data"]["c"], "4");
+        let out = run(&plugin, d, "client-patch|v1|ConfigMap|made|not json".into()).await;
+        assert!(out.starts_with("err:invalid:"), "{out}");
+
+        // client.apply: server-side apply with the plugin's field manager
+        let applied = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"applied","namespace":"default"},"data":{"x":"1"}}"#;
+        let out = ok(run(&plugin, d, format!("client-apply|v1|ConfigMap|{applied}|force")).await);
+        assert_eq!(out["data"]["x"], "1");
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            "default",
+            &kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("", "v1", "ConfigMap")),
+        );
+        let stored = api.get("applied").await.unwrap_or_else(|e| panic!("{e}"));
+        let managers: Vec<String> = stored
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.manager)
+            .collect();
+        assert!(managers.iter().any(|m| m == "wasmctrl-probe-live"), "managers: {managers:?}");
+
+        // status subresource of a writable kind
+        let out = run(
+            &plugin,
+            d,
+            r#"client-patch-status|apps/v1|Deployment|web|{"status":{"observedGeneration":7}}"#.into(),
+        )
+        .await;
+        assert_eq!(ok(out)["status"]["observedGeneration"], 7);
+        let live = ok(run(&plugin, d, "client-get|apps/v1|Deployment|web".into()).await);
+        let mut with_status = live.clone();
+        with_status["status"]["observedGeneration"] = serde_json::json!(8);
+        let out = run(&plugin, d, format!("client-update-status|apps/v1|Deployment|{with_status}")).await;
+        assert_eq!(ok(out)["status"]["observedGeneration"], 8);
+
+        // client.delete with preconditions
+        let out = run(&plugin, d, "client-delete|v1|ConfigMap|made|uid=not-the-uid".into()).await;
+        assert!(out.starts_with("err:conflict:"), "{out}");
+        assert_eq!(ok_payload(run(&plugin, d, "client-delete|v1|ConfigMap|made".into()).await), "");
+        let out = run(&plugin, d, "client-delete|v1|ConfigMap|made".into()).await;
+        assert!(out.starts_with("err:not-found:"), "{out}");
+
+        // Undeclared writes never reach the server.
+        let secret = r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s","namespace":"default"}}"#;
+        let out = run(&plugin, d, format!("client-create|v1|Secret|{secret}")).await;
+        assert!(out.starts_with("err:forbidden:"), "{out}");
+
+        // events.publish: recorded asynchronously as an events.k8s.io/v1 Event.
+        assert_eq!(
+            ok_payload(run(&plugin, d, "event|v1|ConfigMap|seed|something happened".into()).await),
+            ""
+        );
+        let events: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            "default",
+            &kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+                "events.k8s.io",
+                "v1",
+                "Event",
+            )),
+        );
+        let mut found = None;
+        for _ in 0..200 {
+            let list = events.list(&Default::default()).await.unwrap_or_else(|e| panic!("{e}"));
+            if let Some(e) = list.items.into_iter().find(|e| e.data["reason"] == "Probed") {
+                found = Some(e);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let event = found.unwrap_or_else(|| panic!("the event was never recorded"));
+        assert_eq!(event.data["note"], "something happened");
+        assert_eq!(event.data["regarding"]["name"], "seed");
+        assert_eq!(event.data["reportingController"], "wasmctrl/probe-live");
+        drop(lease);
+        cluster.shutdown().await;
+    }
 }

@@ -139,6 +139,10 @@ fn demo(root: &Path, rest: &[String]) -> Result<()> {
         "--config",
     ]);
     cmd.arg(root.join("examples/wasmctrl.toml"));
+    // So a second terminal can watch the plugins' work with kubectl.
+    let kubeconfig = root.join("examples/dev-cluster.kubeconfig");
+    eprintln!("xtask: kubectl --kubeconfig {} get configmaps -A   # in another terminal", kubeconfig.display());
+    cmd.arg("--kubeconfig-out").arg(kubeconfig);
     cmd.args(rest);
     run(&mut cmd)
 }
@@ -154,8 +158,19 @@ fn test(root: &Path, rest: &[String]) -> Result<()> {
     }
     cmd.args(rest);
     run(&mut cmd)?;
-    // The guest SDK's pure logic is tested natively.
-    run(cargo().current_dir(root.join("guests")).args(["test", "--package", "wasmctrl-guest"]))?;
+    // The guest SDK and the example plugins keep their logic testable natively.
+    let mut guests = cargo();
+    guests.current_dir(root.join("guests")).args(["test", "--package", "wasmctrl-guest"]);
+    let examples = root.join("guests/examples");
+    for entry in std::fs::read_dir(&examples).with_context(|| format!("reading {}", examples.display()))? {
+        let dir = entry?.path();
+        if dir.join("Cargo.toml").exists()
+            && let Some(name) = dir.file_name().and_then(|n| n.to_str())
+        {
+            guests.args(["--package", name]);
+        }
+    }
+    run(&mut guests)?;
     // Doc examples (nextest does not run them).
     if nextest {
         run(cargo().current_dir(root).args(["test", "--workspace", "--doc"]))?;

@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch, PatchParams, PostParams,
-    WatchEvent, WatchParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
+    PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::runtime::watcher;
 use serde_json::json;
@@ -21,10 +21,7 @@ use super::{cluster, cluster_with, code};
 
 fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
     ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
         data: Some(data.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
         ..Default::default()
     }
@@ -116,7 +113,9 @@ async fn list_selectors_and_pagination() {
     let api: Api<ConfigMap> = Api::namespaced(c.client().unwrap(), "default");
     for i in 0..25 {
         let tier = if i % 2 == 0 { "even" } else { "odd" };
-        api.create(&PostParams::default(), &labeled(cm(&format!("cm-{i:02}"), &[]), "tier", tier)).await.unwrap();
+        api.create(&PostParams::default(), &labeled(cm(&format!("cm-{i:02}"), &[]), "tier", tier))
+            .await
+            .unwrap();
     }
     let even = api.list(&ListParams::default().labels("tier=even")).await.unwrap();
     assert_eq!(even.items.len(), 13);
@@ -130,9 +129,8 @@ async fn list_selectors_and_pagination() {
     let mut names = Vec::new();
     let mut lp = ListParams::default().limit(10);
     let mut pages = 0;
-    let first_rv;
     let first = api.list(&lp).await.unwrap();
-    first_rv = first.metadata.resource_version.clone();
+    let first_rv = first.metadata.resource_version.clone();
     assert_eq!(first.metadata.remaining_item_count, Some(15));
     let mut page = first;
     loop {
@@ -153,7 +151,12 @@ async fn list_selectors_and_pagination() {
 
     // All-namespaces list includes other namespaces.
     let ns: Api<Namespace> = Api::all(c.client().unwrap());
-    ns.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "team-a"}})).unwrap()).await.unwrap();
+    ns.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "team-a"}})).unwrap(),
+    )
+    .await
+    .unwrap();
     let other: Api<ConfigMap> = Api::namespaced(c.client().unwrap(), "team-a");
     other.create(&PostParams::default(), &cm("x", &[])).await.unwrap();
     let all: Api<ConfigMap> = Api::all(c.client().unwrap());
@@ -196,7 +199,9 @@ async fn watch_from_resource_version_sees_changes_in_order() {
     // Label-selector transitions: an object that stops matching is DELETED for the watcher.
     let l = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
     api.create(&PostParams::default(), &labeled(cm("sel", &[]), "x", "y")).await.unwrap();
-    api.patch("sel", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "z"}}}))).await.unwrap();
+    api.patch("sel", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "z"}}})))
+        .await
+        .unwrap();
     let stream = api.watch(&WatchParams::default().labels("x=y").timeout(5), &l).await.unwrap();
     let events: Vec<_> = stream.take(2).try_collect().await.unwrap();
     assert!(matches!(events[0], WatchEvent::Added(_)));
@@ -220,12 +225,18 @@ async fn watch_from_compacted_resource_version_is_410() {
     // A recent RV still works; compaction via the fault handle expires it.
     let recent = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
     c.faults().compact_history();
-    let mut stream = api.watch(&WatchParams::default().timeout(5), &(recent.parse::<u64>().unwrap() - 1).to_string()).await.unwrap().boxed();
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(5), &(recent.parse::<u64>().unwrap() - 1).to_string())
+        .await
+        .unwrap()
+        .boxed();
     assert!(matches!(stream.try_next().await, Ok(Some(WatchEvent::Error(s))) if s.code == 410));
     // Watching from the current RV after compaction is fine.
     let mut stream = api.watch(&WatchParams::default().timeout(5), &recent).await.unwrap().boxed();
     api.create(&PostParams::default(), &cm("after", &[])).await.unwrap();
-    assert!(matches!(stream.try_next().await, Ok(Some(WatchEvent::Added(o))) if o.metadata.name.as_deref() == Some("after")));
+    assert!(
+        matches!(stream.try_next().await, Ok(Some(WatchEvent::Added(o))) if o.metadata.name.as_deref() == Some("after"))
+    );
 }
 
 #[tokio::test]
@@ -252,23 +263,28 @@ async fn watcher_resumes_after_dropped_watch_and_relists_after_410() {
             break;
         }
     }
-    // Compact + drop: the re-watch gets 410 and the watcher relists, seeing "three".
-    c.faults().drop_watches();
-    api.create(&PostParams::default(), &cm("three", &[])).await.unwrap();
-    c.faults().compact_history();
+    // While paused (the re-watch request waits), a change lands in-process and history is
+    // compacted: the re-watch from the old RV gets 410 and the watcher relists.
+    let faults = c.faults();
+    faults.pause();
+    faults.drop_watches();
+    c.apply_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: three, namespace: default}\n").unwrap();
+    faults.compact_history();
+    faults.resume();
     let mut relisted = false;
+    let mut saw_410 = false;
     loop {
         match stream.try_next().await {
             Ok(Some(watcher::Event::Init)) => relisted = true,
-            Ok(Some(watcher::Event::InitApply(o))) | Ok(Some(watcher::Event::Apply(o))) if o.metadata.name.as_deref() == Some("three") => break,
-            Ok(_) => {}
-            Err(e) => {
-                // The watcher reports the 410 and then relists.
-                assert!(format!("{e:?}").contains("410"), "{e:?}");
+            Ok(Some(watcher::Event::InitApply(o))) if o.metadata.name.as_deref() == Some("three") => break,
+            Ok(Some(watcher::Event::Apply(o))) if o.metadata.name.as_deref() == Some("three") => {
+                panic!("expected a relist after 410, got a live event")
             }
+            Ok(_) => {}
+            Err(e) => saw_410 |= format!("{e:?}").contains("410"),
         }
     }
-    assert!(relisted || c.resource_version() > 0);
+    assert!(relisted && saw_410);
 }
 
 #[tokio::test]
@@ -311,16 +327,26 @@ async fn status_subresource_and_generation() {
     let api: Api<Deployment> = Api::namespaced(c.client().unwrap(), "default");
     let d = api.create(&PostParams::default(), &deployment("web", 1)).await.unwrap();
     assert_eq!(d.metadata.generation, Some(1));
-    let d = api.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 3}}))).await.unwrap();
+    let d = api
+        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 3}})))
+        .await
+        .unwrap();
     assert_eq!(d.metadata.generation, Some(2));
     let d = api
-        .patch_status("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 3, "observedGeneration": 2}})))
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 3, "observedGeneration": 2}})),
+        )
         .await
         .unwrap();
     assert_eq!(d.metadata.generation, Some(2), "status changes do not bump generation");
     assert_eq!(d.status.as_ref().and_then(|s| s.replicas), Some(3));
     // Status in a main-resource write is ignored.
-    let d = api.patch("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 9}}))).await.unwrap();
+    let d = api
+        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 9}})))
+        .await
+        .unwrap();
     assert_eq!(d.status.as_ref().and_then(|s| s.replicas), Some(3));
     assert_eq!(d.metadata.generation, Some(2));
     // Spec in a status write is ignored.
@@ -348,14 +374,27 @@ async fn finalizers_hold_deletion_until_removed() {
     assert!(still.metadata.deletion_timestamp.is_some());
     // Adding a finalizer while deleting is forbidden.
     let (status, _) = code(
-        api.patch("fin", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "new"]}})))
-            .await
-            .unwrap_err(),
+        api.patch(
+            "fin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "new"]}})),
+        )
+        .await
+        .unwrap_err(),
     );
     assert_eq!(status, 422);
-    api.patch("fin", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    api.patch("fin", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
     assert_eq!(code(api.get("fin").await.unwrap_err()).0, 404);
-    let events: Vec<_> = api.watch(&WatchParams::default().timeout(5), &start).await.unwrap().take(2).try_collect().await.unwrap();
+    let events: Vec<_> = api
+        .watch(&WatchParams::default().timeout(5), &start)
+        .await
+        .unwrap()
+        .take(2)
+        .try_collect()
+        .await
+        .unwrap();
     assert!(matches!(&events[0], WatchEvent::Modified(o) if o.metadata.deletion_timestamp.is_some()));
     assert!(matches!(&events[1], WatchEvent::Deleted(_)));
 }
@@ -399,7 +438,9 @@ async fn garbage_collection_background_foreground_orphan() {
     assert!(o.metadata.deletion_timestamp.is_some());
     assert_eq!(o.metadata.finalizers, Some(vec!["foregroundDeletion".to_string()]));
     assert!(api.get("fg-dep").await.unwrap().metadata.deletion_timestamp.is_some());
-    api.patch("fg-dep", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    api.patch("fg-dep", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
     assert_eq!(code(api.get("fg-dep").await.unwrap_err()).0, 404);
     assert_eq!(code(api.get("fg-owner").await.unwrap_err()).0, 404);
 
@@ -431,17 +472,27 @@ async fn delete_preconditions_and_deletecollection() {
     let c = cluster().await;
     let api: Api<ConfigMap> = Api::namespaced(c.client().unwrap(), "default");
     let x = api.create(&PostParams::default(), &cm("pre", &[])).await.unwrap();
-    let mut dp = DeleteParams::default();
-    dp.preconditions = Some(kube::api::Preconditions { uid: Some("wrong".into()), resource_version: None });
+    let mut dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions { uid: Some("wrong".into()), resource_version: None }),
+        ..Default::default()
+    };
     assert_eq!(code(api.delete("pre", &dp).await.unwrap_err()).0, 409);
-    dp.preconditions = Some(kube::api::Preconditions { uid: x.metadata.uid.clone(), resource_version: x.metadata.resource_version.clone() });
+    dp.preconditions = Some(kube::api::Preconditions {
+        uid: x.metadata.uid.clone(),
+        resource_version: x.metadata.resource_version.clone(),
+    });
     api.delete("pre", &dp).await.unwrap();
 
     for i in 0..6 {
         let tier = if i < 4 { "drop" } else { "keep" };
-        api.create(&PostParams::default(), &labeled(cm(&format!("dc-{i}"), &[]), "tier", tier)).await.unwrap();
+        api.create(&PostParams::default(), &labeled(cm(&format!("dc-{i}"), &[]), "tier", tier))
+            .await
+            .unwrap();
     }
-    let deleted = api.delete_collection(&DeleteParams::default(), &ListParams::default().labels("tier=drop")).await.unwrap();
+    let deleted = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default().labels("tier=drop"))
+        .await
+        .unwrap();
     assert_eq!(deleted.left().map(|l| l.items.len()), Some(4));
     let left = api.list(&ListParams::default()).await.unwrap();
     assert_eq!(left.items.len(), 2);
@@ -452,24 +503,36 @@ async fn patch_types_merge_json_strategic() {
     let c = cluster().await;
     let cms: Api<ConfigMap> = Api::namespaced(c.client().unwrap(), "default");
     cms.create(&PostParams::default(), &cm("p", &[("a", "1"), ("b", "2")])).await.unwrap();
-    let p = cms.patch("p", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": null, "c": "3"}}))).await.unwrap();
+    let p = cms
+        .patch("p", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": null, "c": "3"}})))
+        .await
+        .unwrap();
     assert_eq!(p.data.unwrap(), BTreeMap::from([("b".into(), "2".into()), ("c".into(), "3".into())]));
     let jp = serde_json::from_value(json!([{"op": "replace", "path": "/data/b", "value": "9"}])).unwrap();
     let p = cms.patch("p", &PatchParams::default(), &Patch::<()>::Json(jp)).await.unwrap();
     assert_eq!(p.data.unwrap()["b"], "9");
     // A failing JSON patch test op is 422 Invalid.
     let jp = serde_json::from_value(json!([{"op": "test", "path": "/data/b", "value": "0"}])).unwrap();
-    assert_eq!(code(cms.patch("p", &PatchParams::default(), &Patch::<()>::Json(jp)).await.unwrap_err()).0, 422);
+    assert_eq!(
+        code(cms.patch("p", &PatchParams::default(), &Patch::<()>::Json(jp)).await.unwrap_err()).0,
+        422
+    );
     // A merge patch carrying a stale resourceVersion is a precondition: 409.
     let stale = json!({"metadata": {"resourceVersion": "1"}, "data": {"z": "z"}});
     assert_eq!(code(cms.patch("p", &PatchParams::default(), &Patch::Merge(stale)).await.unwrap_err()).0, 409);
 
     let deps: Api<Deployment> = Api::namespaced(c.client().unwrap(), "default");
     deps.create(&PostParams::default(), &deployment("sm", 1)).await.unwrap();
-    let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "sidecar", "image": "busybox"}]}}}});
+    let patch =
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "sidecar", "image": "busybox"}]}}}});
     let d = deps.patch("sm", &PatchParams::default(), &Patch::Strategic(patch)).await.unwrap();
     let v = serde_json::to_value(&d).unwrap();
-    let names: Vec<&str> = v["spec"]["template"]["spec"]["containers"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = v["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["main", "sidecar"], "strategic merge merges containers by name");
 }
 
@@ -485,8 +548,10 @@ async fn server_side_apply_managers_conflicts_force() {
     assert_eq!(mf[0].operation.as_deref(), Some("Apply"));
 
     // Bob applying a different value for alice's field conflicts.
-    let bob = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"a": "bob"}});
-    let (status, reason) = code(api.patch("ssa", &PatchParams::apply("bob"), &Patch::Apply(&bob)).await.unwrap_err());
+    let bob =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"a": "bob"}});
+    let (status, reason) =
+        code(api.patch("ssa", &PatchParams::apply("bob"), &Patch::Apply(&bob)).await.unwrap_err());
     assert_eq!((status, reason.as_str()), (409, "Conflict"));
     // Force takes it over.
     let o = api.patch("ssa", &PatchParams::apply("bob").force(), &Patch::Apply(&bob)).await.unwrap();
@@ -497,10 +562,12 @@ async fn server_side_apply_managers_conflicts_force() {
     assert_eq!(o.data.unwrap(), BTreeMap::from([("a".into(), "bob".into())]));
     // An update by another manager takes ownership of what it changed.
     api.patch("ssa", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": "edited"}}))).await.unwrap();
-    let (status, _) = code(api.patch("ssa", &PatchParams::apply("bob"), &Patch::Apply(&bob)).await.unwrap_err());
+    let (status, _) =
+        code(api.patch("ssa", &PatchParams::apply("bob"), &Patch::Apply(&bob)).await.unwrap_err());
     assert_eq!(status, 409);
     // Apply creates missing objects.
-    let new = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa-new"}, "data": {"x": "y"}});
+    let new =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa-new"}, "data": {"x": "y"}});
     let o = api.patch("ssa-new", &PatchParams::apply("alice"), &Patch::Apply(&new)).await.unwrap();
     assert!(o.metadata.uid.is_some());
 }
@@ -510,7 +577,12 @@ async fn namespace_deletion_removes_content() {
     let c = cluster().await;
     let client = c.client().unwrap();
     let ns: Api<Namespace> = Api::all(client.clone());
-    ns.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "gone"}})).unwrap()).await.unwrap();
+    ns.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "gone"}})).unwrap(),
+    )
+    .await
+    .unwrap();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), "gone");
     let mut held = cm("held", &[]);
     held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
@@ -522,7 +594,9 @@ async fn namespace_deletion_removes_content() {
     assert_eq!(code(api.get("free").await.unwrap_err()).0, 404);
     let (status, _) = code(api.create(&PostParams::default(), &cm("late", &[])).await.unwrap_err());
     assert_eq!(status, 403, "no new content in a terminating namespace");
-    api.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    api.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
     assert_eq!(code(ns.get("gone").await.unwrap_err()).0, 404);
 }
 
@@ -561,9 +635,15 @@ async fn crd_serves_its_kind_until_deleted() {
     let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
     let w: DynamicObject = serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w1"}, "spec": {"size": 1}})).unwrap();
     widgets.create(&PostParams::default(), &w).await.unwrap();
-    let w = widgets.patch("w1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 2}}))).await.unwrap();
+    let w = widgets
+        .patch("w1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 2}})))
+        .await
+        .unwrap();
     assert_eq!(w.metadata.generation, Some(2));
-    let w = widgets.patch_status("w1", &PatchParams::default(), &Patch::Merge(json!({"status": {"ready": true}}))).await.unwrap();
+    let w = widgets
+        .patch_status("w1", &PatchParams::default(), &Patch::Merge(json!({"status": {"ready": true}})))
+        .await
+        .unwrap();
     assert_eq!(w.metadata.generation, Some(2));
     assert_eq!(w.data["status"]["ready"], true);
     assert_eq!(widgets.list(&ListParams::default()).await.unwrap().items.len(), 1);
@@ -581,7 +661,10 @@ async fn crd_serves_its_kind_until_deleted() {
 }
 
 fn w_named(name: &str) -> DynamicObject {
-    serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name}})).unwrap()
+    serde_json::from_value(
+        json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name}}),
+    )
+    .unwrap()
 }
 
 #[tokio::test]
@@ -627,7 +710,9 @@ async fn injected_errors_and_retry_after() {
     assert!(!pending.is_finished(), "requests wait while paused");
     faults.resume();
     assert_eq!(pending.await.unwrap().unwrap(), 0);
-    faults.inject(FaultRule::latency("/api/v1/namespaces/default/configmaps", Duration::from_millis(10)).times(1));
+    faults.inject(
+        FaultRule::latency("/api/v1/namespaces/default/configmaps", Duration::from_millis(10)).times(1),
+    );
     api.list(&ListParams::default()).await.unwrap();
 }
 
@@ -651,12 +736,9 @@ async fn persistence_and_seed() {
     c.shutdown().await;
     assert!(state.exists());
 
-    let c = DevCluster::start(DevClusterConfig {
-        state_file: Some(state.clone()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let c = DevCluster::start(DevClusterConfig { state_file: Some(state.clone()), ..Default::default() })
+        .await
+        .unwrap();
     let api: Api<ConfigMap> = Api::namespaced(c.client().unwrap(), "seeded");
     let again = api.get("mine").await.unwrap();
     assert_eq!(again.metadata.uid, mine.metadata.uid);
@@ -665,7 +747,10 @@ async fn persistence_and_seed() {
     let n = api.create(&PostParams::default(), &cm("next", &[])).await.unwrap();
     assert!(rv(&n.metadata) > rv_before);
     // apply_yaml replaces existing objects.
-    c.apply_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: s1, namespace: seeded}\ndata: {k: changed}\n").unwrap();
+    c.apply_yaml(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: s1, namespace: seeded}\ndata: {k: changed}\n",
+    )
+    .unwrap();
     assert_eq!(api.get("s1").await.unwrap().data.unwrap()["k"], "changed");
     assert!(c.apply_yaml("apiVersion: v9\nkind: Nope\nmetadata: {name: x}\n").is_err());
 }
@@ -677,10 +762,23 @@ async fn discovery_lists_builtins() {
     let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
     let mut kinds: Vec<String> = discovery
         .groups()
-        .flat_map(|g| g.recommended_resources().into_iter().map(|(ar, _)| format!("{}/{}", ar.api_version, ar.kind)))
+        .flat_map(|g| {
+            g.recommended_resources().into_iter().map(|(ar, _)| format!("{}/{}", ar.api_version, ar.kind))
+        })
         .collect();
     kinds.sort();
-    for k in ["v1/ConfigMap", "v1/Namespace", "v1/Secret", "v1/Pod", "v1/Service", "v1/Event", "apps/v1/Deployment", "coordination.k8s.io/v1/Lease", "events.k8s.io/v1/Event", "apiextensions.k8s.io/v1/CustomResourceDefinition"] {
+    for k in [
+        "v1/ConfigMap",
+        "v1/Namespace",
+        "v1/Secret",
+        "v1/Pod",
+        "v1/Service",
+        "v1/Event",
+        "apps/v1/Deployment",
+        "coordination.k8s.io/v1/Lease",
+        "events.k8s.io/v1/Event",
+        "apiextensions.k8s.io/v1/CustomResourceDefinition",
+    ] {
         assert!(kinds.iter().any(|x| x == k), "{k} in {kinds:?}");
     }
     let v = client.apiserver_version().await.unwrap();

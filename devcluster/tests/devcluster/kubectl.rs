@@ -87,7 +87,8 @@ fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: demo\n  labels:\n    app: demo\ndata:\n  a: \"1\"\n";
+const CM: &str =
+    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: demo\n  labels:\n    app: demo\ndata:\n  a: \"1\"\n";
 
 #[tokio::test]
 async fn kubectl_create_get_list_json_and_table() {
@@ -112,12 +113,30 @@ async fn kubectl_create_get_list_json_and_table() {
 }
 
 #[tokio::test]
+async fn kubectl_create_generators_send_protobuf() {
+    let Some(k) = Kubectl::new().await else { return };
+    k.ok(&["create", "namespace", "team-a"]).await;
+    k.ok(&["create", "configmap", "lit", "-n", "team-a", "--from-literal=x=1", "--from-literal=y=2"]).await;
+    k.ok(&["create", "secret", "generic", "s", "-n", "team-a", "--from-literal=password=hunter2"]).await;
+    let cm = k.json(&["get", "cm", "lit", "-n", "team-a"]).await;
+    assert_eq!(cm["data"], serde_json::json!({"x": "1", "y": "2"}));
+    let secret = k.json(&["get", "secret", "s", "-n", "team-a"]).await;
+    assert_eq!(secret["data"]["password"], "aHVudGVyMg==");
+    assert_eq!(secret["type"], "Opaque");
+    let ns = k.json(&["get", "namespace", "team-a"]).await;
+    assert_eq!(ns["status"]["phase"], "Active");
+}
+
+#[tokio::test]
 async fn kubectl_apply_client_and_server_side() {
     let Some(k) = Kubectl::new().await else { return };
     let deploy = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {app: web}\n  template:\n    metadata:\n      labels: {app: web}\n    spec:\n      containers:\n      - name: main\n        image: nginx:1\n        env:\n        - {name: A, value: \"1\"}\n";
     let f = k.file("deploy.yaml", deploy);
     assert!(k.ok(&["apply", "-f", &f]).await.contains("deployment.apps/web created"));
-    let f = k.file("deploy.yaml", &deploy.replace("replicas: 1", "replicas: 3").replace("value: \"1\"", "value: \"2\""));
+    let f = k.file(
+        "deploy.yaml",
+        &deploy.replace("replicas: 1", "replicas: 3").replace("value: \"1\"", "value: \"2\""),
+    );
     assert!(k.ok(&["apply", "-f", &f]).await.contains("configured"));
     let d = k.json(&["get", "deployment", "web"]).await;
     assert_eq!(d["spec"]["replicas"], 3);
@@ -145,13 +164,32 @@ async fn kubectl_patch_merge_and_json() {
     let Some(k) = Kubectl::new().await else { return };
     k.ok(&["create", "-f", &k.file("cm.yaml", CM)]).await;
     k.ok(&["patch", "cm", "demo", "--type", "merge", "-p", r#"{"data":{"b":"2"}}"#]).await;
-    k.ok(&["patch", "cm", "demo", "--type", "json", "-p", r#"[{"op":"replace","path":"/data/a","value":"9"}]"#]).await;
+    k.ok(&[
+        "patch",
+        "cm",
+        "demo",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/data/a","value":"9"}]"#,
+    ])
+    .await;
     k.ok(&["patch", "cm", "demo", "-p", r#"{"metadata":{"labels":{"extra":"yes"}}}"#]).await;
     let got = k.json(&["get", "cm", "demo"]).await;
     assert_eq!(got["data"]["a"], "9");
     assert_eq!(got["data"]["b"], "2");
     assert_eq!(got["metadata"]["labels"]["extra"], "yes");
-    let (ok, _, err) = k.run(&["patch", "cm", "demo", "--type", "json", "-p", r#"[{"op":"test","path":"/data/a","value":"0"}]"#]).await;
+    let (ok, _, err) = k
+        .run(&[
+            "patch",
+            "cm",
+            "demo",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"test","path":"/data/a","value":"0"}]"#,
+        ])
+        .await;
     assert!(!ok, "{err}");
 }
 
@@ -184,29 +222,52 @@ async fn kubectl_get_watch_receives_events() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let client = k.cluster.client().unwrap();
     let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client, "default");
-    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": "watched"}})).unwrap();
-    // kubectl lists first, then watches; create after it is listening by retrying the write
-    // sequence until the events show up.
-    api.create(&Default::default(), &cm).await.unwrap();
-    api.patch("watched", &Default::default(), &kube::api::Patch::Merge(serde_json::json!({"data": {"x": "1"}}))).await.unwrap();
-    api.delete("watched", &Default::default()).await.unwrap();
+    let named = |n: &str| -> k8s_openapi::api::core::v1::ConfigMap {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": n}})).unwrap()
+    };
+    // Events are JSON objects one after the other (one per line, or pretty-printed).
     let mut buf = String::new();
-    let mut types = Vec::new();
-    while types.last().map(String::as_str) != Some("DELETED") {
-        let line = lines.next_line().await.unwrap().expect("kubectl keeps watching");
-        buf.push_str(&line);
-        buf.push('\n');
-        // Events are pretty-printed JSON objects; parse whenever a full one has arrived.
-        if line == "}" {
-            let ev: Value = serde_json::from_str(&buf).unwrap();
-            buf.clear();
+    let mut next_event = async || -> Value {
+        loop {
+            let line = lines.next_line().await.unwrap().expect("kubectl keeps watching");
+            buf.push_str(&line);
+            buf.push('\n');
+            if let Ok(ev) = serde_json::from_str::<Value>(&buf) {
+                buf.clear();
+                return ev;
+            }
+        }
+    };
+    let guard = std::time::Duration::from_secs(60);
+    let run = async {
+        // A sentinel proves kubectl is listening (from its list or its watch) before the changes.
+        api.create(&Default::default(), &named("sentinel")).await.unwrap();
+        loop {
+            let ev = next_event().await;
+            if ev["object"]["metadata"]["name"] == "sentinel" {
+                break;
+            }
+        }
+        api.create(&Default::default(), &named("watched")).await.unwrap();
+        api.patch(
+            "watched",
+            &Default::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"data": {"x": "1"}})),
+        )
+        .await
+        .unwrap();
+        api.delete("watched", &Default::default()).await.unwrap();
+        let mut types = Vec::new();
+        while types.len() < 3 {
+            let ev = next_event().await;
             if ev["object"]["metadata"]["name"] == "watched" {
                 types.push(ev["type"].as_str().unwrap().to_string());
             }
         }
-    }
-    assert_eq!(types.first().map(String::as_str), Some("ADDED"));
-    assert!(types.contains(&"MODIFIED".to_string()) || types.len() == 2, "{types:?}");
+        types
+    };
+    let types = tokio::time::timeout(guard, run).await.expect("kubectl reported the events");
+    assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
     child.kill().await.unwrap();
 }
 

@@ -10,9 +10,7 @@ use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 
 /// A TLS dev cluster with default settings.
 pub async fn cluster() -> DevCluster {
-    DevCluster::start(DevClusterConfig::default())
-        .await
-        .expect("dev cluster starts")
+    DevCluster::start(DevClusterConfig::default()).await.expect("dev cluster starts")
 }
 
 /// A dev cluster with a config tweak.

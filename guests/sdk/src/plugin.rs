@@ -426,6 +426,75 @@ mod tests {
         static SLOT: Slot<Counter> = const { Slot::new() };
     }
 
+    /// Records which hooks ran, to check the glue routes every export.
+    struct Recorder {
+        seen: RefCell<Vec<String>>,
+    }
+    impl Plugin for Recorder {
+        const HOOKS: Hooks =
+            Hooks::ON_ADD.union(Hooks::ON_UPDATE).union(Hooks::ON_DELETE).union(Hooks::FILTER);
+        fn init(_: Settings) -> Result<Self, String> {
+            Ok(Recorder { seen: RefCell::new(Vec::new()) })
+        }
+        fn reconcile(&self, _: Request) -> Result<Action, ReconcileError> {
+            Ok(Action::Done)
+        }
+        fn on_add(&self, kind: &Gvk, object: RawObject, in_initial_list: bool) {
+            let name = object.meta().unwrap().name.unwrap();
+            self.seen.borrow_mut().push(format!("add {kind} {name} {in_initial_list}"));
+        }
+        fn on_update(&self, kind: &Gvk, old: RawObject, new: RawObject) {
+            let (old, new) = (
+                old.meta().unwrap().resource_version.unwrap(),
+                new.meta().unwrap().resource_version.unwrap(),
+            );
+            self.seen.borrow_mut().push(format!("update {kind} {old}->{new}"));
+        }
+        fn on_delete(&self, kind: &Gvk, _: RawObject, final_state_unknown: bool) {
+            self.seen.borrow_mut().push(format!("delete {kind} {final_state_unknown}"));
+        }
+        fn filter(&self, _: &Gvk, event: FilterEvent) -> bool {
+            // Keep only objects labelled keep=yes (the new state for updates).
+            event
+                .object()
+                .meta()
+                .ok()
+                .and_then(|m| m.labels)
+                .is_some_and(|l| l.get("keep").is_some_and(|v| v == "yes"))
+        }
+    }
+
+    thread_local! {
+        static RECORDER: Slot<Recorder> = const { Slot::new() };
+    }
+
+    #[test]
+    fn glue_routes_notifications_and_filter() {
+        let pod = || wit_types::Gvk { api_version: "v1".into(), kind: "Pod".into() };
+        let info = init(&RECORDER, Vec::new()).unwrap();
+        assert_eq!(
+            info.hooks,
+            wit::Hooks::ON_ADD | wit::Hooks::ON_UPDATE | wit::Hooks::ON_DELETE | wit::Hooks::FILTER
+        );
+        on_add(&RECORDER, pod(), br#"{"metadata":{"name":"p1"}}"#.to_vec(), true);
+        on_update(
+            &RECORDER,
+            pod(),
+            br#"{"metadata":{"resourceVersion":"1"}}"#.to_vec(),
+            br#"{"metadata":{"resourceVersion":"2"}}"#.to_vec(),
+        );
+        on_delete(&RECORDER, pod(), b"{}".to_vec(), true);
+        let seen = RECORDER.with(|s| s.0.borrow().as_ref().unwrap().seen.borrow().clone());
+        assert_eq!(seen, ["add v1/Pod p1 true", "update v1/Pod 1->2", "delete v1/Pod true"]);
+
+        let keep = br#"{"metadata":{"labels":{"keep":"yes"}}}"#.to_vec();
+        let drop = br#"{"metadata":{"labels":{"keep":"no"}}}"#.to_vec();
+        assert!(filter(&RECORDER, pod(), wit::FilterEvent::Create(keep.clone())));
+        assert!(!filter(&RECORDER, pod(), wit::FilterEvent::Delete(drop.clone())));
+        assert!(filter(&RECORDER, pod(), wit::FilterEvent::Update((drop.clone(), keep.clone()))));
+        assert!(!filter(&RECORDER, pod(), wit::FilterEvent::Update((keep, drop))));
+    }
+
     #[test]
     fn glue_routes_exports_to_the_plugin() {
         let req = |name: &str| wit_types::Request { namespace: Some("ns".into()), name: name.into() };

@@ -280,10 +280,7 @@ mod tests {
     fn field_path_parsing() {
         assert_eq!(parse_field_path("spec.nodeName").unwrap(), ["spec", "nodeName"]);
         assert_eq!(parse_field_path(".spec.nodeName").unwrap(), ["spec", "nodeName"]);
-        assert_eq!(
-            parse_field_path("spec.containers[*].image").unwrap(),
-            ["spec", "containers", "image"]
-        );
+        assert_eq!(parse_field_path("spec.containers[*].image").unwrap(), ["spec", "containers", "image"]);
         assert_eq!(
             parse_field_path("metadata.labels['app.kubernetes.io/name']").unwrap(),
             ["metadata", "labels", "app.kubernetes.io/name"]
@@ -295,12 +292,10 @@ mod tests {
 
     #[test]
     fn field_index_fans_out_over_arrays() {
-        let o = obj(
-            r#"{"metadata":{"name":"p","namespace":"n"},"spec":{"nodeName":"node-1","replicas":3,
+        let o = obj(r#"{"metadata":{"name":"p","namespace":"n"},"spec":{"nodeName":"node-1","replicas":3,
             "on":true,"nil":null,
             "containers":[{"image":"a"},{"image":"b"},{"image":"a"},{"name":"x"}],
-            "ports":[[80,443],[8080]]}}"#,
-        );
+            "ports":[[80,443],[8080]]}}"#);
         let f = |p: &str| IndexFunc::from_spec(IndexSpec::Field(p.into())).unwrap().values(&o);
         assert_eq!(f("spec.nodeName"), ["node-1"]);
         assert_eq!(f("spec.replicas"), ["3"]);
@@ -315,12 +310,10 @@ mod tests {
 
     #[test]
     fn label_annotation_owner_namespace_indexes() {
-        let o = obj(
-            r#"{"metadata":{"name":"p","namespace":"n","labels":{"app":"web"},
+        let o = obj(r#"{"metadata":{"name":"p","namespace":"n","labels":{"app":"web"},
             "annotations":{"team":"a"},
             "ownerReferences":[{"apiVersion":"v1","kind":"X","name":"o1","uid":"u1"},
-            {"apiVersion":"v1","kind":"Y","name":"o2","uid":"u2","controller":true}]}}"#,
-        );
+            {"apiVersion":"v1","kind":"Y","name":"o2","uid":"u2","controller":true}]}}"#);
         let f = |s: IndexSpec| IndexFunc::from_spec(s).unwrap().values(&o);
         assert_eq!(f(IndexSpec::Namespace), ["n"]);
         assert_eq!(f(IndexSpec::Label("app".into())), ["web"]);

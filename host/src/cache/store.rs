@@ -245,11 +245,15 @@ impl Indexer {
     /// Objects sharing at least one value of index `index_name` with `obj`.
     pub fn index(&self, index_name: &str, obj: &Object) -> Result<Vec<Arc<Object>>, IndexError> {
         let inner = self.inner.read();
-        let func = inner.indexers.get(index_name).ok_or_else(|| IndexError::UnknownIndex(index_name.into()))?;
+        let func =
+            inner.indexers.get(index_name).ok_or_else(|| IndexError::UnknownIndex(index_name.into()))?;
         let index = Self::index_of(&inner, index_name)?;
         let values = func.values(obj);
         if let [single] = values.as_slice() {
-            return Ok(index.get(single.as_str()).map(|s| s.iter().map(|b| b.0.clone()).collect()).unwrap_or_default());
+            return Ok(index
+                .get(single.as_str())
+                .map(|s| s.iter().map(|b| b.0.clone()).collect())
+                .unwrap_or_default());
         }
         let mut seen: HashSet<&str> = HashSet::new();
         let mut out = Vec::new();
@@ -475,7 +479,10 @@ mod tests {
         s.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
             .unwrap();
         let err = s
-            .add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Owner(OwnerIndex::Uid)).unwrap())])
+            .add_indexers([(
+                "by-app".into(),
+                IndexFunc::from_spec(IndexSpec::Owner(OwnerIndex::Uid)).unwrap(),
+            )])
             .unwrap_err();
         assert!(matches!(err, IndexError::Conflict { .. }), "{err}");
     }

@@ -221,6 +221,39 @@ impl<'a> SourceMap<'a> {
         e
     }
 
+    /// The dotted path of the table whose span is exactly `span` (`None`: the root).
+    pub fn table_path_with_span(&self, span: &Range<usize>) -> Option<String> {
+        fn walk(t: &DeTable<'_>, span: &Range<usize>, path: &mut Vec<PathSeg>) -> Option<Vec<PathSeg>> {
+            for (k, v) in t.iter() {
+                path.push(PathSeg::Key(k.get_ref().to_string()));
+                if v.span() == *span && (v.get_ref().is_table()) {
+                    return Some(path.clone());
+                }
+                let found = match v.get_ref() {
+                    DeValue::Table(inner) => walk(inner, span, path),
+                    DeValue::Array(a) => a.iter().enumerate().find_map(|(i, item)| {
+                        path.push(PathSeg::Index(i));
+                        let r = if item.span() == *span && item.get_ref().is_table() {
+                            Some(path.clone())
+                        } else {
+                            item.get_ref().as_table().and_then(|t| walk(t, span, path))
+                        };
+                        path.pop();
+                        r
+                    }),
+                    _ => None,
+                };
+                path.pop();
+                if found.is_some() {
+                    return found;
+                }
+            }
+            None
+        }
+        let tree = self.tree.as_ref()?;
+        walk(tree.get_ref(), span, &mut Vec::new()).map(|p| render_path(&p))
+    }
+
     /// An error about the field at `path` (its value, or its key when `at_key`), or at the
     /// nearest enclosing table that exists in the file.
     pub fn error_for(&self, path: &[PathSeg], at_key: bool, message: impl Into<String>) -> ConfigError {
@@ -282,46 +315,35 @@ fn floor_char_boundary(s: &str, mut at: usize) -> usize {
     at
 }
 
-/// Walks the tree for the innermost key or value whose span contains `span`.
-fn find_path(
-    table: &DeTable<'_>,
-    span: &Range<usize>,
-    path: &mut Vec<PathSeg>,
-    best: &mut Option<Vec<PathSeg>>,
-) {
+/// Walks the whole tree for the innermost key or value whose span contains `span`. Every
+/// table is searched: the span of a table defined by `[a.b]` headers does not cover the
+/// keys of its sub-tables, so containment cannot prune the search.
+fn find_path(table: &DeTable<'_>, span: &Range<usize>, path: &mut Vec<PathSeg>, best: &mut Option<Vec<PathSeg>>) {
     for (key, value) in table.iter() {
-        let contains = |r: Range<usize>| r.start <= span.start && span.end <= r.end.max(r.start + 1);
-        let key_hit = contains(key.span());
-        let value_hit = contains(value.span());
-        if !key_hit && !value_hit {
-            continue;
-        }
         path.push(PathSeg::Key(key.get_ref().to_string()));
-        *best = Some(path.clone());
-        if value_hit {
-            find_in_value(value.get_ref(), span, path, best);
+        if contains(key.span(), span) || contains(value.span(), span) {
+            *best = Some(path.clone());
         }
+        find_in_value(value.get_ref(), span, path, best);
         path.pop();
     }
 }
 
-fn find_in_value(
-    value: &DeValue<'_>,
-    span: &Range<usize>,
-    path: &mut Vec<PathSeg>,
-    best: &mut Option<Vec<PathSeg>>,
-) {
+fn contains(r: Range<usize>, span: &Range<usize>) -> bool {
+    r.start <= span.start && span.end <= r.end.max(r.start + 1)
+}
+
+fn find_in_value(value: &DeValue<'_>, span: &Range<usize>, path: &mut Vec<PathSeg>, best: &mut Option<Vec<PathSeg>>) {
     if let Some(t) = value.as_table() {
         find_path(t, span, path, best);
     } else if let Some(a) = value.as_array() {
         for (i, item) in a.iter().enumerate() {
-            let r = item.span();
-            if r.start <= span.start && span.end <= r.end.max(r.start + 1) {
-                path.push(PathSeg::Index(i));
+            path.push(PathSeg::Index(i));
+            if contains(item.span(), span) {
                 *best = Some(path.clone());
-                find_in_value(item.get_ref(), span, path, best);
-                path.pop();
             }
+            find_in_value(item.get_ref(), span, path, best);
+            path.pop();
         }
     }
 }
@@ -352,11 +374,10 @@ pub(crate) fn from_toml_error(map: &SourceMap<'_>, err: &toml::de::Error) -> Con
         let Some(f) = field else { return "the top level".to_owned() };
         let parent = if drop_last { f.rsplit_once('.').map(|(p, _)| p.to_owned()) } else { Some(f.clone()) };
         match parent {
-            Some(p) if !p.is_empty() => format!("[{p}]"),
+            Some(p) if !p.is_empty() => format!("table `{p}`"),
             _ => "the top level".to_owned(),
         }
     };
-
     if let Some(rest) = raw.strip_prefix("unknown field `") {
         let (field, expected) = rest.split_once('`').unwrap_or((rest, ""));
         let allowed = backticked(expected);
@@ -369,7 +390,12 @@ pub(crate) fn from_toml_error(map: &SourceMap<'_>, err: &toml::de::Error) -> Con
         });
     } else if let Some(rest) = raw.strip_prefix("missing field `") {
         let field = rest.split_once('`').map_or(rest, |(f, _)| f);
+        // The span is the table's: find the table whose value has exactly that span.
+        e.field = span.as_ref().and_then(|sp| map.table_path_with_span(sp));
         let within = table_name(&e.field, false);
+        if field == "for" && e.field.is_none() {
+            e.hint = Some("add a `[for]` table with the `api-version` and `kind` to reconcile".into());
+        }
         e.message = format!("missing required key `{field}` in {within}");
         e.field = Some(match &e.field {
             Some(p) => format!("{p}.{field}"),
@@ -387,7 +413,7 @@ pub(crate) fn from_toml_error(map: &SourceMap<'_>, err: &toml::de::Error) -> Con
         }
     } else if let Some(rest) = raw.strip_prefix("invalid type: ") {
         if let Some((found, expected)) = rest.split_once(", expected ") {
-            e.message = format!("expected {expected}, found {found}");
+            e.message = format!("expected {}, found {found}", friendly_type(expected));
         }
     } else if let Some(rest) = raw.strip_prefix("duplicate field `") {
         let field = rest.split_once('`').map_or(rest, |(f, _)| f);
@@ -402,6 +428,19 @@ pub(crate) fn from_toml_error(map: &SourceMap<'_>, err: &toml::de::Error) -> Con
         }
     }
     e
+}
+
+/// serde's names of Rust types in words.
+fn friendly_type(expected: &str) -> &str {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number",
+        "i8" | "i16" | "i32" | "i64" | "isize" => "an integer",
+        "f32" | "f64" => "a number",
+        "a sequence" => "an array",
+        "struct PluginToml" | "struct HostToml" => "a table",
+        other if other.starts_with("struct ") => "a table",
+        other => other,
+    }
 }
 
 /// The `a`, `b` out of "one of `a`, `b`" / "`a` or `b`".

@@ -726,12 +726,12 @@ impl Resolver<'_, '_> {
                 bad = true;
             }
             if !bad && let Err((e, hint)) = check_kind_name(&g.kind) {
-                // `v1/configmaps` is a resource, not a kind: point at the kind instead.
-                let hint = hint.or_else(|| {
-                    let singular = g.kind.trim_end_matches('s');
-                    BuiltinKinds::canonical_kind(singular)
-                        .map(|k| format!("use the kind, `{}/{k}`, not the resource name", g.api_version))
-                });
+                // `v1/secrets` is a resource, not a kind: point at the kind instead.
+                let singular = g.kind.strip_suffix('s').unwrap_or(&g.kind);
+                let hint = BuiltinKinds::canonical_kind(singular)
+                    .filter(|_| singular != g.kind)
+                    .map(|k| format!("use the kind, `{}/{k}`, not the resource name", g.api_version))
+                    .or(hint);
                 self.err(&path, e, hint);
                 bad = true;
             }

@@ -70,7 +70,8 @@ impl FromStr for DurationValue {
                 }
                 other => {
                     return Err(UnitError(format!(
-                        "unknown duration unit `{other}` in `{text}`: {DURATION_HINT}"
+                        "unknown duration unit `{}` in `{text}`: {DURATION_HINT}",
+                        other.trim()
                     )));
                 }
             };

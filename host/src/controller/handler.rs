@@ -119,8 +119,7 @@ impl EnqueueForOwner {
         if group != self.owner_group || *owner.kind != *self.owner_kind {
             return None;
         }
-        let namespace =
-            if self.owner_namespaced { obj.namespace().map(str::to_owned) } else { None };
+        let namespace = if self.owner_namespaced { obj.namespace().map(str::to_owned) } else { None };
         Some(Request { namespace, name: owner.name.to_string() })
     }
 
@@ -144,10 +143,10 @@ impl ResourceEventHandler for EnqueueForOwner {
         }
         let priority = update_priority(old, new);
         let (a, b) = (self.owner_request(old), self.owner_request(new));
-        if a != b {
-            if let Some(a) = a {
-                self.queue.add_with_priority(a, priority);
-            }
+        if a != b
+            && let Some(a) = a
+        {
+            self.queue.add_with_priority(a, priority);
         }
         if let Some(b) = b {
             self.queue.add_with_priority(b, priority);

@@ -156,8 +156,9 @@ impl LeaderElector {
     /// Campaigns until elected, then runs `lead` with a token that is cancelled when the
     /// lease is lost or `shutdown` is cancelled, and keeps renewing meanwhile.
     ///
-    /// Returns `Ok` after a shutdown (the lease released), or
-    /// [`LeaderElectionError::LeadershipLost`] after `lead` finished following a lost lease.
+    /// Returns `Ok` after a shutdown, or when `lead` ends by itself (the lease is released
+    /// either way), and [`LeaderElectionError::LeadershipLost`] once `lead` has finished after
+    /// the lease was lost (not renewed within the renew deadline, or taken over).
     pub async fn run<F, Fut>(&self, shutdown: CancellationToken, lead: F) -> Result<(), LeaderElectionError>
     where
         F: FnOnce(CancellationToken) -> Fut,
@@ -168,7 +169,10 @@ impl LeaderElector {
             if shutdown.is_cancelled() {
                 return Ok(());
             }
-            match self.try_acquire_or_renew().await {
+            let attempt = tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew())
+                .await
+                .unwrap_or_else(|_| Attempt::Failed("acquire attempt timed out".into()));
+            match attempt {
                 Attempt::Held => break,
                 Attempt::HeldByOther(holder) => {
                     tracing::debug!(lease = %self.config.name, %holder, "lease held by another candidate");
@@ -195,7 +199,13 @@ impl LeaderElector {
         loop {
             let next = Instant::now() + self.config.retry_period;
             tokio::select! {
-                _ = &mut lead, if !lead_done => { lead_done = true; }
+                _ = &mut lead => {
+                    // The leading work ended by itself: holding the lease any longer would
+                    // only keep a standby from taking over.
+                    tracing::warn!(lease = %self.config.name, "leading work ended; giving up the lease");
+                    lead_done = true;
+                    break;
+                }
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep_until(next) => {
                     // Each attempt is bounded by what is left of the renew deadline.
@@ -309,9 +319,7 @@ impl LeaderElector {
             .and_then(|s| u64::try_from(s).ok())
             .map_or(self.config.lease_duration, Duration::from_secs);
         let mut observed = self.observed.lock();
-        let changed = observed
-            .as_ref()
-            .is_none_or(|o| o.holder != holder || o.renew_time != renew_time);
+        let changed = observed.as_ref().is_none_or(|o| o.holder != holder || o.renew_time != renew_time);
         if changed {
             *observed = Some(Observed { holder, renew_time, lease_duration, observed_at: now });
         } else if let Some(o) = observed.as_mut() {
@@ -320,10 +328,7 @@ impl LeaderElector {
     }
 
     fn observed_expired(&self, now: Instant) -> bool {
-        self.observed
-            .lock()
-            .as_ref()
-            .is_none_or(|o| o.observed_at + o.lease_duration <= now)
+        self.observed.lock().as_ref().is_none_or(|o| o.observed_at + o.lease_duration <= now)
     }
 
     /// Gives the lease up so a standby need not wait for it to expire.

@@ -59,9 +59,7 @@ pub enum ControllerError {
         #[source]
         source: SourceError,
     },
-    #[error(
-        "controller {controller}: timed out after {timeout:?} waiting for caches to sync: {kinds}"
-    )]
+    #[error("controller {controller}: timed out after {timeout:?} waiting for caches to sync: {kinds}")]
     CacheSyncTimeout { controller: String, kinds: String, timeout: Duration },
 }
 
@@ -194,8 +192,7 @@ impl ControllerBuilder {
         let Some(for_spec) = self.for_source else {
             return Err(invalid("no `for` source: a controller must name the kind it reconciles"));
         };
-        let limiter =
-            self.rate_limiter.unwrap_or_else(|| Arc::new(default_controller_rate_limiter()));
+        let limiter = self.rate_limiter.unwrap_or_else(|| Arc::new(default_controller_rate_limiter()));
         let queue = match &self.metrics {
             Some(m) => RateLimitingQueue::with_metrics(&self.name, m.clone(), limiter),
             None => RateLimitingQueue::new(limiter),

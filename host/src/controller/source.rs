@@ -14,8 +14,7 @@ use kube::core::GroupVersionKind;
 use parking_lot::RwLock;
 
 use crate::informer::{
-    FactoryError, HandlerRegistration, InformerFactory, InformerLease, InformerSpec,
-    ResourceEventHandler,
+    FactoryError, HandlerRegistration, InformerFactory, InformerLease, InformerSpec, ResourceEventHandler,
 };
 use crate::object::{DeletedObject, Object};
 
@@ -117,6 +116,9 @@ impl EventRegistration for InformerRegistration {
     }
 }
 
+/// Registered handlers of a [`ManualSource`], by registration id.
+type HandlerList = Arc<RwLock<Vec<(u64, Arc<dyn ResourceEventHandler>)>>>;
+
 /// A source fed by code: every `add`/`update`/`delete` is delivered synchronously, on the
 /// caller's thread, to every registered handler. It is synced once [`ManualSource::set_synced`]
 /// says so (initially true).
@@ -125,7 +127,7 @@ pub struct ManualSource {
     namespaced: bool,
     synced: Arc<AtomicBool>,
     next_id: AtomicU64,
-    handlers: Arc<RwLock<Vec<(u64, Arc<dyn ResourceEventHandler>)>>>,
+    handlers: HandlerList,
 }
 
 impl std::fmt::Debug for ManualSource {
@@ -198,18 +200,14 @@ impl EventSource for ManualSource {
     ) -> Result<Box<dyn EventRegistration>, SourceError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.handlers.write().push((id, handler));
-        Ok(Box::new(ManualRegistration {
-            id,
-            synced: self.synced.clone(),
-            handlers: self.handlers.clone(),
-        }))
+        Ok(Box::new(ManualRegistration { id, synced: self.synced.clone(), handlers: self.handlers.clone() }))
     }
 }
 
 struct ManualRegistration {
     id: u64,
     synced: Arc<AtomicBool>,
-    handlers: Arc<RwLock<Vec<(u64, Arc<dyn ResourceEventHandler>)>>>,
+    handlers: HandlerList,
 }
 
 impl EventRegistration for ManualRegistration {

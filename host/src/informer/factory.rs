@@ -93,7 +93,8 @@ impl InformerSpec {
     }
 
     fn key(&self) -> InformerKey {
-        let norm = |s: &Option<String>| s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned);
+        let norm =
+            |s: &Option<String>| s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned);
         InformerKey {
             gvk: self.gvk.clone(),
             namespace: norm(&self.namespace),
@@ -210,7 +211,8 @@ impl InformerFactory {
         let api_version = spec.gvk.api_version();
         let kind_name = format!("{api_version}/{}", spec.gvk.kind);
         if let Some(sel) = spec.label_selector.as_deref().filter(|s| !s.trim().is_empty()) {
-            LabelSelector::parse(sel).map_err(|source| FactoryError::Selector { kind: kind_name.clone(), source })?;
+            LabelSelector::parse(sel)
+                .map_err(|source| FactoryError::Selector { kind: kind_name.clone(), source })?;
         }
         let resource = self.inner.discovery.resolve(&api_version, &spec.gvk.kind).await?;
         let key = spec.key();
@@ -253,7 +255,9 @@ impl InformerFactory {
         kind_name: &str,
     ) -> Result<SharedIndexInformer, FactoryError> {
         let mut name = kind_name.to_owned();
-        for (label, value) in [("ns", &key.namespace), ("labels", &key.label_selector), ("fields", &key.field_selector)] {
+        for (label, value) in
+            [("ns", &key.namespace), ("labels", &key.label_selector), ("fields", &key.field_selector)]
+        {
             if let Some(v) = value {
                 name.push_str(&format!(" {label}={v}"));
             }

@@ -36,8 +36,7 @@ pub(crate) enum Notification {
 /// Sync state shared by an informer and its registrations.
 #[derive(Default)]
 pub(crate) struct SyncState {
-    pub(crate) informer_synced: AtomicBool,
-    /// Woken whenever the informer syncs or a listener finishes its initial list.
+    /// Woken whenever a listener finishes its initial list.
     pub(crate) changed: Notify,
 }
 

@@ -159,7 +159,12 @@ impl SharedIndexInformer {
             shared.processor.add(listener.clone());
         }
         tracing::debug!(informer = %shared.name, listener = id, ?resync, "event handler added");
-        HandlerRegistration { listener, shared: Arc::downgrade(&self.shared), sync: shared.sync.clone() }
+        HandlerRegistration {
+            listener,
+            shared: Arc::downgrade(&self.shared),
+            sync: shared.sync.clone(),
+            informer_synced: shared.fifo.synced(),
+        }
     }
 
     /// Removes a handler; it receives nothing more. Returns whether it was registered.
@@ -172,14 +177,20 @@ impl SharedIndexInformer {
         self.shared.processor.len()
     }
 
-    /// Whether the first list has been fully applied to the cache.
+    /// Whether the first list has been fully applied to the cache (and delivered to the
+    /// listeners' buffers).
     pub fn has_synced(&self) -> bool {
-        self.shared.sync.informer_synced.load(Ordering::SeqCst)
+        *self.shared.fifo.synced().borrow()
     }
 
     /// Waits until [`has_synced`](Self::has_synced) (wrap in `tokio::time::timeout`).
+    /// Returns at once if the informer was stopped before syncing.
     pub async fn wait_for_sync(&self) {
-        wait_until(&self.shared.sync, || self.has_synced()).await
+        let mut synced = self.shared.fifo.synced();
+        tokio::select! {
+            _ = synced.wait_for(|v| *v) => {}
+            _ = self.shared.cancel.cancelled() => {}
+        }
     }
 
     /// Whether the informer has been started.
@@ -232,6 +243,7 @@ impl Shared {
     }
 
     async fn process_loop(self: Arc<Self>) {
+        let mut logged_sync = false;
         loop {
             let popped = self
                 .fifo
@@ -243,9 +255,8 @@ impl Shared {
             if popped.is_err() {
                 break;
             }
-            if !self.sync.informer_synced.load(Ordering::SeqCst) && self.fifo.has_synced() {
-                self.sync.informer_synced.store(true, Ordering::SeqCst);
-                self.sync.changed.notify_waiters();
+            if !logged_sync && *self.fifo.synced().borrow() {
+                logged_sync = true;
                 tracing::info!(informer = %self.name, objects = self.indexer.len(), "informer synced");
             }
         }
@@ -303,23 +314,12 @@ impl Shared {
     }
 }
 
-async fn wait_until(sync: &SyncState, cond: impl Fn() -> bool) {
-    loop {
-        let changed = sync.changed.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        if cond() {
-            return;
-        }
-        changed.await;
-    }
-}
-
 /// A handler's registration on an informer.
 pub struct HandlerRegistration {
     listener: Arc<Listener>,
     shared: std::sync::Weak<Shared>,
     sync: Arc<SyncState>,
+    informer_synced: tokio::sync::watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for HandlerRegistration {
@@ -335,12 +335,24 @@ impl HandlerRegistration {
     /// Whether the informer has synced and this handler has handled every object of the
     /// initial list (or its synthetic adds).
     pub fn has_synced(&self) -> bool {
-        self.sync.informer_synced.load(Ordering::SeqCst) && self.listener.initial_handled()
+        *self.informer_synced.borrow() && self.listener.initial_handled()
     }
 
     /// Waits until [`has_synced`](Self::has_synced) (wrap in `tokio::time::timeout`).
     pub async fn wait_for_sync(&self) {
-        wait_until(&self.sync, || self.has_synced()).await
+        let mut informer_synced = self.informer_synced.clone();
+        if informer_synced.wait_for(|v| *v).await.is_err() {
+            return;
+        }
+        loop {
+            let changed = self.sync.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.has_synced() || self.listener.is_stopped() {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// The handler's resync period after defaults and the one-second floor.
@@ -407,7 +419,11 @@ mod tests {
             if self.panic_on == Some(new.name()) {
                 panic!("handler fails on {}", new.name());
             }
-            let _ = self.tx.send(Ev::Update(new.key().into(), old.resource_version().into(), new.resource_version().into()));
+            let _ = self.tx.send(Ev::Update(
+                new.key().into(),
+                old.resource_version().into(),
+                new.resource_version().into(),
+            ));
         }
         fn on_delete(&self, obj: &DeletedObject) {
             self.wait_gate();
@@ -653,6 +669,20 @@ mod tests {
         assert_eq!(next(&mut rx).await, add("a", 1, true));
         assert_eq!(next(&mut rx).await, Ev::Update("ns/a".into(), "1".into(), "1".into()));
         assert!(start.elapsed() >= Duration::from_secs(30), "resync waited for its period");
+        inf.stop();
+    }
+
+    #[tokio::test]
+    async fn empty_initial_list_syncs_informer_and_handlers() {
+        let inf = informer();
+        let (h, _rx) = recorder();
+        let reg = inf.add_event_handler(h, None);
+        inf.start_processing();
+        assert!(!inf.has_synced());
+        inf.fifo().replace(Vec::new());
+        inf.wait_for_sync().await;
+        reg.wait_for_sync().await;
+        assert!(inf.has_synced() && reg.has_synced());
         inf.stop();
     }
 

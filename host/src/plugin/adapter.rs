@@ -1,6 +1,6 @@
-//! A [`Plugin`] as the rest of the host sees it: the controller's [`Reconciler`], an
-//! informer [`ResourceEventHandler`] for its `on-add`/`on-update`/`on-delete` hooks, and
-//! the `map`/`filter` hooks.
+//! A [`Plugin`] as the rest of the host sees it: the controller's [`Reconciler`],
+//! [`Mapper`] (`map`) and [`Filter`] (`filter`), and an informer
+//! [`ResourceEventHandler`] for its `on-add`/`on-update`/`on-delete` hooks.
 //!
 //! Invariants:
 //! - No Wasm runs on a tokio worker: reconciles go to `spawn_blocking`; notifications are
@@ -16,14 +16,25 @@ use futures::future::BoxFuture;
 
 use super::runtime::{FilterInput, Plugin};
 use super::spec::Gvk;
-use crate::controller::{Action, ReconcileError, Reconciler, Request};
+use crate::controller::{Action, Filter, FilterEvent, Mapper, ReconcileError, Reconciler, Request};
 use crate::informer::ResourceEventHandler;
 use crate::object::{DeletedObject, Object};
 
 enum Notification {
-    Add { kind: Arc<Gvk>, object: Arc<Object>, in_initial_list: bool },
-    Update { kind: Arc<Gvk>, old: Arc<Object>, new: Arc<Object> },
-    Delete { kind: Arc<Gvk>, object: DeletedObject },
+    Add {
+        kind: Arc<Gvk>,
+        object: Arc<Object>,
+        in_initial_list: bool,
+    },
+    Update {
+        kind: Arc<Gvk>,
+        old: Arc<Object>,
+        new: Arc<Object>,
+    },
+    Delete {
+        kind: Arc<Gvk>,
+        object: DeletedObject,
+    },
     /// Answered once every notification queued before it was delivered.
     Barrier(mpsc::SyncSender<()>),
 }
@@ -46,7 +57,9 @@ impl PluginReconciler {
                     Notification::Add { kind, object, in_initial_list } => {
                         p.on_add_blocking(kind, object.json(), *in_initial_list)
                     }
-                    Notification::Update { kind, old, new } => p.on_update_blocking(kind, old.json(), new.json()),
+                    Notification::Update { kind, old, new } => {
+                        p.on_update_blocking(kind, old.json(), new.json())
+                    }
                     Notification::Delete { kind, object } => {
                         p.on_delete_blocking(kind, object.object().json(), object.is_final_state_unknown())
                     }
@@ -79,7 +92,11 @@ impl PluginReconciler {
 
     /// A handler for the informer of `kind` that forwards to the plugin's hooks.
     pub fn event_handler(&self, kind: Gvk) -> Arc<dyn ResourceEventHandler> {
-        Arc::new(HookHandler { kind: Arc::new(kind), plugin: self.plugin.clone(), tx: self.notifications.clone() })
+        Arc::new(HookHandler {
+            kind: Arc::new(kind),
+            plugin: self.plugin.clone(),
+            tx: self.notifications.clone(),
+        })
     }
 
     /// The plugin's `map` for a `watches` kind: the requests an object of `kind` affects.
@@ -114,8 +131,31 @@ impl PluginReconciler {
 /// Runs blocking plugin code without stalling a multi-threaded runtime's worker.
 fn off_worker<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
         _ => f(),
+    }
+}
+
+fn gvk_of(kind: &kube::core::GroupVersionKind) -> Gvk {
+    Gvk::new(kind.api_version(), kind.kind.clone())
+}
+
+impl Mapper for PluginReconciler {
+    fn map(&self, kind: &kube::core::GroupVersionKind, obj: &Arc<Object>) -> Vec<Request> {
+        PluginReconciler::map(self, &gvk_of(kind), obj)
+    }
+}
+
+impl Filter for PluginReconciler {
+    fn filter(&self, kind: &kube::core::GroupVersionKind, event: FilterEvent<'_>) -> bool {
+        let input = match event {
+            FilterEvent::Create(o) => FilterInput::Create(o.json()),
+            FilterEvent::Update { old, new } => FilterInput::Update(old.json(), new.json()),
+            FilterEvent::Delete(d) => FilterInput::Delete(d.object().json()),
+        };
+        PluginReconciler::filter(self, &gvk_of(kind), input)
     }
 }
 

@@ -28,9 +28,40 @@ pub trait CacheReader: Send + Sync + 'static {
     fn get(&self, key: &str) -> Option<Arc<Object>>;
     /// Every object, optionally only in `namespace`, optionally only those matching a
     /// Kubernetes label selector.
-    fn list(&self, namespace: Option<&str>, label_selector: Option<&str>) -> Result<Vec<Arc<Object>>, CacheReadError>;
+    fn list(
+        &self,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<Arc<Object>>, CacheReadError>;
     /// Objects whose index `index` contains `value`.
     fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<Object>>, CacheReadError>;
+}
+
+/// The informer's indexer is the production cache: label selectors use the cache
+/// module's parser (the full Kubernetes syntax), indexes are the informer's.
+impl CacheReader for crate::cache::Indexer {
+    fn get(&self, key: &str) -> Option<Arc<Object>> {
+        crate::cache::Indexer::get(self, key)
+    }
+
+    fn list(
+        &self,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        let selector = match label_selector.filter(|s| !s.trim().is_empty()) {
+            Some(text) => crate::cache::LabelSelector::parse(text).map_err(|e| {
+                CacheReadError::InvalidSelector { selector: text.to_owned(), reason: e.to_string() }
+            })?,
+            None => crate::cache::LabelSelector::default(),
+        };
+        Ok(self.list_selected(namespace, &selector))
+    }
+
+    fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        crate::cache::Indexer::by_index(self, index, value)
+            .map_err(|_| CacheReadError::UnknownIndex(index.to_owned()))
+    }
 }
 
 impl HostState {
@@ -38,7 +69,10 @@ impl HostState {
         let kind = Gvk { api_version: kind.api_version, kind: kind.kind };
         self.ctx.check_read(&kind, &self.call, op)?;
         self.ctx.caches.get(&kind).ok_or_else(|| {
-            WitError::Unavailable(format!("the host has no cache of {kind} for plugin {}", self.plugin_name()))
+            WitError::Unavailable(format!(
+                "the host has no cache of {kind} for plugin {}",
+                self.plugin_name()
+            ))
         })
     }
 }
@@ -79,7 +113,12 @@ impl Host for HostState {
             .map_err(|e| WitError::Invalid(e.to_string())))
     }
 
-    fn by_index(&mut self, kind: WitGvk, index: String, value: String) -> wasmtime::Result<Result<Vec<Vec<u8>>, WitError>> {
+    fn by_index(
+        &mut self,
+        kind: WitGvk,
+        index: String,
+        value: String,
+    ) -> wasmtime::Result<Result<Vec<Vec<u8>>, WitError>> {
         let cache = match self.cache_for(kind, "cache.by-index") {
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),

@@ -22,11 +22,13 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::bindings::wasmctrl::controller::client::{DeleteOptions, Host, PatchBody as WitPatch, Propagation};
+use super::bindings::wasmctrl::controller::client::{
+    DeleteOptions, Host, PatchBody as WitPatch, Propagation,
+};
 use super::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
 use super::events::EventRecorder;
 use super::spec::Gvk;
-use super::state::{CallInfo, HostState};
+use super::state::HostState;
 
 /// A kind the API server serves, as discovery described it.
 #[derive(Clone, Debug)]
@@ -47,7 +49,11 @@ pub struct KubeServices {
 impl KubeServices {
     /// Cluster access for plugins through `client`; requests run on `runtime` (which must
     /// be a multi-threaded runtime: plugin calls block while they wait).
-    pub fn new(client: kube::Client, runtime: tokio::runtime::Handle, reporting_instance: impl Into<String>) -> Arc<Self> {
+    pub fn new(
+        client: kube::Client,
+        runtime: tokio::runtime::Handle,
+        reporting_instance: impl Into<String>,
+    ) -> Arc<Self> {
         Arc::new(KubeServices {
             events: EventRecorder::new(reporting_instance.into()),
             client,
@@ -71,7 +77,9 @@ impl KubeServices {
         self.runtime.spawn(async move {
             let result = match tokio::time::timeout_at(until, fut).await {
                 Ok(r) => r,
-                Err(_) => Err(WitError::Unavailable("the call's deadline passed while waiting for the API server".into())),
+                Err(_) => Err(WitError::Unavailable(
+                    "the call's deadline passed while waiting for the API server".into(),
+                )),
             };
             let _ = tx.send(result);
         });
@@ -88,8 +96,12 @@ impl KubeServices {
         let shown = kind.to_string();
         let resolved = self.block_on(deadline, async move {
             match kube::discovery::pinned_kind(&client, &gvk).await {
-                Ok((resource, caps)) => Ok(ResolvedKind { resource, namespaced: caps.scope == Scope::Namespaced }),
-                Err(kube::Error::Discovery(_)) => Err(WitError::Invalid(format!("the API server does not serve {shown}"))),
+                Ok((resource, caps)) => {
+                    Ok(ResolvedKind { resource, namespaced: caps.scope == Scope::Namespaced })
+                }
+                Err(kube::Error::Discovery(_)) => {
+                    Err(WitError::Invalid(format!("the API server does not serve {shown}")))
+                }
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     Err(WitError::Invalid(format!("the API server does not serve {shown}")))
                 }
@@ -155,11 +167,19 @@ struct Target {
 }
 
 fn target_of(object: &[u8]) -> Result<Target, WitError> {
-    let head: Head<'_> =
-        serde_json::from_slice(object).map_err(|e| WitError::Invalid(format!("object is not valid JSON: {e}")))?;
-    let api_version = head.api_version.filter(|s| !s.is_empty()).ok_or_else(|| WitError::Invalid("object has no apiVersion".into()))?;
-    let kind = head.kind.filter(|s| !s.is_empty()).ok_or_else(|| WitError::Invalid("object has no kind".into()))?;
-    let name = head.metadata.name.filter(|s| !s.is_empty()).ok_or_else(|| WitError::Invalid("object has no metadata.name".into()))?;
+    let head: Head<'_> = serde_json::from_slice(object)
+        .map_err(|e| WitError::Invalid(format!("object is not valid JSON: {e}")))?;
+    let api_version = head
+        .api_version
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| WitError::Invalid("object has no apiVersion".into()))?;
+    let kind =
+        head.kind.filter(|s| !s.is_empty()).ok_or_else(|| WitError::Invalid("object has no kind".into()))?;
+    let name = head
+        .metadata
+        .name
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| WitError::Invalid("object has no metadata.name".into()))?;
     Ok(Target {
         kind: Gvk::new(api_version, kind),
         namespace: head.metadata.namespace.filter(|s| !s.is_empty()).map(|s| s.into_owned()),
@@ -175,8 +195,10 @@ fn validate_segment(what: &str, s: &str) -> Result<(), WitError> {
 }
 
 fn raw_json(bytes: &[u8], what: &str) -> Result<Box<RawValue>, WitError> {
-    let text = std::str::from_utf8(bytes).map_err(|e| WitError::Invalid(format!("{what} is not UTF-8: {e}")))?;
-    RawValue::from_string(text.to_owned()).map_err(|e| WitError::Invalid(format!("{what} is not valid JSON: {e}")))
+    let text =
+        std::str::from_utf8(bytes).map_err(|e| WitError::Invalid(format!("{what} is not UTF-8: {e}")))?;
+    RawValue::from_string(text.to_owned())
+        .map_err(|e| WitError::Invalid(format!("{what} is not valid JSON: {e}")))
 }
 
 fn build_error(e: kube::core::request::Error) -> WitError {
@@ -207,7 +229,8 @@ impl HostState {
         let kube = self.kube()?;
         let resolved = kube.resolve(kind, self.call.deadline)?;
         let namespace = if resolved.namespaced {
-            let ns = namespace.map(str::to_owned).unwrap_or_else(|| kube.client.default_namespace().to_owned());
+            let ns =
+                namespace.map(str::to_owned).unwrap_or_else(|| kube.client.default_namespace().to_owned());
             validate_segment("namespace", &ns)?;
             Some(ns)
         } else {
@@ -234,7 +257,12 @@ impl HostState {
         &self,
         object: Vec<u8>,
         op: &'static str,
-        build: impl FnOnce(&kube::core::Request, &Target, &PostParams, Vec<u8>) -> Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+        build: impl FnOnce(
+            &kube::core::Request,
+            &Target,
+            &PostParams,
+            Vec<u8>,
+        ) -> Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     ) -> Result<Vec<u8>, WitError> {
         self.ctx.check_input_size(object.len(), "the object")?;
         let target = target_of(&object)?;
@@ -263,7 +291,8 @@ impl HostState {
         self.ctx.check_input_size(body.len(), "the patch")?;
         let raw = raw_json(&body, "the patch")?;
         let (kube, req, _) = self.collection(&kind, namespace.as_deref(), true, op)?;
-        let pp = PatchParams { field_manager: Some(self.ctx.spec.field_manager.clone()), ..Default::default() };
+        let pp =
+            PatchParams { field_manager: Some(self.ctx.spec.field_manager.clone()), ..Default::default() };
         // kube builds merge patches; the body is the same bytes for every patch type, only
         // the content type tells the server how to read it.
         let patch = Patch::Merge(raw);
@@ -277,18 +306,19 @@ impl HostState {
     }
 }
 
-fn call_info_deadline(call: &CallInfo) -> Instant {
-    call.deadline
-}
-
 impl Host for HostState {
-    fn get(&mut self, kind: WitGvk, namespace: Option<String>, name: String) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+    fn get(
+        &mut self,
+        kind: WitGvk,
+        namespace: Option<String>,
+        name: String,
+    ) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
         let kind = Gvk { api_version: kind.api_version, kind: kind.kind };
         let result = (|| {
             validate_segment("name", &name)?;
             let (kube, req, _) = self.collection(&kind, namespace.as_deref(), false, "client.get")?;
             let http = req.get(&name, &GetParams::default()).map_err(build_error)?;
-            kube.send(call_info_deadline(&self.call), http).map(String::into_bytes)
+            kube.send(self.call.deadline, http).map(String::into_bytes)
         })();
         Ok(result)
     }
@@ -317,7 +347,8 @@ impl Host for HostState {
             let target = target_of(&object)?;
             validate_segment("name", &target.name)?;
             let raw = raw_json(&object, "the object")?;
-            let (kube, req, _) = self.collection(&target.kind, target.namespace.as_deref(), true, "client.apply")?;
+            let (kube, req, _) =
+                self.collection(&target.kind, target.namespace.as_deref(), true, "client.apply")?;
             let mut pp = PatchParams::apply(&self.ctx.spec.field_manager);
             pp.force = force;
             let http = req.patch(&target.name, &pp, &Patch::Apply(raw)).map_err(build_error)?;
@@ -354,7 +385,7 @@ impl Host for HostState {
             validate_segment("name", &name)?;
             let (kube, req, _) = self.collection(&kind, namespace.as_deref(), true, "client.delete")?;
             let preconditions = (options.uid.is_some() || options.resource_version.is_some())
-                .then(|| Preconditions { uid: options.uid, resource_version: options.resource_version });
+                .then_some(Preconditions { uid: options.uid, resource_version: options.resource_version });
             let dp = DeleteParams {
                 preconditions,
                 propagation_policy: options.propagation.map(|p| match p {
@@ -377,8 +408,10 @@ mod tests {
 
     #[test]
     fn target_reads_where_an_object_belongs() {
-        let t = target_of(br#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"a","namespace":"ns"}}"#)
-            .unwrap_or_else(|e| panic!("{e:?}"));
+        let t = target_of(
+            br#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"a","namespace":"ns"}}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(t.kind, Gvk::new("apps/v1", "Deployment"));
         assert_eq!(t.namespace.as_deref(), Some("ns"));
         assert_eq!(t.name, "a");

@@ -224,7 +224,12 @@ impl PluginEngine {
             // (part of the file name); it is trusted like the host binary.
             match unsafe { Component::deserialize_file(&self.inner.engine, &path) } {
                 Ok(component) => {
-                    return Ok(LoadedComponent { component, hash, from_cache: true, elapsed: start.elapsed() });
+                    return Ok(LoadedComponent {
+                        component,
+                        hash,
+                        from_cache: true,
+                        elapsed: start.elapsed(),
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "cached component unusable; recompiling");
@@ -237,10 +242,18 @@ impl PluginEngine {
             .engine
             .precompile_component(wasm)
             .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
-        write_atomically(dir, &path, &artifact)?;
-        // SAFETY: as above; the file was written by this process just now.
-        let component = unsafe { Component::deserialize_file(&self.inner.engine, &path) }
-            .map_err(|e| PluginError::Compile(format!("loading {}: {e:#}", path.display())))?;
+        let component = match write_atomically(dir, &path, &artifact) {
+            // SAFETY: as above; the file was written by this process just now. Loading
+            // from the file (not the bytes) lets wasmtime map it copy-on-write.
+            Ok(()) => unsafe { Component::deserialize_file(&self.inner.engine, &path) },
+            Err(e) => {
+                // A read-only or full cache directory must not stop plugins from loading.
+                tracing::warn!(error = %e, "compile cache not writable; using the artifact from memory");
+                // SAFETY: `artifact` was produced by this engine's `precompile_component` just now.
+                unsafe { Component::deserialize(&self.inner.engine, &artifact) }
+            }
+        }
+        .map_err(|e| PluginError::Compile(format!("loading the compiled component: {e:#}")))?;
         Ok(LoadedComponent { component, hash, from_cache: false, elapsed: start.elapsed() })
     }
 

@@ -76,7 +76,11 @@ pub(crate) struct EventRecorder {
 
 impl EventRecorder {
     pub fn new(reporting_instance: String) -> Self {
-        EventRecorder { reporting_instance, state: Mutex::new(RecorderState::default()), core_v1: AtomicBool::new(false) }
+        EventRecorder {
+            reporting_instance,
+            state: Mutex::new(RecorderState::default()),
+            core_v1: AtomicBool::new(false),
+        }
     }
 
     /// Decides what to send for `event` at `now`: `None` when the spam filter drops it.
@@ -89,7 +93,8 @@ impl EventRecorder {
             state.buckets.retain(|_, b| now.duration_since(b.at) < REFILL.mul_f64(BURST));
         }
         let bucket = state.buckets.entry(regarding.clone()).or_insert(Bucket { tokens: BURST, at: now });
-        bucket.tokens = (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() / REFILL.as_secs_f64()).min(BURST);
+        bucket.tokens =
+            (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() / REFILL.as_secs_f64()).min(BURST);
         bucket.at = now;
         if bucket.tokens < 1.0 {
             return None;
@@ -111,15 +116,27 @@ impl EventRecorder {
         if state.seen.len() > MAX_TRACKED {
             state.seen.retain(|_, s| now.duration_since(s.first) < AGGREGATION_WINDOW);
         }
-        if let Some(seen) = state.seen.get_mut(&key).filter(|s| now.duration_since(s.first) < AGGREGATION_WINDOW) {
+        if let Some(seen) =
+            state.seen.get_mut(&key).filter(|s| now.duration_since(s.first) < AGGREGATION_WINDOW)
+        {
             seen.count += 1;
-            return Some(Send::Series { namespace: seen.namespace.clone(), name: seen.name.clone(), count: seen.count });
+            return Some(Send::Series {
+                namespace: seen.namespace.clone(),
+                name: seen.name.clone(),
+                count: seen.count,
+            });
         }
         let stamp = jiff_now();
         let name = format!("{}.{:x}", r.name, stamp.as_nanosecond());
-        state.seen.insert(key, Seen { namespace: namespace.clone(), name: name.clone(), count: 1, first: now });
+        state
+            .seen
+            .insert(key, Seen { namespace: namespace.clone(), name: name.clone(), count: 1, first: now });
         let event = Event {
-            metadata: ObjectMeta { name: Some(name), namespace: Some(namespace.clone()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
             event_time: Some(MicroTime(stamp)),
             type_: Some(event_type.to_owned()),
             reason: Some(event.reason.clone()),
@@ -204,7 +221,9 @@ impl Host for HostState {
             return Ok(Err(WitError::Invalid("an event needs a reason and an action".into())));
         }
         if event.regarding.name.is_empty() || event.regarding.kind.kind.is_empty() {
-            return Ok(Err(WitError::Invalid("an event needs the kind and name of the object it regards".into())));
+            return Ok(Err(WitError::Invalid(
+                "an event needs the kind and name of the object it regards".into(),
+            )));
         }
         if event.note.len() > MAX_NOTE {
             let mut end = MAX_NOTE;
@@ -215,7 +234,11 @@ impl Host for HostState {
         }
         let kube = match self.ctx.kube.clone() {
             Some(k) => k,
-            None => return Ok(Err(WitError::Unavailable("this host runs plugins without cluster access".into()))),
+            None => {
+                return Ok(Err(WitError::Unavailable(
+                    "this host runs plugins without cluster access".into(),
+                )));
+            }
         };
         let plugin = self.plugin_name().to_owned();
         let Some(send) = kube.events.plan(&plugin, &event, Instant::now()) else {
@@ -255,7 +278,9 @@ mod tests {
     fn identical_events_aggregate_into_a_series() {
         let r = EventRecorder::new("host".into());
         let t = Instant::now();
-        let Some(Send::Create { event: first, .. }) = r.plan("p", &event("a"), t) else { panic!("expected create") };
+        let Some(Send::Create { event: first, .. }) = r.plan("p", &event("a"), t) else {
+            panic!("expected create")
+        };
         match r.plan("p", &event("a"), t + Duration::from_secs(1)) {
             Some(Send::Series { name, count, .. }) => {
                 assert_eq!(Some(name), first.metadata.name);

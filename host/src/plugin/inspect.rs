@@ -6,9 +6,9 @@
 
 use std::fmt;
 
+use super::PluginError;
 use super::bindings::PluginPre;
 use super::engine::PluginEngine;
-use super::PluginError;
 
 /// The interface a plugin must export; its package names the world it targets.
 const RECONCILER: &str = "wasmctrl:controller/reconciler";

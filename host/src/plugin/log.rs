@@ -39,10 +39,8 @@ impl Host for HostState {
         let request = self.call.request.as_deref().unwrap_or("");
         let export = self.call.export;
         // Guest fields are dynamic, tracing's are static: render them as one `k=v` list.
-        let fields = truncate(
-            fields.iter().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join(" "),
-            max,
-        );
+        let fields =
+            truncate(fields.iter().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join(" "), max);
         match level {
             Level::Trace => tracing::trace!(target: TARGET, plugin, export, request, fields, "{message}"),
             Level::Debug => tracing::debug!(target: TARGET, plugin, export, request, fields, "{message}"),

@@ -23,7 +23,7 @@ pub mod engine;
 mod events;
 pub mod inspect;
 mod log;
-mod pool;
+pub mod pool;
 pub mod runtime;
 pub mod spec;
 mod state;

@@ -13,7 +13,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 /// A bounded pool of `T`.
-pub(crate) struct Pool<T> {
+pub struct Pool<T> {
     max: usize,
     state: Mutex<PoolState<T>>,
     freed: Condvar,
@@ -24,18 +24,25 @@ struct PoolState<T> {
     live: usize,
 }
 
-/// Why no instance could be had.
+/// Why no item could be had.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum CheckoutError<E> {
+pub enum CheckoutError<E> {
+    /// All `max` items stayed checked out until the deadline.
     #[error("all {0} instances stayed busy until the call's deadline")]
     Exhausted(usize),
+    /// Creating a new item failed.
     #[error(transparent)]
     Create(E),
 }
 
 impl<T> Pool<T> {
+    /// A pool of at most `max` (at least 1) live items.
     pub fn new(max: usize) -> Self {
-        Pool { max: max.max(1), state: Mutex::new(PoolState { idle: Vec::new(), live: 0 }), freed: Condvar::new() }
+        Pool {
+            max: max.max(1),
+            state: Mutex::new(PoolState { idle: Vec::new(), live: 0 }),
+            freed: Condvar::new(),
+        }
     }
 
     /// Adds an already created instance (counts against `max`; dropped if the pool is full).
@@ -50,7 +57,11 @@ impl<T> Pool<T> {
 
     /// An idle instance, or a new one from `create` when below `max`, or waits for one to
     /// come back until `deadline`.
-    pub fn checkout<E>(&self, deadline: Instant, create: impl FnOnce() -> Result<T, E>) -> Result<Lease<'_, T>, CheckoutError<E>> {
+    pub fn checkout<E>(
+        &self,
+        deadline: Instant,
+        create: impl FnOnce() -> Result<T, E>,
+    ) -> Result<Lease<'_, T>, CheckoutError<E>> {
         let mut s = self.state.lock();
         loop {
             if let Some(item) = s.idle.pop() {
@@ -96,7 +107,7 @@ impl<T> Pool<T> {
 }
 
 /// A checked-out instance; returns to the pool on drop unless poisoned.
-pub(crate) struct Lease<'a, T> {
+pub struct Lease<'a, T> {
     pool: &'a Pool<T>,
     item: Option<T>,
     poisoned: bool,
@@ -108,6 +119,7 @@ impl<T> Lease<'_, T> {
         self.poisoned = true;
     }
 
+    /// The checked-out item.
     pub fn get(&mut self) -> &mut T {
         // `item` is only taken in `drop`.
         self.item.as_mut().unwrap_or_else(|| unreachable!("lease used after drop"))

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use wasmtime::Store;
 use wasmtime::component::Component;
 
+use super::PluginError;
 use super::bindings::exports::wasmctrl::controller::reconciler::{
     FilterEvent, Hooks, ReconcileError as WitReconcileError, ReconcileResult,
 };
@@ -28,7 +29,6 @@ use super::engine::{PluginCallLabels, PluginEngine};
 use super::pool::{CheckoutError, Pool};
 use super::spec::{Gvk, PluginSpec};
 use super::state::{CallInfo, HostState, PluginContext};
-use super::PluginError;
 use crate::controller::{Action, ReconcileError, Request};
 
 /// What the host gives a plugin beyond its spec: the caches of its readable kinds and
@@ -118,7 +118,12 @@ impl Plugin {
     /// Compiles (or loads from the compile cache) `wasm`, checks it targets the `plugin`
     /// world, creates a first instance and runs its `init`. Blocking: run it on a blocking
     /// thread. Fails, leaving nothing behind, when any step fails.
-    pub fn load(engine: &PluginEngine, spec: PluginSpec, wasm: &[u8], env: PluginEnv) -> Result<Plugin, PluginError> {
+    pub fn load(
+        engine: &PluginEngine,
+        spec: PluginSpec,
+        wasm: &[u8],
+        env: PluginEnv,
+    ) -> Result<Plugin, PluginError> {
         let loaded = engine.load_component(wasm)?;
         Self::from_component(engine, spec, &loaded.component, loaded.hash, env)
     }
@@ -144,9 +149,21 @@ impl Plugin {
         // One instance per concurrent reconcile plus one for notifications (hooks, map,
         // filter), so those never wait behind a full set of reconciles.
         let pool = Pool::new(spec.concurrency + 1);
-        let ctx = Arc::new(PluginContext { spec, caches: env.caches, kube: env.kube, metrics: engine.metrics().clone() });
-        let mut inner =
-            PluginInner { engine: engine.clone(), pre, ctx, pool, hooks: PluginHooks::default(), version, deadline_ticks };
+        let ctx = Arc::new(PluginContext {
+            spec,
+            caches: env.caches,
+            kube: env.kube,
+            metrics: engine.metrics().clone(),
+        });
+        let mut inner = PluginInner {
+            engine: engine.clone(),
+            pre,
+            ctx,
+            pool,
+            hooks: PluginHooks::default(),
+            version,
+            deadline_ticks,
+        };
         let (first, hooks) = inner
             .instantiate()
             .map_err(|e| PluginError::Init { plugin: name.clone(), reason: e.to_string() })?;
@@ -210,7 +227,12 @@ impl Plugin {
     pub fn on_add_blocking(&self, kind: &Gvk, object: &[u8], in_initial_list: bool) -> Result<(), CallError> {
         let kind = wit_gvk(kind);
         self.inner.call("on-add", None, |inst| {
-            inst.bindings.wasmctrl_controller_reconciler().call_on_add(&mut inst.store, &kind, &object.to_vec(), in_initial_list)
+            inst.bindings.wasmctrl_controller_reconciler().call_on_add(
+                &mut inst.store,
+                &kind,
+                &object.to_vec(),
+                in_initial_list,
+            )
         })
     }
 
@@ -218,15 +240,30 @@ impl Plugin {
     pub fn on_update_blocking(&self, kind: &Gvk, old: &[u8], new: &[u8]) -> Result<(), CallError> {
         let kind = wit_gvk(kind);
         self.inner.call("on-update", None, |inst| {
-            inst.bindings.wasmctrl_controller_reconciler().call_on_update(&mut inst.store, &kind, &old.to_vec(), &new.to_vec())
+            inst.bindings.wasmctrl_controller_reconciler().call_on_update(
+                &mut inst.store,
+                &kind,
+                &old.to_vec(),
+                &new.to_vec(),
+            )
         })
     }
 
     /// Calls `on-delete`. Blocking.
-    pub fn on_delete_blocking(&self, kind: &Gvk, object: &[u8], final_state_unknown: bool) -> Result<(), CallError> {
+    pub fn on_delete_blocking(
+        &self,
+        kind: &Gvk,
+        object: &[u8],
+        final_state_unknown: bool,
+    ) -> Result<(), CallError> {
         let kind = wit_gvk(kind);
         self.inner.call("on-delete", None, |inst| {
-            inst.bindings.wasmctrl_controller_reconciler().call_on_delete(&mut inst.store, &kind, &object.to_vec(), final_state_unknown)
+            inst.bindings.wasmctrl_controller_reconciler().call_on_delete(
+                &mut inst.store,
+                &kind,
+                &object.to_vec(),
+                final_state_unknown,
+            )
         })
     }
 
@@ -235,9 +272,14 @@ impl Plugin {
         let wit_kind = wit_gvk(kind);
         let max = self.inner.ctx.spec.limits.max_output;
         let requests = self.inner.call("map", None, |inst| {
-            let list = inst.bindings.wasmctrl_controller_reconciler().call_map(&mut inst.store, &wit_kind, &object.to_vec())?;
+            let list = inst.bindings.wasmctrl_controller_reconciler().call_map(
+                &mut inst.store,
+                &wit_kind,
+                &object.to_vec(),
+            )?;
             // Per request: the two strings plus the fixed part of its canonical-ABI layout.
-            let size: usize = list.iter().map(|r| 20 + r.name.len() + r.namespace.as_ref().map_or(0, String::len)).sum();
+            let size: usize =
+                list.iter().map(|r| 20 + r.name.len() + r.namespace.as_ref().map_or(0, String::len)).sum();
             check_output(size, max)?;
             Ok(list)
         })?;
@@ -302,14 +344,17 @@ impl PluginInner {
             .instantiations
             .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: "init".into() })
             .inc();
-        let bindings = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| CallError::Init { plugin: plugin.clone(), reason: describe_error(&e, &store, &self.ctx) })?;
+        let bindings = self.pre.instantiate(&mut store).map_err(|e| CallError::Init {
+            plugin: plugin.clone(),
+            reason: describe_error(&e, &store, &self.ctx),
+        })?;
         let init = bindings
             .wasmctrl_controller_reconciler()
             .call_init(&mut store, &self.ctx.spec.settings.to_vec())
-            .map_err(|e| CallError::Init { plugin: plugin.clone(), reason: describe_error(&e, &store, &self.ctx) })?;
+            .map_err(|e| CallError::Init {
+                plugin: plugin.clone(),
+                reason: describe_error(&e, &store, &self.ctx),
+            })?;
         let info = init.map_err(|reason| CallError::Init { plugin: plugin.clone(), reason })?;
         Ok((Instance { store, bindings }, info.hooks.into()))
     }
@@ -333,7 +378,7 @@ impl PluginInner {
         inst.store.set_epoch_deadline(self.deadline_ticks);
         let data = inst.store.data_mut();
         data.call = CallInfo { export, request, deadline };
-        data.stderr.lock().last_line = None;
+        data.stderr.lock().clear();
         match f(inst) {
             Ok(r) => Ok(r),
             Err(e) => {
@@ -359,22 +404,33 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, ctx: &PluginCon
         match trap {
             wasmtime::Trap::Interrupt => format!("deadline of {:?} exceeded", ctx.spec.limits.deadline),
             wasmtime::Trap::StackOverflow => "stack overflow".to_owned(),
-            wasmtime::Trap::UnreachableCodeReached => "unreachable executed (guest panic or abort)".to_owned(),
+            // Rust guests keep large frames on a shadow stack in linear memory; running
+            // off its end reads below address 0.
+            wasmtime::Trap::MemoryOutOfBounds => {
+                "out of bounds memory access (a guest stack overflow looks like this too)".to_owned()
+            }
+            wasmtime::Trap::UnreachableCodeReached => {
+                "unreachable executed (guest panic or abort)".to_owned()
+            }
             other => other.to_string(),
         }
     } else if let Some(too_large) = e.downcast_ref::<OutputTooLarge>() {
         too_large.to_string()
     } else {
-        let text = format!("{e:#}");
-        if text.contains("memory growth failure") || text.contains("memory.grow") {
-            format!("out of memory: the plugin's memory limit of {} bytes was reached", ctx.spec.limits.memory)
+        // The root cause, without wasmtime's backtrace context.
+        let text = e.root_cause().to_string();
+        if text.contains("growing memory") || text.contains("memory growth") {
+            format!(
+                "out of memory: the plugin's memory limit of {} bytes was reached",
+                ctx.spec.limits.memory
+            )
         } else {
             text
         }
     };
-    if let Some(line) = store.data().stderr.lock().last_line.take() {
+    if let Some(text) = store.data().stderr.lock().explanation() {
         reason.push_str(" — guest stderr: ");
-        reason.push_str(&line);
+        reason.push_str(&text);
     }
     reason
 }

@@ -13,7 +13,9 @@ use bytes::Bytes;
 /// A kind as a manifest writes it: `apiVersion` + `kind` (`apps/v1` + `Deployment`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Gvk {
+    /// `v1`, `apps/v1`, `example.com/v1alpha1`.
     pub api_version: String,
+    /// `ConfigMap`, `Deployment`.
     pub kind: String,
 }
 
@@ -163,7 +165,9 @@ pub struct PluginSpec {
     pub for_kind: Gvk,
     /// Instances kept for concurrent calls (the controller's max concurrent reconciles).
     pub concurrency: usize,
+    /// Sandbox limits of every call and instance.
     pub limits: SandboxLimits,
+    /// Kinds the plugin may read and write.
     pub permissions: Permissions,
     /// The `[settings]` table as JSON, handed to `init` and `config.settings`.
     pub settings: Bytes,

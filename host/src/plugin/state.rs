@@ -4,6 +4,8 @@
 //! - The WASI context grants nothing: no preopened directories, no environment, no
 //!   arguments, no network (TCP, UDP and name lookup off), no stdin. stdout and stderr
 //!   become `tracing` lines tagged with the plugin's name; nothing reaches the host's stdio.
+//!   What std itself reads stays available: random bytes (HashMap seeds) and the wall and
+//!   monotonic clocks (status timestamps), both read-only.
 //! - [`CallInfo`] describes the call in progress (export, request, deadline) so imports can
 //!   tag logs and bound their own waiting; it is reset before every call.
 
@@ -77,7 +79,9 @@ impl PluginContext {
     pub fn check_input_size(&self, len: usize, what: &str) -> Result<(), WitError> {
         let max = self.spec.limits.max_output;
         if len > max {
-            return Err(WitError::Invalid(format!("{what} is {len} bytes, over the plugin's max-output of {max}")));
+            return Err(WitError::Invalid(format!(
+                "{what} is {len} bytes, over the plugin's max-output of {max}"
+            )));
         }
         Ok(())
     }
@@ -148,11 +152,44 @@ impl WasiView for HostState {
     }
 }
 
-/// What the guest wrote to stderr, kept to explain a trap.
+/// Lines of stderr kept per call to explain a trap.
+const KEPT_LINES: usize = 8;
+
+/// What the guest wrote to stderr during the current call, kept to explain a trap.
 #[derive(Default)]
 pub(crate) struct GuestStderr {
-    /// The last complete line written during the current call.
-    pub last_line: Option<String>,
+    /// The last few lines, oldest first.
+    lines: std::collections::VecDeque<String>,
+}
+
+impl GuestStderr {
+    /// Forgets the previous call's lines.
+    pub fn clear(&mut self) {
+        self.lines.clear();
+    }
+
+    fn push(&mut self, line: &str) {
+        if self.lines.len() == KEPT_LINES {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(line.to_owned());
+    }
+
+    /// The guest's explanation of a trap: a Rust panic's `panicked at` line and message
+    /// when present, else the last line written; `None` if it wrote nothing.
+    pub fn explanation(&self) -> Option<String> {
+        if let Some(i) = self.lines.iter().rposition(|l| l.contains("panicked at")) {
+            let text: Vec<&str> = self
+                .lines
+                .iter()
+                .skip(i)
+                .filter(|l| !l.starts_with("note: run with `RUST_BACKTRACE"))
+                .map(String::as_str)
+                .collect();
+            return Some(text.join(" "));
+        }
+        self.lines.back().cloned()
+    }
 }
 
 /// One guest output stream (stdout or stderr), turned into tracing lines.
@@ -205,7 +242,7 @@ impl LineWriter {
         }
         tracing::info!(target: "wasmctrl::plugin::guest", plugin = %self.plugin, stream = self.stream, "{text}");
         if let Some(s) = &self.stderr {
-            s.lock().last_line = Some(text.to_owned());
+            s.lock().push(text);
         }
     }
 }

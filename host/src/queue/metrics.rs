@@ -30,10 +30,7 @@ impl QueueMetrics {
             queue_duration: metrics.workqueue_queue_duration_seconds.get_or_create(&l).clone(),
             work_duration: metrics.workqueue_work_duration_seconds.get_or_create(&l).clone(),
             unfinished_work: metrics.workqueue_unfinished_work_seconds.get_or_create(&l).clone(),
-            longest_running: metrics
-                .workqueue_longest_running_processor_seconds
-                .get_or_create(&l)
-                .clone(),
+            longest_running: metrics.workqueue_longest_running_processor_seconds.get_or_create(&l).clone(),
             retries: metrics.workqueue_retries.get_or_create(&l).clone(),
         }
     }

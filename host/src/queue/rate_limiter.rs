@@ -80,13 +80,12 @@ impl<K: QueueKey> RateLimiter<K> for ItemExponential<K> {
             *n = n.saturating_add(1);
             exp
         };
-        // 2^exp overflows (or exceeds any sane max) long before exp reaches 64.
-        let factor = 2f64.powi(i32::try_from(exp).unwrap_or(i32::MAX));
-        let secs = self.base.as_secs_f64() * factor;
-        if !secs.is_finite() || secs >= self.max.as_secs_f64() {
+        // Integer nanoseconds: exact, and saturating long before the shift could overflow.
+        let delay = self.base.as_nanos().saturating_mul(1u128 << exp.min(100));
+        if delay >= self.max.as_nanos() {
             return self.max;
         }
-        Duration::try_from_secs_f64(secs).unwrap_or(self.max).min(self.max)
+        u64::try_from(delay).map_or(self.max, Duration::from_nanos)
     }
 
     fn forget(&self, key: &K) {

@@ -161,8 +161,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn metrics_count_adds_retries_and_depth() {
         let metrics = Metrics::new();
-        let q: RateLimitingQueue<&str> =
-            RateLimitingQueue::with_metrics("m", metrics.clone(), Arc::new(default_controller_rate_limiter()));
+        let q: RateLimitingQueue<&str> = RateLimitingQueue::with_metrics(
+            "m",
+            metrics.clone(),
+            Arc::new(default_controller_rate_limiter()),
+        );
         q.add("a");
         q.add("a");
         q.add("b");

@@ -336,12 +336,13 @@ impl<K: QueueKey> WorkQueue<K> {
     /// Number of keys ready to be handed out (the `workqueue_depth`).
     pub fn len(&self) -> usize {
         let mut s = self.inner.state.lock();
-        if self.promote_due(&mut s, Instant::now()) {
-            drop(s);
+        let promoted = self.promote_due(&mut s, Instant::now());
+        let len = s.ready_len;
+        drop(s);
+        if promoted {
             self.inner.ready_notify.notify_one();
-            return self.inner.state.lock().ready_len;
         }
-        s.ready_len
+        len
     }
 
     /// Whether no key is ready.

@@ -58,7 +58,9 @@ impl ApiResource {
             format!("/apis/{}/{}", self.group, self.version)
         };
         match namespace {
-            Some(ns) if self.namespaced && !ns.is_empty() => format!("{base}/namespaces/{ns}/{}", self.plural),
+            Some(ns) if self.namespaced && !ns.is_empty() => {
+                format!("{base}/namespaces/{ns}/{}", self.plural)
+            }
             _ => format!("{base}/{}", self.plural),
         }
     }
@@ -108,7 +110,9 @@ impl Discovery {
     /// Resolves `(apiVersion, kind)`.
     pub async fn resolve(&self, api_version: &str, kind: &str) -> Result<ApiResource, DiscoveryError> {
         let (group, version) = split_api_version(api_version);
-        if version.is_empty() || api_version.matches('/').count() > 1 || (api_version.contains('/') && group.is_empty())
+        if version.is_empty()
+            || api_version.matches('/').count() > 1
+            || (api_version.contains('/') && group.is_empty())
         {
             return Err(DiscoveryError::InvalidApiVersion(api_version.to_owned()));
         }
@@ -144,7 +148,9 @@ impl Discovery {
                     kind: kind.to_owned(),
                 });
             }
-            Err(source) => return Err(DiscoveryError::Request { api_version: api_version.to_owned(), source }),
+            Err(source) => {
+                return Err(DiscoveryError::Request { api_version: api_version.to_owned(), source });
+            }
         };
         let mut resources: Vec<ApiResource> = list
             .resources

@@ -171,7 +171,9 @@ struct RvMeta {
 enum WatchEnd {
     Cancelled,
     /// The server closed the stream normally after `events` events.
-    Closed { events: usize },
+    Closed {
+        events: usize,
+    },
     Failed(ReflectorError),
 }
 
@@ -240,7 +242,9 @@ impl Reflector {
                         list_rv.clear();
                         continue 'relist;
                     }
-                    if !sleep_or_cancel(error.retry_after().unwrap_or_else(|| backoff.next_delay()), &cancel).await {
+                    if !sleep_or_cancel(error.retry_after().unwrap_or_else(|| backoff.next_delay()), &cancel)
+                        .await
+                    {
                         return;
                     }
                     continue 'relist;
@@ -354,12 +358,14 @@ impl Reflector {
                 }
                 Err(e) => return Err(e),
             };
-            let parsed: ListPage<'_> =
-                serde_json::from_slice(&page).map_err(|e| ReflectorError::Decode(format!("list page: {e}")))?;
+            let parsed: ListPage<'_> = serde_json::from_slice(&page)
+                .map_err(|e| ReflectorError::Decode(format!("list page: {e}")))?;
             for item in parsed.items.unwrap_or_default() {
                 match Object::from_api_json(item.get().as_bytes(), type_meta, self.config.transform) {
                     Ok(obj) => objects.push(Arc::new(obj)),
-                    Err(error) => tracing::warn!(resource = %self.name(), %error, "skipping malformed list item"),
+                    Err(error) => {
+                        tracing::warn!(resource = %self.name(), %error, "skipping malformed list item")
+                    }
                 }
             }
             let list_rv = parsed.metadata.resource_version.unwrap_or_default();

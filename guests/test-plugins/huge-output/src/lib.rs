@@ -1,4 +1,4 @@
-//! Test plugin: returns more than any sane max-output: `map` returns a million
+//! Test plugin: returns more than any sane max-output: `map` returns 200 000
 //! requests, `reconcile` of `misbehave` fails with a 16 MiB message.
 
 wit_bindgen::generate!({ world: "plugin", path: "../../../wit" });
@@ -28,7 +28,7 @@ impl Guest for Plugin {
         done()
     }
     fn map(_: Gvk, _: Vec<u8>) -> Vec<Request> {
-        (0..1_000_000).map(|i| Request { namespace: Some("default".into()), name: format!("r{i}") }).collect()
+        (0..200_000).map(|i| Request { namespace: Some("default".into()), name: format!("r{i}") }).collect()
     }
     fn on_add(_: Gvk, _: Vec<u8>, _: bool) {}
     fn on_update(_: Gvk, _: Vec<u8>, _: Vec<u8>) {}

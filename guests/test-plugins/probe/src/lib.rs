@@ -156,6 +156,9 @@ impl Guest for Plugin {
         if op == "done" {
             return Ok(ReconcileResult::Done);
         }
+        if op == "panic" {
+            panic!("probe panicked on request");
+        }
         if op == "requeue-after" {
             return Ok(ReconcileResult::RequeueAfter(1500));
         }

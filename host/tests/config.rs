@@ -1,0 +1,959 @@
+//! Configuration: golden tests of every class of error message (file, line, column, field,
+//! hint), round-trips of the documented examples, `wasmctrl check` and `wasmctrl rbac`.
+
+use std::path::Path;
+
+use wasmctrl::config::*;
+
+/// The rendered errors of `text` as a plugin TOML (`plugin`) or a host TOML (`host`).
+fn errors(which: &str, text: &str) -> String {
+    let result = if which == "plugin" {
+        PluginConfig::parse(Path::new("plugins/mirror.toml"), text, &PluginDefaults::default()).map(|_| ())
+    } else {
+        HostConfig::parse(Path::new("etc/wasmctrl.toml"), text).map(|_| ())
+    };
+    match result {
+        Ok(()) => "OK".into(),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Invalid TOML syntax: toml's message, at the place it points to.
+#[test]
+fn error_syntax_error() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for
+api-version = "v1"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:5: invalid TOML: unclosed table, expected `]`
+  |
+1 | [for
+  |     ^"#
+    );
+}
+
+/// A misspelt key: named with its table, and the closest allowed key as a hint.
+#[test]
+fn error_unknown_key_suggests_the_closest() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "ConfigMap"
+lable-selector = "mirror=true"
+"#
+        ),
+        r#"error: plugins/mirror.toml:4:1: `for.lable-selector`: unknown key `lable-selector` in table `for`
+  |
+4 | lable-selector = "mirror=true"
+  | ^^^^^^^^^^^^^^
+  = hint: did you mean `label-selector`?"#
+    );
+}
+
+/// The field path of a key in a `[a.b]` sub-table.
+#[test]
+fn error_unknown_key_in_sub_table() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "ConfigMap"
+[for.predicates]
+generaton-changed = true
+"#
+        ),
+        r#"error: plugins/mirror.toml:5:1: `for.predicates.generaton-changed`: unknown key `generaton-changed` in table `for.predicates`
+  |
+5 | generaton-changed = true
+  | ^^^^^^^^^^^^^^^^^
+  = hint: did you mean `generation-changed`?"#
+    );
+}
+
+/// The field path of a key in an `[[array]]` element.
+#[test]
+fn error_unknown_key_in_array_of_tables() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "ConfigMap"
+[[owns]]
+api-version = "v1"
+kind = "Secret"
+namspace = "x"
+"#
+        ),
+        r#"error: plugins/mirror.toml:7:1: `owns[0].namspace`: unknown key `namspace` in table `owns[0]`
+  |
+7 | namspace = "x"
+  | ^^^^^^^^
+  = hint: did you mean `namespace`?"#
+    );
+}
+
+/// A key nothing resembles: the hint lists the allowed keys.
+#[test]
+fn error_unknown_key_without_close_match_lists_allowed_keys() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"frobnicate = 1
+[for]
+api-version = "v1"
+kind = "ConfigMap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:1: `frobnicate`: unknown key `frobnicate` in the top level
+  |
+1 | frobnicate = 1
+  | ^^^^^^^^^^
+  = hint: allowed keys: name, wasm, concurrency, resync, deadline, memory, max-output, field-manager, for, owns, watches, permissions, settings"#
+    );
+}
+
+/// A missing required key, at its table.
+#[test]
+fn error_missing_required_key() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:1: `for.kind`: missing required key `kind` in table `for`
+  |
+1 | [for]
+  | ^^^^^"#
+    );
+}
+
+/// A missing `[for]` table.
+#[test]
+fn error_missing_for_table() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"concurrency = 2
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:1: `for`: missing required key `for` in the top level
+  |
+1 | concurrency = 2
+  | ^
+  = hint: add a `[for]` table with the `api-version` and `kind` to reconcile"#
+    );
+}
+
+/// A value of the wrong type.
+#[test]
+fn error_wrong_type() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"concurrency = "two"
+[for]
+api-version = "v1"
+kind = "ConfigMap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:15: `concurrency`: expected a whole number, found string "two"
+  |
+1 | concurrency = "two"
+  |               ^^^^^"#
+    );
+}
+
+/// A duration with an unknown unit.
+#[test]
+fn error_invalid_duration() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"deadline = "5 seconds"
+[for]
+api-version = "v1"
+kind = "ConfigMap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:12: `deadline`: unknown duration unit `seconds` in `5 seconds`: write a number followed by a unit: "500ms", "5s", "10m", "1h" or a sum like "1m30s"
+  |
+1 | deadline = "5 seconds"
+  |            ^^^^^^^^^^^"#
+    );
+}
+
+/// A bare number as a duration.
+#[test]
+fn error_duration_without_unit() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"resync = 30
+[for]
+api-version = "v1"
+kind = "ConfigMap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:10: `resync`: a duration needs a unit: write "30s" or "30ms", not 30
+  |
+1 | resync = 30
+  |          ^^"#
+    );
+}
+
+/// A size with an unknown unit.
+#[test]
+fn error_invalid_size() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"memory = "64mb"
+[for]
+api-version = "v1"
+kind = "ConfigMap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:10: `memory`: unknown size unit `mb` in `64mb`: write bytes as an integer or with a unit: "512KiB", "64MiB", "1GiB"
+  |
+1 | memory = "64mb"
+  |          ^^^^^^"#
+    );
+}
+
+/// Limits out of range; both reported.
+#[test]
+fn error_limit_out_of_range() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"concurrency = 0
+memory = "64KiB"
+[for]
+api-version = "v1"
+kind = "ConfigMap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:15: `concurrency`: concurrency must be at least 1
+  |
+1 | concurrency = 0
+  |               ^
+error: plugins/mirror.toml:2:10: `memory`: memory `64KiB` is below the minimum, 1MiB
+  |
+2 | memory = "64KiB"
+  |          ^^^^^^^"#
+    );
+}
+
+/// A kind not written as in manifests.
+#[test]
+fn error_kind_in_wrong_case() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "configmap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:3:8: `for.kind`: `configmap` is not a kind name
+  |
+3 | kind = "configmap"
+  |        ^^^^^^^^^^^
+  = hint: kinds are written as in manifests: `ConfigMap`"#
+    );
+}
+
+/// An apiVersion without a version.
+#[test]
+fn error_invalid_api_version() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "apps"
+kind = "Deployment"
+"#
+        ),
+        r#"error: plugins/mirror.toml:2:15: `for.api-version`: `apps` is not an apiVersion: write `v1` for the core group or `<group>/<version>` such as `apps/v1`
+  |
+2 | api-version = "apps"
+  |               ^^^^^^
+  = hint: `Deployment` is in `apps/v1`"#
+    );
+}
+
+/// A permission missing its apiVersion: the hint knows built-in kinds' groups.
+#[test]
+fn error_permission_without_api_version() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "ConfigMap"
+[permissions]
+write = ["v1/ConfigMap", "Deployment"]
+"#
+        ),
+        r#"error: plugins/mirror.toml:5:26: `permissions.write[1]`: `Deployment` is not a kind: expected `<apiVersion>/<Kind>`
+  |
+5 | write = ["v1/ConfigMap", "Deployment"]
+  |                          ^^^^^^^^^^^^
+  = hint: write `apps/v1/Deployment`"#
+    );
+}
+
+/// A resource name (`secrets`) where a kind belongs.
+#[test]
+fn error_permission_with_resource_name() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "ConfigMap"
+[permissions]
+read = ["v1/secrets"]
+"#
+        ),
+        r#"error: plugins/mirror.toml:5:9: `permissions.read[0]`: `secrets` is not a kind name
+  |
+5 | read = ["v1/secrets"]
+  |         ^^^^^^^^^^^^
+  = hint: use the kind, `v1/Secret`, not the resource name"#
+    );
+}
+
+/// A label selector the cache's parser refuses.
+#[test]
+fn error_invalid_label_selector() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "ConfigMap"
+label-selector = "app in web"
+"#
+        ),
+        r#"error: plugins/mirror.toml:4:18: `for.label-selector`: invalid label selector "app in web": expected '(' after set operator for "app"
+  |
+4 | label-selector = "app in web"
+  |                  ^^^^^^^^^^^^"#
+    );
+}
+
+/// A field selector without an operator.
+#[test]
+fn error_invalid_field_selector() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "ConfigMap"
+field-selector = "metadata.name"
+"#
+        ),
+        r#"error: plugins/mirror.toml:4:18: `for.field-selector`: `metadata.name` in field selector `metadata.name` has no operator (`=`, `==` or `!=`)
+  |
+4 | field-selector = "metadata.name"
+  |                  ^^^^^^^^^^^^^^^"#
+    );
+}
+
+/// An index must have exactly one source.
+#[test]
+fn error_index_with_two_sources() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "Pod"
+[for.indexes]
+by-node = { field = "spec.nodeName", label = "x" }
+"#
+        ),
+        r#"error: plugins/mirror.toml:5:11: `for.indexes.by-node`: index `by-node` must have exactly one of `field`, `label`, `annotation`, `owner`; it has 2
+  |
+5 | by-node = { field = "spec.nodeName", label = "x" }
+  |           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  = hint: e.g. `by-node = { field = "spec.nodeName" }`"#
+    );
+}
+
+/// An index field path the cache refuses.
+#[test]
+fn error_index_with_bad_field_path() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "Pod"
+[for.indexes]
+by-node = { field = "spec..nodeName" }
+"#
+        ),
+        r#"error: plugins/mirror.toml:5:21: `for.indexes.by-node.field`: invalid field path "spec..nodeName": empty segment
+  |
+5 | by-node = { field = "spec..nodeName" }
+  |                     ^^^^^^^^^^^^^^^^
+  = hint: write a dotted path like `spec.nodeName`; bracket segments holding dots: `metadata.labels['app.kubernetes.io/name']`"#
+    );
+}
+
+/// The same kind twice in `[[owns]]`.
+#[test]
+fn error_duplicate_owns() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"[for]
+api-version = "v1"
+kind = "Pod"
+[[owns]]
+api-version = "v1"
+kind = "ConfigMap"
+[[owns]]
+api-version = "v1"
+kind = "ConfigMap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:9:8: `owns[1].kind`: `v1/ConfigMap` is already listed as `owns[0]`
+  |
+9 | kind = "ConfigMap"
+  |        ^^^^^^^^^^^
+  = hint: merge the two entries (one informer per kind and namespace)"#
+    );
+}
+
+/// A plugin name that cannot name metrics and field managers.
+#[test]
+fn error_invalid_plugin_name() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"name = "My_Plugin"
+[for]
+api-version = "v1"
+kind = "ConfigMap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:8: `name`: `My_Plugin` is not a valid plugin name: a plugin name must be lowercase letters, digits and `-` (at most 63), as it names metrics and the field manager
+  |
+1 | name = "My_Plugin"
+  |        ^^^^^^^^^^^"#
+    );
+}
+
+/// An unknown enum value, with the closest one as a hint.
+#[test]
+fn error_unknown_enum_value() {
+    assert_eq!(
+        errors(
+            "host",
+            r#"[cluster]
+mode = "embeded"
+"#
+        ),
+        r#"error: etc/wasmctrl.toml:2:8: `cluster.mode`: unknown value "embeded"; expected one of: "embedded", "kubeconfig", "in-cluster"
+  |
+2 | mode = "embeded"
+  |        ^^^^^^^^^
+  = hint: did you mean "embedded"?"#
+    );
+}
+
+/// A cluster key that does not apply to the chosen mode.
+#[test]
+fn error_key_not_for_this_mode() {
+    assert_eq!(
+        errors(
+            "host",
+            r#"[cluster]
+mode = "kubeconfig"
+seed = ["a.yaml"]
+"#
+        ),
+        r#"error: etc/wasmctrl.toml:3:1: `cluster.seed`: `seed` does not apply to mode = "kubeconfig"
+  |
+3 | seed = ["a.yaml"]
+  | ^^^^
+  = hint: `seed` is used with mode = "embedded""#
+    );
+}
+
+/// Leader-election timings out of client-go's order.
+#[test]
+fn error_leader_election_timings() {
+    assert_eq!(
+        errors(
+            "host",
+            r#"[leader-election]
+enabled = true
+lease-duration = "5s"
+"#
+        ),
+        r#"error: etc/wasmctrl.toml:3:18: `leader-election.lease-duration`: lease-duration must be longer than renew-deadline
+  |
+3 | lease-duration = "5s"
+  |                  ^^^^"#
+    );
+}
+
+/// A server address that is not `ip:port`.
+#[test]
+fn error_bad_address() {
+    assert_eq!(
+        errors(
+            "host",
+            r#"[server]
+address = "localhost"
+"#
+        ),
+        r#"error: etc/wasmctrl.toml:2:11: `server.address`: `localhost` is not an address
+  |
+2 | address = "localhost"
+  |           ^^^^^^^^^^^
+  = hint: write `host:port` with an IP address, e.g. "127.0.0.1:9090" or "0.0.0.0:9090""#
+    );
+}
+
+/// A misspelt host TOML key.
+#[test]
+fn error_unknown_host_key() {
+    assert_eq!(
+        errors(
+            "host",
+            r#"plugin-dir = "x"
+"#
+        ),
+        r#"error: etc/wasmctrl.toml:1:1: `plugin-dir`: unknown key `plugin-dir` in the top level
+  |
+1 | plugin-dir = "x"
+  | ^^^^^^^^^^
+  = hint: did you mean `plugins-dir`?"#
+    );
+}
+
+/// Several problems in one file are all reported, in file order.
+#[test]
+fn every_semantic_error_is_reported() {
+    let text = "concurrency = 0\n[for]\napi-version = \"v1\"\nkind = \"configmap\"\nlabel-selector = \"a in b\"\n[permissions]\nwrite = [\"Deployment\"]\n";
+    let errors = PluginConfig::parse(Path::new("p.toml"), text, &PluginDefaults::default()).unwrap_err();
+    let fields: Vec<_> = errors.iter().map(|e| e.field.clone().unwrap_or_default()).collect();
+    assert_eq!(fields, ["concurrency", "for.kind", "for.label-selector", "permissions.write[0]"]);
+    let lines: Vec<_> = errors.iter().map(|e| e.location.map(|l| l.line)).collect();
+    assert_eq!(lines, [Some(1), Some(4), Some(5), Some(7)]);
+}
+
+/// A kind the cluster does not serve is an error at its place in the file, with the
+/// closest served kind as a hint (here the offline catalog stands in for discovery).
+#[test]
+fn error_unknown_kind_from_discovery() {
+    let text = "[for]\napi-version = \"v1\"\nkind = \"ConfigMapp\"\n[[watches]]\napi-version = \"apps/v1beta9\"\nkind = \"Deployment\"\n[permissions]\nread = [\"example.com/v1/Website\"]\n";
+    let p = PluginConfig::parse(Path::new("plugins/mirror.toml"), text, &PluginDefaults::default()).unwrap();
+    assert_eq!(
+        p.check_kinds(&BuiltinKinds).unwrap_err().to_string(),
+        r#"error: plugins/mirror.toml:3:8: `for.kind`: the cluster serves no kind `ConfigMapp` in `v1`
+  |
+3 | kind = "ConfigMapp"
+  |        ^^^^^^^^^^^^
+  = hint: did you mean `ConfigMap`?
+error: plugins/mirror.toml:6:8: `watches[0].kind`: the cluster does not serve `apps/v1beta9`
+  |
+6 | kind = "Deployment"
+  |        ^^^^^^^^^^^^
+  = hint: `Deployment` is in `apps/v1`"#
+    );
+}
+
+/// `[[watches]]` and `filter = true` need the plugin's `map` / `filter` hooks.
+#[test]
+fn error_hooks_the_plugin_does_not_declare() {
+    let text = "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[for.predicates]\nfilter = true\n[[watches]]\napi-version = \"v1\"\nkind = \"Namespace\"\n";
+    let p = PluginConfig::parse(Path::new("plugins/mirror.toml"), text, &PluginDefaults::default()).unwrap();
+    assert!(p.check_hooks(true, true).is_ok());
+    assert_eq!(
+        p.check_hooks(false, false).unwrap_err().to_string(),
+        r#"error: plugins/mirror.toml:6:1: `watches[0]`: `[[watches]]` needs the plugin to export `map`, and it does not
+  |
+6 | [[watches]]
+  | ^^^^^^^^^^^
+  = hint: implement `map` in the plugin, or remove `[[watches]]`
+error: plugins/mirror.toml:5:10: `for.predicates.filter`: `filter = true` needs the plugin to export `filter`, and it does not
+  |
+5 | filter = true
+  |          ^^^^
+  = hint: implement `filter` in the plugin, or remove this predicate"#
+    );
+}
+
+/// The ```toml blocks of docs/configuration.md: each parses, and its file form serializes
+/// back to TOML that parses to the same configuration.
+#[test]
+fn documented_examples_round_trip() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
+    let blocks: Vec<&str> = doc.split("```toml\n").skip(1).filter_map(|b| b.split("```").next()).collect();
+    assert!(blocks.len() >= 3, "expected host and plugin examples, found {}", blocks.len());
+    let (mut hosts, mut plugins) = (0, 0);
+    for block in blocks {
+        if block.contains("[for]") {
+            plugins += 1;
+            let path = root.join("docs/plugins/configmap-mirror.toml");
+            let a = PluginConfig::parse(&path, block, &PluginDefaults::default())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let text = toml::to_string(&a.file).unwrap();
+            let b = PluginConfig::parse(&path, &text, &PluginDefaults::default())
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+            assert_eq!(a, b, "{text}");
+            assert_eq!(a.file, b.file);
+            assert_eq!(a.settings, b.settings);
+        } else {
+            hosts += 1;
+            let path = root.join("docs/wasmctrl.toml");
+            let a = HostConfig::parse(&path, block).unwrap_or_else(|e| panic!("{e}"));
+            let text = toml::to_string(&a.file).unwrap();
+            let b = HostConfig::parse(&path, &text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            assert_eq!(a, b, "{text}");
+        }
+    }
+    assert_eq!((hosts, plugins), (2, 1));
+}
+
+/// The documented plugin example resolves as documented.
+#[test]
+fn documented_plugin_example_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
+    let block = doc
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("[for]"))
+        .unwrap();
+    let p = PluginConfig::parse(Path::new("/p/plugins/anything.toml"), block, &PluginDefaults::default())
+        .unwrap();
+    assert_eq!(p.name, "configmap-mirror");
+    assert_eq!(p.wasm_path, Path::new("/p/plugins/configmap-mirror.wasm"));
+    assert_eq!(p.concurrency, 2);
+    assert_eq!(p.resync, Some(std::time::Duration::from_secs(600)));
+    assert_eq!(p.memory, 64 << 20);
+    assert_eq!(p.for_source.namespace.as_deref(), Some("default"));
+    assert_eq!(p.for_source.indexes.len(), 4);
+    assert!(p.for_source.predicates.generation_changed && p.for_source.predicates.filter);
+    assert_eq!(p.read, [wasmctrl::plugin::Gvk::new("v1", "Secret")]);
+    assert_eq!(p.settings, serde_json::json!({ "namespaces": ["team-a", "team-b"] }));
+    let spec = p.to_plugin_spec();
+    assert!(spec.permissions.can_read(&wasmctrl::plugin::Gvk::new("v1", "Secret")));
+    assert!(spec.permissions.can_write(&wasmctrl::plugin::Gvk::new("apps/v1", "Deployment")));
+    assert!(!spec.permissions.can_write(&wasmctrl::plugin::Gvk::new("v1", "Secret")));
+    assert_eq!(spec.field_manager, "wasmctrl-configmap-mirror");
+}
+
+/// The example TOMLs shipped in examples/ all pass the same checks.
+#[test]
+fn shipped_examples_parse() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    if let Ok(text) = std::fs::read_to_string(root.join("wasmctrl.toml")) {
+        HostConfig::parse(&root.join("wasmctrl.toml"), &text).unwrap_or_else(|e| panic!("{e}"));
+    }
+    for entry in std::fs::read_dir(root.join("plugins")).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let p = PluginConfig::load(&path, &PluginDefaults::default()).unwrap_or_else(|e| panic!("{e}"));
+            p.check_kinds(&BuiltinKinds).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+#[test]
+fn host_defaults_match_an_empty_file() {
+    let base = Path::new("/etc/wasmctrl");
+    let parsed = HostConfig::parse(&base.join("wasmctrl.toml"), "").unwrap();
+    assert_eq!(HostConfig { path: None, ..parsed }, HostConfig::default_in(base));
+}
+
+#[test]
+fn host_paths_resolve_against_the_file() {
+    let text = "plugins-dir = \"p\"\n[cluster]\nmode = \"embedded\"\nseed = [\"seed/a.yaml\"]\n[defaults]\nconcurrency = 3\nresync = \"0s\"\n[leader-election]\nenabled = true\n";
+    let h = HostConfig::parse(Path::new("/srv/wasmctrl.toml"), text).unwrap();
+    assert_eq!(h.plugins_dir, Path::new("/srv/p"));
+    assert_eq!(
+        h.cluster,
+        ClusterConfig::Embedded { seed: vec!["/srv/seed/a.yaml".into()], state_file: None }
+    );
+    assert_eq!(h.plugin_defaults.concurrency, 3);
+    assert_eq!(h.plugin_defaults.resync, None);
+    let le = h.leader_election.unwrap();
+    assert_eq!((le.namespace.as_str(), le.lease_duration.as_secs()), ("default", 15));
+    // Plugin TOMLs fall back to the host's defaults.
+    let p = PluginConfig::parse(
+        Path::new("/srv/p/x.toml"),
+        "[for]\napi-version = \"v1\"\nkind = \"Pod\"\n",
+        &h.plugin_defaults,
+    )
+    .unwrap();
+    assert_eq!((p.concurrency, p.name.as_str(), p.field_manager.as_str()), (3, "x", "wasmctrl-x"));
+}
+
+mod check {
+    use super::*;
+    use wasmctrl::reload::{CheckOptions, check_paths};
+
+    fn write(dir: &Path, name: &str, text: &str) {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    #[test]
+    fn a_valid_directory_reports_what_would_run() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "mirror.toml",
+            "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nlabel-selector = \"mirror=true\"\n[permissions]\nwrite = [\"v1/ConfigMap\"]\n",
+        );
+        write(dir.path(), "mirror.wasm", "not checked without an engine");
+        let report = check_paths(&[dir.path().to_path_buf()], &CheckOptions::default());
+        assert!(report.ok(), "{}", report.render());
+        let text = report.render();
+        assert!(text.contains("plugin mirror ("), "{text}");
+        assert!(text.contains("for      v1/ConfigMap in all namespaces, labels mirror=true"), "{text}");
+        assert!(text.contains("write    v1/ConfigMap"), "{text}");
+        assert!(text.ends_with("ok: 1 plugin would run\n"), "{text}");
+    }
+
+    #[test]
+    fn invalid_plugins_fail_and_name_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.toml", "name = \"same\"\n[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");
+        write(dir.path(), "a.wasm", "x");
+        write(dir.path(), "b.toml", "name = \"same\"\n[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");
+        write(dir.path(), "b.wasm", "x");
+        write(dir.path(), "c.toml", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");
+        write(dir.path(), "orphan.wasm", "x");
+        let report = check_paths(&[dir.path().to_path_buf()], &CheckOptions::default());
+        assert!(!report.ok());
+        let text = report.render();
+        assert!(text.contains("b.toml:1:8: `name`: plugin name `same` is already used by"), "{text}");
+        assert!(text.contains("c.toml: `wasm`: cannot read"), "{text}");
+        assert!(text.contains("orphan.wasm: no plugin TOML uses this component"), "{text}");
+        assert_eq!(report.plugins.len(), 1);
+    }
+
+    #[test]
+    fn a_host_toml_checks_its_plugins_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("plugins")).unwrap();
+        write(&dir.path().join("plugins"), "p.toml", "[for]\napi-version = \"v1\"\nkind = \"Podd\"\n");
+        write(&dir.path().join("plugins"), "p.wasm", "x");
+        write(dir.path(), "wasmctrl.toml", "[server]\naddress = \"127.0.0.1:9999\"\n");
+        let report = check_paths(&[dir.path().join("wasmctrl.toml")], &CheckOptions::default());
+        let text = report.render();
+        assert!(!report.ok(), "{text}");
+        assert!(text.contains("serving on 127.0.0.1:9999"), "{text}");
+        assert!(text.contains("p.toml:3:8: `for.kind`: the cluster serves no kind `Podd` in `v1`"), "{text}");
+        assert!(text.contains("did you mean `Pod`?"), "{text}");
+    }
+
+    #[test]
+    fn a_single_plugin_toml_or_missing_path() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "p.toml", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nbogus = 1\n");
+        let report =
+            check_paths(&[dir.path().join("p.toml"), dir.path().join("nope.toml")], &CheckOptions::default());
+        let text = report.render();
+        assert!(text.contains("p.toml:4:1: `for.bogus`: unknown key `bogus` in table `for`"), "{text}");
+        assert!(text.contains("nope.toml: cannot read"), "{text}");
+    }
+}
+
+mod rbac {
+    use super::*;
+    use wasmctrl::reload::{RbacOptions, rbac_for};
+
+    fn plugin(name: &str, text: &str) -> PluginConfig {
+        PluginConfig::parse(
+            &Path::new("plugins").join(format!("{name}.toml")),
+            text,
+            &PluginDefaults::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn cluster_role_is_the_union_of_all_plugins() {
+        let mirror = plugin(
+            "mirror",
+            "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[[owns]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[[watches]]\napi-version = \"v1\"\nkind = \"Namespace\"\n[permissions]\nwrite = [\"v1/ConfigMap\"]\n",
+        );
+        let site = plugin(
+            "site",
+            "[for]\napi-version = \"example.com/v1\"\nkind = \"Website\"\n[[owns]]\napi-version = \"apps/v1\"\nkind = \"Deployment\"\n[permissions]\nread = [\"v1/Secret\"]\nwrite = [\"apps/v1/Deployment\", \"example.com/v1/Website\"]\n",
+        );
+        let yaml = rbac_for(&[mirror, site], &RbacOptions::default(), &BuiltinKinds).to_yaml().unwrap();
+        assert_eq!(
+            yaml,
+            r#"---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  labels:
+    app.kubernetes.io/managed-by: wasmctrl
+  name: wasmctrl
+rules:
+- apiGroups:
+  - ''
+  resources:
+  - configmaps
+  verbs:
+  - create
+  - delete
+  - get
+  - list
+  - patch
+  - update
+  - watch
+- apiGroups:
+  - ''
+  resources:
+  - configmaps/finalizers
+  verbs:
+  - update
+- apiGroups:
+  - ''
+  resources:
+  - configmaps/status
+  verbs:
+  - patch
+  - update
+- apiGroups:
+  - ''
+  resources:
+  - events
+  verbs:
+  - create
+  - patch
+- apiGroups:
+  - ''
+  resources:
+  - namespaces
+  verbs:
+  - get
+  - list
+  - watch
+- apiGroups:
+  - ''
+  resources:
+  - secrets
+  verbs:
+  - get
+  - list
+  - watch
+- apiGroups:
+  - apps
+  resources:
+  - deployments
+  verbs:
+  - create
+  - delete
+  - get
+  - list
+  - patch
+  - update
+  - watch
+- apiGroups:
+  - apps
+  resources:
+  - deployments/status
+  verbs:
+  - patch
+  - update
+- apiGroups:
+  - events.k8s.io
+  resources:
+  - events
+  verbs:
+  - create
+  - patch
+- apiGroups:
+  - example.com
+  resources:
+  - websites
+  verbs:
+  - create
+  - delete
+  - get
+  - list
+  - patch
+  - update
+  - watch
+- apiGroups:
+  - example.com
+  resources:
+  - websites/finalizers
+  verbs:
+  - update
+- apiGroups:
+  - example.com
+  resources:
+  - websites/status
+  verbs:
+  - patch
+  - update
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  labels:
+    app.kubernetes.io/managed-by: wasmctrl
+  name: wasmctrl
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: wasmctrl
+subjects:
+- kind: ServiceAccount
+  name: wasmctrl
+  namespace: wasmctrl-system
+"#
+        );
+    }
+
+    #[test]
+    fn one_namespace_gives_a_role_and_leader_election_a_lease_role() {
+        let p = plugin("p", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"team-a\"\n");
+        let le = HostConfig::parse(
+            Path::new("h.toml"),
+            "[leader-election]\nenabled = true\nnamespace = \"ops\"\n",
+        )
+        .unwrap()
+        .leader_election;
+        let m = rbac_for(&[p], &RbacOptions { leader_election: le, ..RbacOptions::default() }, &BuiltinKinds);
+        let yaml = m.to_yaml().unwrap();
+        let kinds: Vec<&str> = yaml.lines().filter_map(|l| l.strip_prefix("kind: ")).collect();
+        assert_eq!(kinds, ["Role", "RoleBinding", "Role", "RoleBinding"]);
+        assert!(yaml.contains("name: wasmctrl\n  namespace: team-a"), "{yaml}");
+        assert!(yaml.contains("  - coordination.k8s.io\n  resources:\n  - leases"), "{yaml}");
+        assert!(yaml.contains("name: wasmctrl-leader-election\n  namespace: ops"), "{yaml}");
+        // A cluster-scoped kind forces a ClusterRole.
+        let n = plugin(
+            "n",
+            "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"team-a\"\n[permissions]\nread = [\"v1/Node\"]\n",
+        );
+        let yaml = rbac_for(&[n], &RbacOptions::default(), &BuiltinKinds).to_yaml().unwrap();
+        assert!(yaml.contains("kind: ClusterRole\n"), "{yaml}");
+    }
+}

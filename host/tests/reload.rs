@@ -1,0 +1,548 @@
+//! Hot reload of the plugins directory against the embedded dev cluster, through real
+//! compiled guests (`guests/test-plugins/reload-stamp-{a,b,bad}`: the same logic, stamping
+//! "a" or "b" into the `out-N` ConfigMap they write for each `src-N`; "bad" fails `init`).
+//!
+//! Needs the guests built: `cargo xtask build-guests`.
+//!
+//! Every reconcile of the stamp plugins logs `reconcile-start` / `reconcile-end` with its
+//! stamp and key; a tracing layer records them in order, so the tests can check that no
+//! key is ever reconciled by two calls (two versions) at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::layer::SubscriberExt;
+use wasmctrl::informer::{FactoryOptions, InformerFactory};
+use wasmctrl::metrics::Metrics;
+use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
+use wasmctrl::reload::{
+    FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, PluginState, PluginStatus, version_of,
+};
+use wasmctrl::source::BackoffConfig;
+use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+
+/// Bound on every wait for the system to get somewhere (not a timing assertion).
+const PATIENCE: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------------------
+// Fixtures
+
+fn build(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../guests/target/wasm32-wasip2/release")
+        .join(format!("{}.wasm", name.replace('-', "_")));
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!("{}: {e}; run `cargo xtask build-guests` to build the test plugins", path.display())
+    })
+}
+
+/// One guest log line of a stamp plugin.
+#[derive(Clone, Debug)]
+struct GuestLog {
+    plugin: String,
+    message: String,
+    fields: String,
+}
+
+impl GuestLog {
+    fn field(&self, name: &str) -> Option<String> {
+        // Rendered by the host as `k="v" k2="v2"`.
+        let at = self.fields.find(&format!("{name}=\""))? + name.len() + 2;
+        let rest = &self.fields[at..];
+        Some(rest[..rest.find('"')?].to_owned())
+    }
+}
+
+static GUEST_LOGS: Mutex<Vec<GuestLog>> = Mutex::new(Vec::new());
+
+/// The guest log lines recorded so far (installs the recorder on first use).
+fn guest_logs() -> &'static Mutex<Vec<GuestLog>> {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::registry().with(Capture).with(std::env::var("RUST_LOG").ok().map(|_| {
+            tracing_subscriber::fmt::layer()
+                .with_test_writer()
+                .with_filter(tracing_subscriber::EnvFilter::from_default_env())
+        }));
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    });
+    &GUEST_LOGS
+}
+
+use tracing_subscriber::Layer;
+
+/// Records the guest log events (target `wasmctrl::plugin::guest`) in the order emitted.
+struct Capture;
+
+#[derive(Default)]
+struct Fields(HashMap<&'static str, String>);
+
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name(), value.to_owned());
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name(), format!("{value:?}"));
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() != "wasmctrl::plugin::guest" {
+            return;
+        }
+        let mut f = Fields::default();
+        event.record(&mut f);
+        let log = GuestLog {
+            plugin: f.0.remove("plugin").unwrap_or_default(),
+            message: f.0.remove("message").unwrap_or_default(),
+            fields: f.0.remove("fields").unwrap_or_default(),
+        };
+        // Push under the lock while still inside the call that logged: the order of the
+        // log is the order of the calls' starts and ends.
+        GUEST_LOGS.lock().push(log);
+    }
+}
+
+struct Host {
+    cluster: DevCluster,
+    client: kube::Client,
+    factory: InformerFactory,
+    metrics: Arc<Metrics>,
+    dir: tempfile::TempDir,
+    manager: Option<PluginManager>,
+    shutdown: CancellationToken,
+}
+
+/// One engine for every test, as the host has one, with one compile cache.
+fn engine(metrics: &Metrics) -> PluginEngine {
+    static ENGINE: OnceLock<(PluginEngine, tempfile::TempDir)> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let cache = tempfile::tempdir().expect("tempdir");
+            let config = EngineConfig { cache_dir: Some(cache.path().to_owned()), ..EngineConfig::default() };
+            (PluginEngine::new(config, Some(metrics)).unwrap_or_else(|e| panic!("engine: {e}")), cache)
+        })
+        .0
+        .clone()
+}
+
+impl Host {
+    async fn start(namespace: &str, watch: bool) -> Host {
+        guest_logs();
+        let cluster = DevCluster::start(DevClusterConfig::plain_http()).await.expect("dev cluster starts");
+        cluster
+            .apply_yaml(&format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n"))
+            .expect("namespace");
+        let client = cluster.client().expect("client");
+        let factory = InformerFactory::new(
+            client.clone(),
+            FactoryOptions {
+                backoff: BackoffConfig {
+                    initial: Duration::from_millis(20),
+                    max: Duration::from_millis(200),
+                    ..BackoffConfig::default()
+                },
+                ..FactoryOptions::default()
+            },
+        );
+        let metrics = Metrics::new();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut host = Host {
+            cluster,
+            client,
+            factory,
+            metrics,
+            dir,
+            manager: None,
+            shutdown: CancellationToken::new(),
+        };
+        host.start_manager(watch).await;
+        host
+    }
+
+    async fn start_manager(&mut self, watch: bool) {
+        let deps = ManagerDeps {
+            engine: engine(&self.metrics),
+            informers: Arc::new(FactoryLeases(self.factory.clone())),
+            kube: Some(KubeServices::new(self.client.clone(), tokio::runtime::Handle::current(), "reload-test")),
+            metrics: self.metrics.clone(),
+        };
+        let options = ManagerOptions {
+            debounce: Duration::from_millis(50),
+            cache_sync_timeout: Duration::from_secs(30),
+            watch,
+            ..ManagerOptions::new(self.dir.path())
+        };
+        self.manager =
+            Some(PluginManager::start(options, deps, self.shutdown.clone()).await.expect("manager starts"));
+    }
+
+    fn manager(&self) -> &PluginManager {
+        self.manager.as_ref().expect("manager running")
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    /// Writes a file the safe way: a hidden temporary file renamed into place.
+    fn install(&self, file: &str, bytes: &[u8]) {
+        let tmp = self.path(&format!(".{file}.tmp"));
+        std::fs::write(&tmp, bytes).expect("write");
+        std::fs::rename(&tmp, self.path(file)).expect("rename");
+    }
+
+    fn status(&self, stem: &str) -> Option<PluginStatus> {
+        self.manager().status().get(stem)
+    }
+
+    async fn until(&self, what: &str, mut cond: impl FnMut(&Host) -> bool) {
+        tokio::time::timeout(PATIENCE, async {
+            while !cond(self) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}; status: {:?}", self.manager().status().snapshot()));
+    }
+
+    async fn until_version(&self, stem: &str, wasm: &[u8]) {
+        let want = version_of(wasm);
+        self.until(&format!("{stem} to run version {want}"), |h| {
+            h.status(stem).is_some_and(|s| s.version.as_deref() == Some(&want) && s.ready)
+        })
+        .await;
+    }
+
+    fn metric(&self, prefix: &str) -> f64 {
+        self.metrics
+            .encode()
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(m) = self.manager.take() {
+            tokio::time::timeout(PATIENCE, m.stopped()).await.expect("manager stops");
+        }
+        self.cluster.shutdown().await;
+    }
+}
+
+fn stamp_toml(namespace: &str, edit: usize) -> String {
+    // Odd edits also read Secrets: an informer added, then released by the next edit.
+    let read = if edit % 2 == 1 { "read = [\"v1/Secret\"]\n" } else { "" };
+    format!(
+        "concurrency = 2\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{namespace}\"\nlabel-selector = \"role=src\"\n[permissions]\nwrite = [\"v1/ConfigMap\"]\n{read}[settings]\nedit = {edit}\n"
+    )
+}
+
+async fn apply_src(api: &Api<ConfigMap>, name: &str, value: &str) {
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": name, "labels": { "role": "src" } },
+        "data": { "value": value },
+    });
+    api.patch(name, &PatchParams::apply("churn").force(), &Patch::Apply(&cm)).await.expect("apply src");
+}
+
+async fn delete_src(api: &Api<ConfigMap>, name: &str) {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => panic!("delete {name}: {e}"),
+    }
+}
+
+/// `src-N` → value, and `out-N` → (stamp, value), as the API server has them.
+async fn cluster_state(api: &Api<ConfigMap>) -> (BTreeMap<String, String>, BTreeMap<String, (String, String)>) {
+    let (mut src, mut out) = (BTreeMap::new(), BTreeMap::new());
+    for cm in api.list(&Default::default()).await.expect("list").items {
+        let name = cm.metadata.name.clone().unwrap_or_default();
+        let data = cm.data.unwrap_or_default();
+        let get = |k: &str| data.get(k).cloned().unwrap_or_default();
+        if let Some(n) = name.strip_prefix("src-") {
+            src.insert(n.to_owned(), get("value"));
+        } else if let Some(n) = name.strip_prefix("out-src-") {
+            out.insert(n.to_owned(), (get("stamp"), get("value")));
+        }
+    }
+    (src, out)
+}
+
+/// Waits until every `src-N` has an `out-N` with its value stamped `stamp`, and no `out-N`
+/// is left without its `src-N`.
+async fn until_converged(api: &Api<ConfigMap>, stamp: &str) -> usize {
+    let mut last = String::new();
+    let outcome = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let (src, out) = cluster_state(api).await;
+            let want: BTreeMap<String, (String, String)> =
+                src.iter().map(|(n, v)| (n.clone(), (stamp.to_owned(), v.clone()))).collect();
+            if out == want {
+                return src.len();
+            }
+            let wrong: Vec<_> = want.iter().filter(|(k, v)| out.get(*k) != Some(v)).take(5).collect();
+            let stale: Vec<_> = out.keys().filter(|k| !want.contains_key(*k)).take(5).collect();
+            last = format!("{} sources; first differences {wrong:?}; leftovers {stale:?}", src.len());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    outcome.unwrap_or_else(|_| panic!("never converged on stamp {stamp}: {last}"))
+}
+
+/// Checks the recorded starts and ends of `plugin`'s reconciles: no key is reconciled by
+/// two calls at once. Returns the number of reconciles per stamp.
+fn check_no_concurrent_reconcile(plugin: &str) -> BTreeMap<String, usize> {
+    let logs = guest_logs().lock().clone();
+    let mut in_flight: HashMap<String, String> = HashMap::new();
+    let mut per_stamp = BTreeMap::new();
+    for log in logs.iter().filter(|l| l.plugin == plugin) {
+        let (Some(key), Some(stamp)) = (log.field("key"), log.field("stamp")) else { continue };
+        match log.message.as_str() {
+            "reconcile-start" => {
+                if let Some(other) = in_flight.insert(key.clone(), stamp.clone()) {
+                    panic!("{key} reconciled by {stamp} while {other} was still reconciling it");
+                }
+                *per_stamp.entry(stamp).or_insert(0) += 1;
+            }
+            "reconcile-end" => {
+                assert_eq!(in_flight.remove(&key).as_deref(), Some(stamp.as_str()), "end without start for {key}");
+            }
+            _ => {}
+        }
+    }
+    per_stamp
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+
+/// The issue's scenario: a churn of object changes while the `.wasm` is replaced many times
+/// (alternating two builds) and the TOML is edited (settings, and an informer added and
+/// released). No key is reconciled by two versions at once; the final state of every
+/// object is the latest version's; no key is left unreconciled; no reconcile fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hot_reload_under_load_loses_and_doubles_nothing() {
+    let changes = env_or("RELOAD_CHANGES", 5000);
+    let swaps = env_or("RELOAD_SWAPS", 50);
+    let edits = env_or("RELOAD_EDITS", 10);
+    let keys = 200;
+    let ns = "reload-load";
+    let host = Host::start(ns, true).await;
+    let (a, b) = (build("reload-stamp-a"), build("reload-stamp-b"));
+    host.install("stamp.toml", stamp_toml(ns, 0).as_bytes());
+    host.install("stamp.wasm", &a);
+    host.until_version("stamp", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+
+    // The churn: 4 writers, each owning the keys ≡ w (mod 4), so each key's changes are
+    // ordered; every 7th change deletes the key.
+    let churn = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let writers = (0..4).map(|w| {
+                let api = api.clone();
+                async move {
+                    for j in (w..changes).step_by(4) {
+                        let name = format!("src-{}", j % keys);
+                        if j % 7 == 3 {
+                            delete_src(&api, &name).await;
+                        } else {
+                            apply_src(&api, &name, &j.to_string()).await;
+                        }
+                    }
+                }
+            });
+            futures::future::join_all(writers).await;
+        })
+    };
+
+    // Meanwhile: swap builds, and edit the TOML every few swaps.
+    let mut latest = &a;
+    let mut edit = 0;
+    let edit_every = (swaps / edits.max(1)).max(1);
+    for s in 1..=swaps {
+        latest = if s % 2 == 1 { &b } else { &a };
+        host.install("stamp.wasm", latest);
+        host.until_version("stamp", latest).await;
+        if s % edit_every == 0 && edit < edits {
+            edit += 1;
+            let before = host.status("stamp").map_or(0, |st| st.reloads);
+            host.install("stamp.toml", stamp_toml(ns, edit).as_bytes());
+            host.until(&format!("TOML edit {edit} to load"), |h| {
+                h.status("stamp").is_some_and(|st| st.reloads > before && st.ready)
+            })
+            .await;
+        }
+    }
+    churn.await.expect("churn");
+    let stamp = if std::ptr::eq(latest, &a) { "a" } else { "b" };
+    let sources = until_converged(&api, stamp).await;
+
+    let per_stamp = check_no_concurrent_reconcile("stamp");
+    let status = host.status("stamp").expect("status");
+    assert_eq!(status.state, PluginState::Running);
+    assert_eq!(status.rejected, 0, "{status:?}");
+    assert_eq!(status.reloads as usize, 1 + swaps + edit, "{status:?}");
+    assert_eq!(host.metric("controller_runtime_reconcile_errors_total{controller=\"stamp\"}"), 0.0);
+    assert_eq!(host.metric("wasmctrl_plugin_reloads_total{plugin=\"stamp\",result=\"rejected\"}"), 0.0);
+    assert!(host.metric(&format!("wasmctrl_plugin_info{{plugin=\"stamp\",version=\"{}\"}}", version_of(latest))) == 1.0);
+    assert!(per_stamp.get("a").is_some_and(|n| *n > 0) && per_stamp.get("b").is_some_and(|n| *n > 0), "{per_stamp:?}");
+    eprintln!(
+        "hot reload under load: {changes} changes, {swaps} swaps, {edit} TOML edits, {sources} objects at the end, reconciles per build {per_stamp:?}"
+    );
+    host.stop().await;
+}
+
+/// A broken new version — not a component, a component whose `init` fails, a TOML with an
+/// error — is rejected (status, metric, readiness detail) and the running version keeps
+/// reconciling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_versions_are_rejected_and_the_old_one_keeps_serving() {
+    let ns = "reload-broken";
+    let host = Host::start(ns, true).await;
+    let a = build("reload-stamp-a");
+    host.install("stamp.toml", stamp_toml(ns, 0).as_bytes());
+    host.install("stamp.wasm", &a);
+    host.until_version("stamp", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_src(&api, "src-1", "one").await;
+    until_converged(&api, "a").await;
+
+    let broken: [(&str, Vec<u8>); 3] = [
+        ("stamp.wasm", b"\0asm garbage that is no component".to_vec()),
+        ("stamp.wasm", build("reload-stamp-bad")),
+        ("stamp.toml", b"concurrency = 2\n[for]\napi-version = \"v1\"\nkind = \"ConfigMapp\"\n".to_vec()),
+    ];
+    for (i, (file, bytes)) in broken.iter().enumerate() {
+        host.install(file, bytes);
+        host.until(&format!("rejection {}", i + 1), |h| h.status("stamp").is_some_and(|s| s.rejected == i as u64 + 1))
+            .await;
+        let status = host.status("stamp").expect("status");
+        assert_eq!(status.version, Some(version_of(&a)), "{status:?}");
+        assert_eq!(status.state, PluginState::Running);
+        assert!(status.last_error.is_some());
+        // Still serving: a change is reconciled by the running version.
+        apply_src(&api, "src-1", &format!("after-{i}")).await;
+        until_converged(&api, "a").await;
+    }
+    let status = host.status("stamp").expect("status");
+    let error = status.last_error.unwrap_or_default();
+    assert!(error.contains("stamp.toml:4:8: `for.kind`: the cluster serves no kind `ConfigMapp`"), "{error}");
+    assert!(error.contains("did you mean `ConfigMap`?"), "{error}");
+    assert_eq!(host.metric("wasmctrl_plugin_reloads_total{plugin=\"stamp\",result=\"rejected\"}"), 3.0);
+    let readiness = wasmctrl::server::StatusSource::readiness(&host.manager().status());
+    assert!(readiness.details.iter().any(|d| d.contains("reload rejected, still running version")), "{readiness:?}");
+
+    // Fixing the TOML brings the plugin back to a clean state.
+    host.install("stamp.toml", stamp_toml(ns, 1).as_bytes());
+    host.until("the fixed TOML to load", |h| h.status("stamp").is_some_and(|s| s.last_error.is_none())).await;
+    assert_eq!(host.metric("wasmctrl_plugin_reloads_total{plugin=\"stamp\",result=\"rejected\"}"), 3.0);
+    host.stop().await;
+}
+
+/// A `.wasm` written in two steps (no rename) is never run half-written: while only the
+/// first half is there the old version keeps serving, and once the rest lands the new
+/// version runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partially_written_wasm_is_never_loaded() {
+    let ns = "reload-partial";
+    let host = Host::start(ns, true).await;
+    let (a, b) = (build("reload-stamp-a"), build("reload-stamp-b"));
+    host.install("stamp.toml", stamp_toml(ns, 0).as_bytes());
+    host.install("stamp.wasm", &a);
+    host.until_version("stamp", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_src(&api, "src-1", "one").await;
+    until_converged(&api, "a").await;
+
+    let half = b.len() / 2;
+    std::fs::write(host.path("stamp.wasm"), &b[..half]).expect("first half");
+    // The half file is seen and refused (or not yet seen); either way "a" keeps serving.
+    host.until("the half-written file to be refused", |h| h.status("stamp").is_some_and(|s| s.rejected >= 1)).await;
+    assert_eq!(host.status("stamp").and_then(|s| s.version), Some(version_of(&a)));
+    apply_src(&api, "src-1", "two").await;
+    until_converged(&api, "a").await;
+
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(host.path("stamp.wasm")).expect("open");
+        f.write_all(&b[half..]).expect("second half");
+    }
+    host.until_version("stamp", &b).await;
+    until_converged(&api, "b").await;
+    let per_stamp = check_no_concurrent_reconcile("stamp");
+    assert!(!per_stamp.contains_key("bad"));
+    host.stop().await;
+}
+
+/// New plugin → started; TOML change → informers added and released through the factory;
+/// a name clash is refused; removed plugin → drained, stopped, informers released. Uses the
+/// explicit rescan (what SIGHUP does) instead of file events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_come_and_go_with_their_files() {
+    let ns = "reload-life";
+    let host = Host::start(ns, false).await;
+    assert!(host.manager().status().snapshot().is_empty());
+    assert_eq!(host.factory.informer_count(), 0);
+    let a = build("reload-stamp-a");
+
+    // A TOML without its component waits for it.
+    host.install("stamp.toml", stamp_toml(ns, 0).as_bytes());
+    host.manager().rescan().await;
+    assert_eq!(host.status("stamp").map(|s| s.state), Some(PluginState::WaitingForWasm));
+    host.install("stamp.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("stamp", &a).await;
+    assert_eq!(host.factory.informer_count(), 1);
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_src(&api, "src-1", "one").await;
+    until_converged(&api, "a").await;
+
+    // Reading Secrets adds an informer; dropping it again releases it.
+    host.install("stamp.toml", stamp_toml(ns, 1).as_bytes());
+    host.manager().rescan().await;
+    assert_eq!(host.factory.informer_count(), 2);
+    host.install("stamp.toml", stamp_toml(ns, 2).as_bytes());
+    host.manager().rescan().await;
+    assert_eq!(host.factory.informer_count(), 1);
+
+    // A second plugin with the same name is refused; the first runs on.
+    host.install("clash.toml", format!("name = \"stamp\"\n{}", stamp_toml(ns, 0)).as_bytes());
+    host.install("clash.wasm", &a);
+    host.manager().rescan().await;
+    let clash = host.status("clash").expect("clash status");
+    assert_eq!(clash.state, PluginState::Failed);
+    assert!(clash.last_error.as_deref().unwrap_or_default().contains("already used by stamp.toml"), "{clash:?}");
+    std::fs::remove_file(host.path("clash.toml")).expect("rm");
+    host.manager().rescan().await;
+    assert!(host.status("clash").is_none());
+
+    // Removing the TOML drains and stops the plugin and releases its informers.
+    std::fs::remove_file(host.path("stamp.toml")).expect("rm");
+    host.manager().rescan().await;
+    assert!(host.status("stamp").is_none());
+    assert_eq!(host.factory.informer_count(), 0);
+    apply_src(&api, "src-2", "two").await;
+    let (_, out) = cluster_state(&api).await;
+    assert!(!out.contains_key("2"));
+    host.stop().await;
+}
