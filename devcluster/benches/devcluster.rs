@@ -144,6 +144,30 @@ fn main() {
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     rt.block_on(async move {
+        // Memory per stored object with (almost) no history: a cluster keeping 1 event.
+        {
+            let small = DevCluster::start(DevClusterConfig {
+                tls: false,
+                history_size: 1,
+                ..Default::default()
+            })
+            .await
+            .expect("start");
+            let rss0 = rss_bytes();
+            let gr = configmaps();
+            for i in 0..n {
+                small
+                    .store()
+                    .create(&gr, "default", object(&format!("m-{i}"), 0), &WriteOpts::default())
+                    .expect("create");
+            }
+            let rss1 = rss_bytes();
+            println!(
+                "memory: {:.0} bytes RSS per stored object without history ({n} objects)",
+                rss1.saturating_sub(rss0) as f64 / n as f64
+            );
+            small.shutdown().await;
+        }
         let cluster = DevCluster::start(DevClusterConfig {
             tls: false,
             history_size: 4 * n + 16,
@@ -161,7 +185,7 @@ fn main() {
         println!("object size: {object_json} bytes of JSON; {n} objects");
         println!("store writes: {creates:.0} creates/s, {updates:.0} updates/s (in-process, 1 writer)");
         println!(
-            "memory: {:.0} bytes RSS per stored object incl. its 2 history events ({:.1} MiB for {n})",
+            "memory: {:.0} bytes RSS per stored object incl. 2 history events ({:.1} MiB for {n})",
             (rss1.saturating_sub(rss0)) as f64 / n as f64,
             (rss1.saturating_sub(rss0)) as f64 / (1 << 20) as f64
         );

@@ -5,7 +5,6 @@ use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber_init();
     let mut args = std::env::args().skip(1);
     let path = args.next().unwrap_or_else(|| "dev-cluster.kubeconfig".into());
     let tls = args.next().as_deref() != Some("http");
@@ -19,5 +18,3 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     Ok(())
 }
-
-fn tracing_subscriber_init() {}

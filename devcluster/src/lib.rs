@@ -326,7 +326,9 @@ async fn serve(
         let (tcp, peer) = match accepted {
             Ok(x) => x,
             Err(error) => {
+                // E.g. out of file descriptors: back off instead of spinning.
                 tracing::warn!(%error, "dev cluster accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
         };

@@ -256,7 +256,8 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
                     (4, Field::Bytes(x)) => {
                         // stringData is write-only: fold it into data like the API server.
                         let (k, v) = map_entry(x, false)?;
-                        let encoded = base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or_default());
+                        let encoded =
+                            base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or_default());
                         other.insert(k, Value::String(encoded));
                     }
                     (5, Field::Varint(v)) => {
@@ -297,7 +298,12 @@ mod tests {
 
     #[test]
     fn decodes_a_configmap() {
-        let meta = [field(1, b"demo"), field(3, b"default"), field(11, &[field(1, b"app"), field(2, b"x")].concat())].concat();
+        let meta = [
+            field(1, b"demo"),
+            field(3, b"default"),
+            field(11, &[field(1, b"app"), field(2, b"x")].concat()),
+        ]
+        .concat();
         let raw = [field(1, &meta), field(2, &[field(1, b"k"), field(2, b"v")].concat())].concat();
         let tm = [field(1, b"v1"), field(2, b"ConfigMap")].concat();
         let body = [MAGIC.to_vec(), field(1, &tm), field(2, &raw)].concat();

@@ -340,7 +340,10 @@ fn finalizers(v: &Value) -> Vec<String> {
 }
 
 fn encode(v: &Value) -> Result<Bytes, ApiError> {
-    serde_json::to_vec(v).map(Bytes::from).map_err(|e| ApiError::internal(format!("encoding object: {e}")))
+    let mut buf = serde_json::to_vec(v).map_err(|e| ApiError::internal(format!("encoding object: {e}")))?;
+    // The encoded bytes are kept for the object's lifetime: drop the growth slack.
+    buf.shrink_to_fit();
+    Ok(Bytes::from(buf))
 }
 
 fn decode(b: &Bytes) -> Result<Value, ApiError> {

@@ -60,6 +60,39 @@ fn measure(rounds: usize, iters: usize, mut f: impl FnMut()) -> Duration {
     per_call[per_call.len() / 2]
 }
 
+/// A named benchmark case.
+type Case<'a> = (&'a str, Box<dyn FnMut() + 'a>);
+
+/// Like [`measure`] for several cases, one batch of each per round.
+fn measure_interleaved(
+    rounds: usize,
+    iters: usize,
+    cases: &mut [(&str, Box<dyn FnMut() + '_>)],
+) -> Vec<Duration> {
+    for (_, f) in cases.iter_mut() {
+        for _ in 0..iters / 10 {
+            f();
+        }
+    }
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); cases.len()];
+    for _ in 0..rounds {
+        for (i, (_, f)) in cases.iter_mut().enumerate() {
+            let start = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            samples[i].push(start.elapsed() / iters as u32);
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort();
+            s[s.len() / 2]
+        })
+        .collect()
+}
+
 fn fmt(d: Duration) -> String {
     let ns = d.as_nanos();
     if ns >= 1_000_000 { format!("{:.2} ms", ns as f64 / 1e6) } else { format!("{:.2} µs", ns as f64 / 1e3) }
@@ -127,24 +160,48 @@ fn main() {
         json.len()
     );
     println!("plugin: {} ({} bytes)", bench_path.display(), bench_wasm.len());
-    let native = measure(rounds, iters, || {
-        std::hint::black_box(native_reconcile(&*cache, std::hint::black_box(&bench))).ok();
-    });
-    let wasm = measure(rounds, iters, || {
-        std::hint::black_box(plugin.reconcile_blocking(&bench)).ok();
-    });
-    let noop_t = measure(rounds, iters, || {
-        std::hint::black_box(plugin.reconcile_blocking(&noop)).ok();
-    });
-    let get_t = measure(rounds, iters, || {
-        std::hint::black_box(plugin.reconcile_blocking(&get_only)).ok();
-    });
-    let parse_t = measure(rounds, iters, || {
-        std::hint::black_box(plugin.reconcile_blocking(&parse_only)).ok();
-    });
-    let native_parse = measure(rounds, iters, || {
-        std::hint::black_box(serde_json::from_slice::<ConfigMap>(std::hint::black_box(&json)).ok());
-    });
+    // Interleaved rounds: every case runs once per round, so a noisy neighbour (2 shared
+    // cores) skews all cases alike and the ratios stay meaningful.
+    let mut cases: Vec<Case<'_>> = vec![
+        (
+            "native",
+            Box::new(|| {
+                std::hint::black_box(native_reconcile(&*cache, std::hint::black_box(&bench))).ok();
+            }),
+        ),
+        (
+            "wasm",
+            Box::new(|| {
+                std::hint::black_box(plugin.reconcile_blocking(&bench)).ok();
+            }),
+        ),
+        (
+            "noop",
+            Box::new(|| {
+                std::hint::black_box(plugin.reconcile_blocking(&noop)).ok();
+            }),
+        ),
+        (
+            "get",
+            Box::new(|| {
+                std::hint::black_box(plugin.reconcile_blocking(&get_only)).ok();
+            }),
+        ),
+        (
+            "parse",
+            Box::new(|| {
+                std::hint::black_box(plugin.reconcile_blocking(&parse_only)).ok();
+            }),
+        ),
+        (
+            "native-parse",
+            Box::new(|| {
+                std::hint::black_box(serde_json::from_slice::<ConfigMap>(std::hint::black_box(&json)).ok());
+            }),
+        ),
+    ];
+    let results = measure_interleaved(rounds, iters, &mut cases);
+    let [native, wasm, noop_t, get_t, parse_t, native_parse] = results[..] else { unreachable!() };
     println!();
     println!("reconcile (cache get + parse into ConfigMap)");
     println!("  native                      {:>10}", fmt(native));

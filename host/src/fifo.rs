@@ -318,9 +318,20 @@ impl DeltaFifo {
 
     /// Like [`pop`](Self::pop) but processes up to `max` ready keys under one lock
     /// acquisition, in queue order. Returns how many keys were processed.
-    pub async fn pop_batch<F>(&self, max: usize, mut process: F) -> Result<usize, Closed>
+    pub async fn pop_batch<F>(&self, max: usize, process: F) -> Result<usize, Closed>
     where
         F: FnMut(&str, &[Delta], bool) -> PopOutcome,
+    {
+        self.pop_batch_then(max, process, || ()).await
+    }
+
+    /// [`pop_batch`](Self::pop_batch), then `finish()` still under the lock, before
+    /// `has_synced` is published: lets the informer apply a batch and hand out its
+    /// notifications atomically.
+    pub async fn pop_batch_then<F, G>(&self, max: usize, mut process: F, finish: G) -> Result<usize, Closed>
+    where
+        F: FnMut(&str, &[Delta], bool) -> PopOutcome,
+        G: FnOnce(),
     {
         loop {
             let notified = self.notify.notified();
@@ -344,8 +355,9 @@ impl DeltaFifo {
                             s.queue.push_back(key.clone());
                             s.items.insert(key, deltas);
                         }
-                        self.publish_synced(&s);
                     }
+                    finish();
+                    self.publish_synced(&s);
                     return Ok(n);
                 }
                 if s.closed {
@@ -354,6 +366,42 @@ impl DeltaFifo {
             }
             notified.await;
         }
+    }
+
+    /// Runs `f` under the FIFO lock: no pop is processed meanwhile.
+    pub(crate) fn locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _s = self.state.lock();
+        f()
+    }
+
+    /// Queues watch changes under one lock acquisition with one wake-up: `Added` / `Updated`
+    /// as [`add`](Self::add) / [`update`](Self::update), `Deleted` as
+    /// [`delete`](Self::delete) (ignored for unknown keys); other types are queued as given.
+    pub fn push_all(&self, deltas: Vec<Delta>) {
+        if deltas.is_empty() {
+            return;
+        }
+        let mut s = self.state.lock();
+        for delta in deltas {
+            // Own the key apart from `delta`, which moves into the queue.
+            let tombstone_key = match &delta {
+                Delta::Deleted(DeletedObject::FinalStateUnknown { key, .. }) => Some(key.clone()),
+                _ => None,
+            };
+            let keyed = delta.object().clone();
+            let key: &str = tombstone_key.as_deref().unwrap_or(keyed.key());
+            if matches!(delta, Delta::Deleted(_))
+                && !s.items.contains_key(key)
+                && !self.known.as_ref().is_some_and(|k| k.known_object(key).is_some())
+            {
+                continue;
+            }
+            s.populated = true;
+            s.queue_delta(key, delta);
+        }
+        self.publish_synced(&s);
+        drop(s);
+        self.notify.notify_waiters();
     }
 
     /// Wakes every waiting `pop` with [`Closed`] (after the queue drains).
@@ -693,6 +741,28 @@ mod tests {
         tokio::task::yield_now().await;
         f.add(obj("late", 1));
         assert_eq!(popper.await.unwrap(), "late");
+    }
+
+    #[tokio::test]
+    async fn delta_fifo_push_all_matches_single_calls() {
+        let (_, k) = store(&[obj("known", 1)]);
+        let f = DeltaFifo::new(Some(k));
+        f.push_all(vec![
+            Delta::Added(obj("a", 1)),
+            Delta::Updated(obj("a", 2)),
+            Delta::Deleted(known(&obj("ghost", 3))),
+            Delta::Deleted(known(&obj("known", 4))),
+            Delta::Deleted(known(&obj("a", 5))),
+            Delta::Deleted(known(&obj("a", 6))),
+        ]);
+        assert_eq!(f.queued_keys(), ["a", "known"], "unknown delete ignored");
+        let a = f.deltas_of("a").unwrap();
+        assert_eq!(
+            a.iter().map(Delta::delta_type).collect::<Vec<_>>(),
+            [DeltaType::Added, DeltaType::Updated, DeltaType::Deleted]
+        );
+        assert_eq!(a[2].object().resource_version(), "5", "deletes dedup as with delete()");
+        assert!(f.has_synced());
     }
 
     // TestDeltaFIFO_detectLineJumpers: a re-added key keeps its original position.

@@ -957,3 +957,60 @@ subjects:
         assert!(yaml.contains("kind: ClusterRole\n"), "{yaml}");
     }
 }
+
+/// `wasmctrl check` with the real plugin engine: the world check, `init`, and the hooks the
+/// TOML needs, through compiled test plugins (`cargo xtask build-guests`).
+mod check_components {
+    use super::*;
+    use wasmctrl::plugin::{EngineConfig, PluginEngine};
+    use wasmctrl::reload::{CheckOptions, EngineValidator, check_paths};
+
+    fn build(name: &str) -> Vec<u8> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../guests/target/wasm32-wasip2/release")
+            .join(format!("{}.wasm", name.replace('-', "_")));
+        std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask build-guests`", path.display()))
+    }
+
+    #[test]
+    fn components_are_compiled_initialised_and_matched_against_the_toml() {
+        let engine = PluginEngine::new(EngineConfig::default(), None).unwrap();
+        let validator = EngineValidator(engine);
+        let options = CheckOptions { components: Some(&validator), ..CheckOptions::default() };
+        let dir = tempfile::tempdir().unwrap();
+        let toml =
+            "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[permissions]\nwrite = [\"v1/ConfigMap\"]\n";
+        std::fs::write(dir.path().join("good.toml"), toml).unwrap();
+        std::fs::write(dir.path().join("good.wasm"), build("reload-stamp-a")).unwrap();
+        let report = check_paths(&[dir.path().to_path_buf()], &options);
+        assert!(report.ok(), "{}", report.render());
+        assert!(
+            report.render().contains("world wasmctrl:controller/plugin@0.1.0, init ok"),
+            "{}",
+            report.render()
+        );
+
+        // `init` fails; `[[watches]]` without a `map` hook; not a component at all.
+        std::fs::write(dir.path().join("bad.toml"), toml).unwrap();
+        std::fs::write(dir.path().join("bad.wasm"), build("reload-stamp-bad")).unwrap();
+        let watches = format!("{toml}[[watches]]\napi-version = \"v1\"\nkind = \"Namespace\"\n");
+        std::fs::write(dir.path().join("nomap.toml"), watches).unwrap();
+        std::fs::write(dir.path().join("nomap.wasm"), build("reload-stamp-a")).unwrap();
+        std::fs::write(dir.path().join("junk.toml"), toml).unwrap();
+        std::fs::write(dir.path().join("junk.wasm"), b"\0asm\x01\0\0\0").unwrap();
+        let report = check_paths(&[dir.path().to_path_buf()], &options);
+        let text = report.render();
+        assert!(!report.ok());
+        assert!(
+            text.contains("bad.wasm: invalid component:") && text.contains("build bad refuses to start"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nomap.toml:6:1: `watches[0]`: `[[watches]]` needs the plugin to export `map`"),
+            "{text}"
+        );
+        assert!(text.contains("junk.wasm: invalid component:") && text.contains("not a component"), "{text}");
+        assert_eq!(report.plugins.len(), 1, "{text}");
+    }
+}

@@ -999,6 +999,32 @@ mod devcluster {
         factory.shutdown();
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn controller_on_an_empty_kind_becomes_ready() {
+        let (_cluster, client) = cluster().await;
+        let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
+        let source = InformerSource::new(&factory, InformerSpec::new("v1", "Secret").namespace("empty"))
+            .await
+            .unwrap();
+        let (r, _calls) = scripted(vec![]);
+        let c = Controller::builder("empty", r).for_source(source).build().unwrap();
+        let token = CancellationToken::new();
+        let task = tokio::spawn({
+            let (c, t) = (c.clone(), token.clone());
+            async move { c.run(t).await }
+        });
+        tokio::time::timeout(WAIT, async {
+            while !c.readiness().is_ready() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("an empty initial list must count as synced: {:?}", c.readiness()));
+        token.cancel();
+        task.await.unwrap().unwrap();
+        factory.shutdown();
+    }
+
     struct Replica {
         elector: Arc<LeaderElector>,
         controller: Controller,

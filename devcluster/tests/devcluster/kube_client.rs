@@ -784,3 +784,32 @@ async fn discovery_lists_builtins() {
     let v = client.apiserver_version().await.unwrap();
     assert_eq!(v.major, "1");
 }
+
+#[tokio::test]
+async fn crd_versions_share_storage() {
+    let c = cluster_with(|c| c.tls = false).await;
+    let client = c.client().unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut def = serde_json::to_value(crd("Namespaced")).unwrap();
+    def["spec"]["versions"] = json!([
+        {"name": "v1beta1", "served": true, "storage": false, "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}},
+        {"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}},
+    ]);
+    crds.create(&PostParams::default(), &serde_json::from_value(def).unwrap()).await.unwrap();
+    let beta = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1beta1", "Widget"),
+        "widgets",
+    );
+    let v1 =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("example.com", "v1", "Widget"), "widgets");
+    let beta_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &beta);
+    let v1_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &v1);
+    let mut w = w_named("multi");
+    w.types = Some(kube::api::TypeMeta { api_version: "example.com/v1beta1".into(), kind: "Widget".into() });
+    let created = beta_api.create(&PostParams::default(), &w).await.unwrap();
+    assert_eq!(created.types.unwrap().api_version, "example.com/v1beta1");
+    let read = v1_api.get("multi").await.unwrap();
+    assert_eq!(read.types.unwrap().api_version, "example.com/v1");
+    // No status subresource on this CRD: /status is not served.
+    assert_eq!(code(v1_api.get_status("multi").await.unwrap_err()).0, 404);
+}

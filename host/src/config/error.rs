@@ -318,7 +318,12 @@ fn floor_char_boundary(s: &str, mut at: usize) -> usize {
 /// Walks the whole tree for the innermost key or value whose span contains `span`. Every
 /// table is searched: the span of a table defined by `[a.b]` headers does not cover the
 /// keys of its sub-tables, so containment cannot prune the search.
-fn find_path(table: &DeTable<'_>, span: &Range<usize>, path: &mut Vec<PathSeg>, best: &mut Option<Vec<PathSeg>>) {
+fn find_path(
+    table: &DeTable<'_>,
+    span: &Range<usize>,
+    path: &mut Vec<PathSeg>,
+    best: &mut Option<Vec<PathSeg>>,
+) {
     for (key, value) in table.iter() {
         path.push(PathSeg::Key(key.get_ref().to_string()));
         if contains(key.span(), span) || contains(value.span(), span) {
@@ -333,7 +338,12 @@ fn contains(r: Range<usize>, span: &Range<usize>) -> bool {
     r.start <= span.start && span.end <= r.end.max(r.start + 1)
 }
 
-fn find_in_value(value: &DeValue<'_>, span: &Range<usize>, path: &mut Vec<PathSeg>, best: &mut Option<Vec<PathSeg>>) {
+fn find_in_value(
+    value: &DeValue<'_>,
+    span: &Range<usize>,
+    path: &mut Vec<PathSeg>,
+    best: &mut Option<Vec<PathSeg>>,
+) {
     if let Some(t) = value.as_table() {
         find_path(t, span, path, best);
     } else if let Some(a) = value.as_array() {

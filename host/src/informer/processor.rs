@@ -43,7 +43,7 @@ pub(crate) struct SyncState {
 pub(crate) struct Listener {
     pub(crate) id: u64,
     name: Arc<str>,
-    tx: Mutex<Option<mpsc::Sender<Notification>>>,
+    tx: Mutex<Option<mpsc::Sender<Vec<Notification>>>>,
     pub(crate) resync: Option<Duration>,
     next_resync: Mutex<Option<Instant>>,
     pending_initial: Arc<AtomicUsize>,
@@ -60,7 +60,7 @@ impl Listener {
         resync: Option<Duration>,
         sync: Arc<SyncState>,
     ) -> Arc<Listener> {
-        let (tx, rx) = mpsc::channel::<Notification>();
+        let (tx, rx) = mpsc::channel::<Vec<Notification>>();
         let pending_initial = Arc::new(AtomicUsize::new(0));
         let removed = Arc::new(AtomicBool::new(false));
         let runtime = tokio::runtime::Handle::try_current().ok();
@@ -95,16 +95,18 @@ impl Listener {
         })
     }
 
-    pub(crate) fn send(&self, n: Notification) {
-        let initial = matches!(n, Notification::Add(_, true));
+    /// Hands a batch to the listener thread with a single wake-up.
+    pub(crate) fn send_batch(&self, batch: Vec<Notification>) {
+        if batch.is_empty() {
+            return;
+        }
+        let initial = batch.iter().filter(|n| matches!(n, Notification::Add(_, true))).count();
         let tx = self.tx.lock();
         let Some(tx) = tx.as_ref() else { return };
-        if initial {
-            self.pending_initial.fetch_add(1, Ordering::SeqCst);
-        }
-        if tx.send(n).is_err() && initial {
-            // The thread is gone (removed): nothing will ever decrement this.
-            self.pending_initial.fetch_sub(1, Ordering::SeqCst);
+        self.pending_initial.fetch_add(initial, Ordering::SeqCst);
+        if tx.send(batch).is_err() {
+            // The thread is gone (removed): nothing will ever decrement these.
+            self.pending_initial.fetch_sub(initial, Ordering::SeqCst);
         }
     }
 
@@ -128,12 +130,12 @@ fn run_listener(
     informer: &str,
     id: u64,
     handler: Arc<dyn ResourceEventHandler>,
-    rx: mpsc::Receiver<Notification>,
+    rx: mpsc::Receiver<Vec<Notification>>,
     pending_initial: &AtomicUsize,
     removed: &AtomicBool,
     sync: &SyncState,
 ) {
-    for n in rx {
+    for n in rx.into_iter().flatten() {
         if removed.load(Ordering::SeqCst) {
             break;
         }
@@ -208,19 +210,21 @@ impl Processor {
         self.listeners.read().len()
     }
 
-    pub(crate) fn distribute(&self, n: Notification, is_sync: bool) {
+    /// Distributes a batch of `(notification, is_sync)` in order, one message per listener.
+    pub(crate) fn distribute_batch(&self, batch: Vec<(Notification, bool)>) {
+        if batch.is_empty() {
+            return;
+        }
         let listeners = self.listeners.read();
-        if is_sync {
-            let syncing = self.syncing.lock();
-            for l in listeners.iter().filter(|l| syncing.contains(&l.id)) {
-                l.send(n.clone());
-            }
-        } else if let [only] = listeners.as_slice() {
-            only.send(n);
-        } else {
-            for l in listeners.iter() {
-                l.send(n.clone());
-            }
+        let any_sync = batch.iter().any(|(_, is_sync)| *is_sync);
+        let syncing = if any_sync { Some(self.syncing.lock().clone()) } else { None };
+        if let ([only], false) = (listeners.as_slice(), any_sync) {
+            only.send_batch(batch.into_iter().map(|(n, _)| n).collect());
+            return;
+        }
+        for l in listeners.iter() {
+            let wanted = |is_sync: bool| !is_sync || syncing.as_ref().is_some_and(|s| s.contains(&l.id));
+            l.send_batch(batch.iter().filter(|(_, s)| wanted(*s)).map(|(n, _)| n.clone()).collect());
         }
     }
 

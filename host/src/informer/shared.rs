@@ -3,9 +3,10 @@
 //! notifications out to listeners, plus per-listener resync.
 //!
 //! Invariants:
-//! - the indexer is only written by `handle_deltas`, under `deltas_lock`; registering a
-//!   handler on a running informer takes the same lock, so its synthetic adds are exactly the
-//!   cache at that instant and every later change reaches it as a notification;
+//! - the indexer is only written by `handle_deltas`, under the FIFO lock, and a popped batch's
+//!   notifications are handed to the listeners before that lock is released; registering a
+//!   handler takes the same lock, so its synthetic adds are exactly the cache at that instant
+//!   and every later change reaches it as a notification;
 //! - notifications are distributed in FIFO pop order, so each listener sees each key's
 //!   changes in order;
 //! - once stopped (explicitly or by the last [`InformerLease`](super::InformerLease) going
@@ -43,7 +44,8 @@ struct Shared {
     indexer: Indexer,
     fifo: Arc<DeltaFifo>,
     processor: Processor,
-    deltas_lock: Mutex<()>,
+    /// Notifications of the batch being popped (touched only under the FIFO lock).
+    pending: Mutex<Vec<(Notification, bool)>>,
     sync: Arc<SyncState>,
     started: AtomicBool,
     cancel: CancellationToken,
@@ -104,7 +106,7 @@ impl SharedIndexInformer {
                 indexer,
                 fifo: Arc::new(DeltaFifo::new(Some(known))),
                 processor: Processor::default(),
-                deltas_lock: Mutex::new(()),
+                pending: Mutex::new(Vec::new()),
                 sync: Arc::new(SyncState::default()),
                 started: AtomicBool::new(false),
                 cancel: CancellationToken::new(),
@@ -149,15 +151,15 @@ impl SharedIndexInformer {
         let resync = resync.or(shared.default_resync);
         let id = shared.processor.next_id();
         let listener = Listener::spawn(id, shared.name.clone(), handler, resync, shared.sync.clone());
-        {
-            let _blocked = shared.deltas_lock.lock();
+        // Under the FIFO lock no batch is being applied: the synthetic adds are exactly the
+        // cache now, and every later change reaches the new listener as a notification.
+        shared.fifo.locked(|| {
             if shared.started.load(Ordering::SeqCst) {
-                for obj in shared.indexer.list() {
-                    listener.send(Notification::Add(obj, true));
-                }
+                let adds = shared.indexer.list().into_iter().map(|o| Notification::Add(o, true)).collect();
+                listener.send_batch(adds);
             }
             shared.processor.add(listener.clone());
-        }
+        });
         tracing::debug!(informer = %shared.name, listener = id, ?resync, "event handler added");
         HandlerRegistration {
             listener,
@@ -247,10 +249,17 @@ impl Shared {
         loop {
             let popped = self
                 .fifo
-                .pop_batch(POP_BATCH, |_, deltas, initial| {
-                    self.handle_deltas(deltas, initial);
-                    PopOutcome::Processed
-                })
+                .pop_batch_then(
+                    POP_BATCH,
+                    |_, deltas, initial| {
+                        self.handle_deltas(deltas, initial);
+                        PopOutcome::Processed
+                    },
+                    || {
+                        let batch = std::mem::take(&mut *self.pending.lock());
+                        self.processor.distribute_batch(batch);
+                    },
+                )
                 .await;
             if popped.is_err() {
                 break;
@@ -263,13 +272,14 @@ impl Shared {
     }
 
     /// client-go `HandleDeltas`: apply each delta to the indexer, oldest first, and notify.
+    /// Runs under the FIFO lock; the notifications go out when the batch ends.
     fn handle_deltas(&self, deltas: &[Delta], in_initial_list: bool) {
-        let _blocked = self.deltas_lock.lock();
+        let mut pending = self.pending.lock();
         for delta in deltas {
             match delta {
                 Delta::Deleted(deleted) => {
                     self.indexer.delete(deleted.key());
-                    self.processor.distribute(Notification::Delete(deleted.clone()), false);
+                    pending.push((Notification::Delete(deleted.clone()), false));
                 }
                 Delta::Added(obj) | Delta::Updated(obj) | Delta::Replaced(obj) | Delta::Sync(obj) => {
                     match self.indexer.upsert(obj.clone()) {
@@ -278,11 +288,9 @@ impl Shared {
                             let is_sync = matches!(delta, Delta::Sync(_))
                                 || (matches!(delta, Delta::Replaced(_))
                                     && old.resource_version() == obj.resource_version());
-                            self.processor.distribute(Notification::Update(old, obj.clone()), is_sync);
+                            pending.push((Notification::Update(old, obj.clone()), is_sync));
                         }
-                        None => {
-                            self.processor.distribute(Notification::Add(obj.clone(), in_initial_list), false)
-                        }
+                        None => pending.push((Notification::Add(obj.clone(), in_initial_list), false)),
                     }
                 }
             }

@@ -224,11 +224,27 @@ fn watch_dir(
 ) -> Result<notify::RecommendedWatcher, ManagerError> {
     use notify::Watcher;
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-        Ok(event) => {
+        // Only changes count: reading a file (ours included) reports access events, which
+        // must not trigger another read.
+        Ok(event)
+            if matches!(
+                event.kind,
+                notify::EventKind::Create(_)
+                    | notify::EventKind::Modify(_)
+                    | notify::EventKind::Remove(_)
+                    | notify::EventKind::Any
+            ) && !matches!(
+                event.kind,
+                notify::EventKind::Modify(notify::event::ModifyKind::Metadata(
+                    notify::event::MetadataKind::AccessTime
+                ))
+            ) =>
+        {
             for path in event.paths {
                 let _ = tx.send(path);
             }
         }
+        Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "plugins directory watch error"),
     })
     .map_err(|source| ManagerError::Watch { dir: dir.to_owned(), source })?;
@@ -462,6 +478,8 @@ impl Shared {
             && r.generation.config == config
             && r.generation.version == version
         {
+            // The files are back to what runs: an earlier rejection no longer applies.
+            self.status.update(stem, toml.to_owned(), |s| s.last_error = None);
             return Ok(());
         }
 

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backoff::{Backoff, BackoffConfig};
 use super::discovery::ApiResource;
-use crate::fifo::DeltaFifo;
+use crate::fifo::{Delta, DeltaFifo};
 use crate::object::{DeletedObject, Object, Transform};
 
 /// Options of a [`Reflector`].
@@ -399,6 +399,8 @@ impl Reflector {
         };
         let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut events = 0usize;
+        // The changes of one network frame go to the FIFO together (one lock, one wake-up).
+        let mut changes: Vec<Delta> = Vec::new();
         loop {
             let frame = tokio::select! {
                 _ = cancel.cancelled() => return WatchEnd::Cancelled,
@@ -417,15 +419,19 @@ impl Reflector {
             while let Some(nl) = memchr::memchr(b'\n', &buf[consumed..]) {
                 let line = &buf[consumed..consumed + nl];
                 consumed += nl + 1;
-                if let Err(end) = self.handle_event(line, fifo) {
+                if let Err(end) = self.handle_event(line, &mut changes) {
+                    fifo.push_all(changes);
                     return end;
                 }
                 events += 1;
             }
             buf.drain(..consumed);
+            fifo.push_all(std::mem::take(&mut changes));
         }
         if buf.iter().any(|b| !b.is_ascii_whitespace()) {
-            if let Err(end) = self.handle_event(&buf, fifo) {
+            let result = self.handle_event(&buf, &mut changes);
+            fifo.push_all(changes);
+            if let Err(end) = result {
                 return end;
             }
             events += 1;
@@ -433,34 +439,31 @@ impl Reflector {
         WatchEnd::Closed { events }
     }
 
-    /// Applies one watch event line. `Err` ends the watch.
-    fn handle_event(&self, line: &[u8], fifo: &DeltaFifo) -> Result<(), WatchEnd> {
+    /// Decodes one watch event line into `changes`. `Err` ends the watch.
+    fn handle_event(&self, line: &[u8], changes: &mut Vec<Delta>) -> Result<(), WatchEnd> {
         if line.iter().all(|b| b.is_ascii_whitespace()) {
+            return Ok(());
+        }
+        // Fast path for the API server's own encoding, `{"type":"X","object":{...}}`: the
+        // object is validated when it is parsed, so the envelope need not be scanned twice.
+        // (If the split was wrong, e.g. extra envelope fields, parsing fails: decode generally.)
+        if let Some((kind, object)) = split_event(line)
+            && let Ok(obj) = self.build(object)
+        {
+            self.push_change(kind, obj, changes);
             return Ok(());
         }
         let event: WatchEvent<'_> = match serde_json::from_slice(line) {
             Ok(e) => e,
             Err(e) => return Err(WatchEnd::Failed(ReflectorError::Decode(format!("watch event: {e}")))),
         };
-        let type_meta = Some((self.resource.api_version.as_str(), self.resource.kind.as_str()));
-        let build = || Object::from_api_json(event.object.get().as_bytes(), type_meta, self.config.transform);
         match &*event.kind {
-            "ADDED" | "MODIFIED" | "DELETED" => {
-                let obj = match build() {
-                    Ok(o) => Arc::new(o),
-                    Err(error) => {
-                        tracing::warn!(resource = %self.name(), %error, "skipping malformed watch object");
-                        return Ok(());
-                    }
-                };
-                let rv = obj.resource_version().to_owned();
-                match &*event.kind {
-                    "ADDED" => fifo.add(obj),
-                    "MODIFIED" => fifo.update(obj),
-                    _ => fifo.delete(DeletedObject::Known(obj)),
+            "ADDED" | "MODIFIED" | "DELETED" => match self.build(event.object.get().as_bytes()) {
+                Ok(obj) => self.push_change(&event.kind, obj, changes),
+                Err(error) => {
+                    tracing::warn!(resource = %self.name(), %error, "skipping malformed watch object");
                 }
-                *self.last_rv.lock() = rv;
-            }
+            },
             "BOOKMARK" => {
                 if let Ok(RvOnly { metadata: RvMeta { resource_version: Some(rv) } }) =
                     serde_json::from_str::<RvOnly>(event.object.get())
@@ -479,6 +482,41 @@ impl Reflector {
         }
         Ok(())
     }
+
+    fn build(&self, object: &[u8]) -> Result<Arc<Object>, crate::object::ObjectError> {
+        let type_meta = Some((self.resource.api_version.as_str(), self.resource.kind.as_str()));
+        Object::from_api_json(object, type_meta, self.config.transform).map(Arc::new)
+    }
+
+    fn push_change(&self, kind: &str, obj: Arc<Object>, changes: &mut Vec<Delta>) {
+        *self.last_rv.lock() = obj.resource_version().to_owned();
+        changes.push(match kind {
+            "ADDED" => Delta::Added(obj),
+            "MODIFIED" => Delta::Updated(obj),
+            _ => Delta::Deleted(DeletedObject::Known(obj)),
+        });
+    }
+}
+
+/// Splits `{"type":"ADDED|MODIFIED|DELETED","object":{...}}` (exactly as API servers write
+/// it) into type and object bytes; anything else is left to the general decoder.
+fn split_event(line: &[u8]) -> Option<(&'static str, &[u8])> {
+    let rest = line.strip_prefix(br#"{"type":""#)?;
+    let (kind, rest) = if let Some(r) = rest.strip_prefix(br#"ADDED","object":"#) {
+        ("ADDED", r)
+    } else if let Some(r) = rest.strip_prefix(br#"MODIFIED","object":"#) {
+        ("MODIFIED", r)
+    } else if let Some(r) = rest.strip_prefix(br#"DELETED","object":"#) {
+        ("DELETED", r)
+    } else {
+        return None;
+    };
+    let end = rest.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if rest[end] != b'}' {
+        return None;
+    }
+    let object = &rest[..end];
+    (object.first() == Some(&b'{') && object.last() == Some(&b'}')).then_some((kind, object))
 }
 
 async fn collect(body: kube::client::Body) -> Result<Bytes, ReflectorError> {
@@ -513,6 +551,17 @@ mod tests {
         let mut s = String::new();
         encode_into(&mut s, "app in (a,b),!x");
         assert_eq!(s, "app%20in%20%28a%2Cb%29%2C%21x");
+    }
+
+    #[test]
+    fn split_event_fast_path() {
+        let (k, o) = split_event(br#"{"type":"MODIFIED","object":{"a":{"b":1}}}"#).unwrap();
+        assert_eq!((k, o), ("MODIFIED", &br#"{"a":{"b":1}}"#[..]));
+        assert!(split_event(br#"{"type":"ADDED","object":{"a":1}}  "#).is_some());
+        assert!(split_event(br#"{"type":"BOOKMARK","object":{"a":1}}"#).is_none());
+        assert!(split_event(br#"{"object":{"a":1},"type":"ADDED"}"#).is_none());
+        assert!(split_event(br#"{"type":"ADDED","object":null}"#).is_none());
+        assert!(split_event(br#"{"type":"ADDED","object":{"a":1}"#).is_none());
     }
 
     #[test]

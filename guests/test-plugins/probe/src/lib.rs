@@ -134,7 +134,7 @@ fn run(op: &str, kind: Gvk, ns: Option<&str>, arg: &str, arg2: &str) -> String {
             )
         }
         "hooks-seen" => format!("ok:{}", SEEN.lock().map(|s| s.join(",")).unwrap_or_default()),
-        "requeue" => return "requeue".into(),
+        "requeue" => "requeue".into(),
         other => format!("err:unknown-op:{other}"),
     }
 }

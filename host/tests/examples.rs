@@ -1,0 +1,341 @@
+//! The three example plugins end to end: the embedded dev cluster seeded with
+//! `examples/seed`, the plugins manager running `examples/plugins`, and the cluster state
+//! `examples/EXPECTED.md` describes — after the seed, then after creates, updates and
+//! deletes.
+//!
+//! Needs the example plugins built next to their TOMLs: `cargo xtask build-guests`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
+use kube::Api;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use tokio_util::sync::CancellationToken;
+use wasmctrl::informer::{FactoryOptions, InformerFactory};
+use wasmctrl::metrics::Metrics;
+use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
+use wasmctrl::reload::{FactoryLeases, ManagerDeps, ManagerOptions, PluginManager};
+use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+
+/// Bound on every wait for the plugins to get somewhere (not a timing assertion).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+struct Demo {
+    cluster: DevCluster,
+    client: kube::Client,
+    manager: Option<PluginManager>,
+    shutdown: CancellationToken,
+    _plugins: tempfile::TempDir,
+    _cache: tempfile::TempDir,
+}
+
+impl Demo {
+    /// The dev cluster with every seed file applied, and the manager running `plugin` from
+    /// a copy of `examples/plugins` holding only that plugin.
+    async fn start(plugin: &str) -> Demo {
+        let cluster = DevCluster::start(DevClusterConfig::plain_http()).await.expect("dev cluster");
+        let mut seeds: Vec<PathBuf> = std::fs::read_dir(examples().join("seed"))
+            .expect("examples/seed")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+        seeds.sort();
+        for seed in seeds {
+            let yaml = std::fs::read_to_string(&seed).expect("seed");
+            cluster.apply_yaml(&yaml).unwrap_or_else(|e| panic!("{}: {e}", seed.display()));
+        }
+        let client = cluster.client().expect("client");
+        let plugins = tempfile::tempdir().expect("tempdir");
+        for ext in ["toml", "wasm"] {
+            let from = examples().join("plugins").join(format!("{plugin}.{ext}"));
+            std::fs::copy(&from, plugins.path().join(format!("{plugin}.{ext}"))).unwrap_or_else(|e| {
+                panic!("{}: {e}; run `cargo xtask build-guests` to build the example plugins", from.display())
+            });
+        }
+        let cache = tempfile::tempdir().expect("tempdir");
+        let metrics = Metrics::new();
+        let engine = PluginEngine::new(
+            EngineConfig { cache_dir: Some(cache.path().to_owned()), ..EngineConfig::default() },
+            Some(&metrics),
+        )
+        .expect("engine");
+        let deps = ManagerDeps {
+            engine,
+            informers: Arc::new(FactoryLeases(InformerFactory::new(
+                client.clone(),
+                FactoryOptions::default(),
+            ))),
+            kube: Some(KubeServices::new(
+                client.clone(),
+                tokio::runtime::Handle::current(),
+                "wasmctrl-examples",
+            )),
+            metrics,
+        };
+        let shutdown = CancellationToken::new();
+        let manager = PluginManager::start(ManagerOptions::new(plugins.path()), deps, shutdown.clone())
+            .await
+            .expect("manager");
+        let status = manager.status().get(plugin).expect("plugin status");
+        assert!(status.last_error.is_none(), "{plugin} did not load: {status:?}");
+        Demo { cluster, client, manager: Some(manager), shutdown, _plugins: plugins, _cache: cache }
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(m) = self.manager.take() {
+            tokio::time::timeout(PATIENCE, m.stopped()).await.expect("manager stops");
+        }
+        self.cluster.shutdown().await;
+    }
+}
+
+/// Polls `check` until it passes (returns `Ok`), or fails with its last complaint.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut last: String;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match check().await {
+            Ok(()) => return,
+            Err(e) => last = e,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("{what}: never happened; last: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn get<K>(api: &Api<K>, name: &str) -> Result<Option<K>, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.map_err(|e| e.to_string())
+}
+
+fn patch_json(value: serde_json::Value) -> Patch<serde_json::Value> {
+    Patch::Merge(value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configmap_mirror_copies_updates_and_cleans_up() {
+    let demo = Demo::start("configmap-mirror").await;
+    let ns = |n: &str| Api::<ConfigMap>::namespaced(demo.client.clone(), n);
+    let source_data = |cm: &ConfigMap| cm.data.clone().unwrap_or_default();
+    let copies_match = || async {
+        let source = get(&ns("default"), "app-config").await?.ok_or("source gone")?;
+        if !source
+            .metadata
+            .finalizers
+            .clone()
+            .unwrap_or_default()
+            .contains(&"mirror.example.com/cleanup".to_owned())
+        {
+            return Err("source has no finalizer".to_owned());
+        }
+        for team in ["team-a", "team-b"] {
+            let copy = get(&ns(team), "app-config").await?.ok_or(format!("no copy in {team}"))?;
+            if copy.data != Some(source_data(&source)) {
+                return Err(format!("{team} copy has {:?}", copy.data));
+            }
+            let labels = copy.metadata.labels.clone().unwrap_or_default();
+            let annotations = copy.metadata.annotations.clone().unwrap_or_default();
+            if labels.get("app.kubernetes.io/managed-by").map(String::as_str) != Some("configmap-mirror")
+                || labels.contains_key("mirror")
+                || annotations.get("mirror.example.com/source").map(String::as_str)
+                    != Some("default/app-config")
+            {
+                return Err(format!("{team} copy metadata: {:?}", copy.metadata));
+            }
+        }
+        Ok(())
+    };
+    eventually("copies after the seed", copies_match).await;
+    assert!(get(&ns("team-a"), "local-only").await.unwrap().is_none());
+
+    // Update: a changed and a removed key reach both copies.
+    ns("default")
+        .patch(
+            "app-config",
+            &PatchParams::default(),
+            &patch_json(serde_json::json!({"data": {"log-level": "debug", "feature-flags": null}})),
+        )
+        .await
+        .unwrap();
+    eventually("copies follow the source", || async {
+        copies_match().await?;
+        let copy = get(&ns("team-b"), "app-config").await?.ok_or("no copy")?;
+        match copy.data.unwrap_or_default().get("log-level").map(String::as_str) {
+            Some("debug") => Ok(()),
+            other => Err(format!("log-level {other:?}")),
+        }
+    })
+    .await;
+
+    // A deleted copy is re-created.
+    ns("team-a").delete("app-config", &DeleteParams::default()).await.unwrap();
+    eventually("the deleted copy comes back", copies_match).await;
+
+    // Deleting the source deletes the copies, then the source goes.
+    ns("default").delete("app-config", &DeleteParams::default()).await.unwrap();
+    eventually("source and copies are gone", || async {
+        for team in ["default", "team-a", "team-b"] {
+            if get(&ns(team), "app-config").await?.is_some() {
+                return Err(format!("{team}/app-config still exists"));
+            }
+        }
+        Ok(())
+    })
+    .await;
+    demo.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn website_operator_builds_updates_and_deletes_children() {
+    let demo = Demo::start("website-operator").await;
+    let gvk = GroupVersionKind::gvk("example.com", "v1", "Website");
+    let websites: Api<DynamicObject> = Api::namespaced_with(
+        demo.client.clone(),
+        "team-a",
+        &ApiResource::from_gvk_with_plural(&gvk, "websites"),
+    );
+    let deployments: Api<Deployment> = Api::namespaced(demo.client.clone(), "team-a");
+    let services: Api<Service> = Api::namespaced(demo.client.clone(), "team-a");
+    let configmaps: Api<ConfigMap> = Api::namespaced(demo.client.clone(), "team-a");
+
+    let children_match = |replicas: i32| {
+        let (websites, deployments, services, configmaps) =
+            (websites.clone(), deployments.clone(), services.clone(), configmaps.clone());
+        async move {
+            let site = get(&websites, "blog").await?.ok_or("website gone")?;
+            let uid = site.metadata.uid.clone().unwrap_or_default();
+            let content = site.data["spec"]["content"].as_str().unwrap_or_default().to_owned();
+            let deployment = get(&deployments, "blog").await?.ok_or("no deployment")?;
+            let spec_replicas = deployment.spec.replicas;
+            if spec_replicas != Some(replicas) {
+                return Err(format!("deployment replicas {spec_replicas:?}"));
+            }
+            let service = get(&services, "blog").await?.ok_or("no service")?;
+            let cm = get(&configmaps, "blog-content").await?.ok_or("no content configmap")?;
+            if cm.data.unwrap_or_default().get("index.html") != Some(&content) {
+                return Err("content configmap differs from spec.content".into());
+            }
+            for owners in [&deployment.metadata.owner_references, &service.metadata.owner_references] {
+                let owners = owners.clone().unwrap_or_default();
+                if owners.len() != 1 || owners[0].uid != uid || owners[0].controller != Some(true) {
+                    return Err(format!("owner references {owners:?}"));
+                }
+            }
+            let ready = site.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            if !ready || site.data["status"]["observedGeneration"].as_i64() != site.metadata.generation {
+                return Err(format!("status {}", site.data["status"]));
+            }
+            Ok(())
+        }
+    };
+    eventually("children after the seed", || children_match(2)).await;
+
+    websites
+        .patch("blog", &PatchParams::default(), &patch_json(serde_json::json!({"spec": {"replicas": 3}})))
+        .await
+        .unwrap();
+    eventually("the deployment follows spec.replicas", || children_match(3)).await;
+
+    services.delete("blog", &DeleteParams::default()).await.unwrap();
+    eventually("the deleted service comes back", || children_match(3)).await;
+
+    websites.delete("blog", &DeleteParams::default()).await.unwrap();
+    eventually("the website and its children are gone", || async {
+        if get(&websites, "blog").await?.is_some() {
+            return Err("website still there".into());
+        }
+        if get(&deployments, "blog").await?.is_some() || get(&services, "blog").await?.is_some() {
+            return Err("children still there".into());
+        }
+        Ok(())
+    })
+    .await;
+    demo.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_node_policy_flags_and_clears_violations() {
+    let demo = Demo::start("pod-node-policy").await;
+    const ANNOTATION: &str = "policy.example.com/violations";
+    let pods = |ns: &str| Api::<Pod>::namespaced(demo.client.clone(), ns);
+    let nodes: Api<Node> = Api::all(demo.client.clone());
+    let verdict = |ns: &'static str, name: &'static str, want: Option<&'static str>| {
+        let api = pods(ns);
+        async move {
+            let pod = get(&api, name).await?.ok_or(format!("{ns}/{name} gone"))?;
+            let got = pod.metadata.annotations.unwrap_or_default().get(ANNOTATION).cloned();
+            if got.as_deref() == want { Ok(()) } else { Err(format!("{ns}/{name}: {got:?}, want {want:?}")) }
+        }
+    };
+    eventually("verdicts after the seed", || async {
+        verdict("team-a", "web-2", Some("MissingRequiredLabel(team)")).await?;
+        verdict("team-b", "db-1", Some("NodeSelectorMismatch(disktype=ssd on node node-2: hdd)")).await?;
+        verdict("team-b", "batch-1", Some("NodeNotFound(node-9)")).await?;
+        verdict("team-a", "web-1", None).await?;
+        verdict("kube-system", "agent-1", None).await
+    })
+    .await;
+
+    // Node change → `watches` + `map` → the Pods on it are checked again.
+    nodes
+        .patch(
+            "node-2",
+            &PatchParams::default(),
+            &patch_json(serde_json::json!({"metadata": {"labels": {"disktype": "ssd"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("db-1 complies once node-2 is ssd", || verdict("team-b", "db-1", None)).await;
+
+    // Pod changes: adding the label clears, removing it flags.
+    pods("team-a")
+        .patch(
+            "web-2",
+            &PatchParams::default(),
+            &patch_json(serde_json::json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await
+        .unwrap();
+    pods("team-a")
+        .patch(
+            "web-1",
+            &PatchParams::default(),
+            &patch_json(serde_json::json!({"metadata": {"labels": {"team": null}}})),
+        )
+        .await
+        .unwrap();
+    eventually("web-2 clears and web-1 is flagged", || async {
+        verdict("team-a", "web-2", None).await?;
+        verdict("team-a", "web-1", Some("MissingRequiredLabel(team)")).await
+    })
+    .await;
+
+    // A created Node resolves NodeNotFound.
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-9"}
+    }))
+    .unwrap();
+    nodes.create(&Default::default(), &node).await.unwrap();
+    eventually("batch-1 complies once node-9 exists", || verdict("team-b", "batch-1", None)).await;
+    demo.stop().await;
+}
