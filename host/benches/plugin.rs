@@ -243,7 +243,7 @@ fn main() {
         samples[samples.len() / 2]
     });
     println!(
-        "  via adapter (spawn_blocking){:>10}   ratio {:.2}x",
+        "  via adapter (block_in_place){:>10}   ratio {:.2}x",
         fmt(via_adapter),
         via_adapter.as_secs_f64() / native.as_secs_f64()
     );

@@ -82,13 +82,12 @@ fn deployment_probes_point_at_the_host_endpoints() {
         .map(|d| Value::deserialize(d).unwrap())
         .find(|d| d["kind"] == "Deployment")
         .expect("a Deployment");
+    // Through the typed object, so the fields are the real ones, then read back as JSON.
     let d: Deployment = serde_json::from_value(deployment).unwrap();
-    let c = &d.spec.unwrap().template.spec.unwrap().containers[0];
-    let path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
-        p.as_ref().and_then(|p| p.http_get.as_ref()).and_then(|h| h.path.clone())
-    };
-    assert_eq!(path(&c.liveness_probe).as_deref(), Some("/healthz"));
-    assert_eq!(path(&c.readiness_probe).as_deref(), Some("/readyz"));
-    let sc = c.security_context.as_ref().unwrap();
-    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    let d = serde_json::to_value(d).unwrap();
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(d["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"], true);
 }

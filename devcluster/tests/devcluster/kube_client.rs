@@ -813,3 +813,33 @@ async fn crd_versions_share_storage() {
     // No status subresource on this CRD: /status is not served.
     assert_eq!(code(v1_api.get_status("multi").await.unwrap_err()).0, 404);
 }
+
+#[tokio::test]
+async fn metadata_only_reads_and_resource_version_semantics() {
+    let c = cluster_with(|c| c.tls = false).await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client().unwrap(), "default");
+    api.create(&PostParams::default(), &labeled(cm("m", &[("big", "data")]), "a", "b")).await.unwrap();
+    let meta = api.get_metadata("m").await.unwrap();
+    assert_eq!(meta.metadata.labels.unwrap()["a"], "b");
+    let list = api.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let current = list.metadata.resource_version.unwrap();
+    // Exact match on the current RV works; an older one is gone; a future one is too large.
+    let exact = ListParams::default().at(&current).matching(kube::api::VersionMatch::Exact);
+    assert_eq!(api.list(&exact).await.unwrap().items.len(), 1);
+    let old = ListParams::default().at("1").matching(kube::api::VersionMatch::Exact);
+    assert_eq!(code(api.list(&old).await.unwrap_err()).0, 410);
+    let future = (current.parse::<u64>().unwrap() + 1000).to_string();
+    let mut config = c.kube_config();
+    config.default_retry = false;
+    let no_retry: Api<ConfigMap> = Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+    let ahead = ListParams::default().at(&future).matching(kube::api::VersionMatch::NotOlderThan);
+    assert_eq!(code(no_retry.list(&ahead).await.unwrap_err()).0, 504);
+    // A continue token may not be combined with a resourceVersion.
+    let bad = ListParams {
+        continue_token: Some("x".into()),
+        resource_version: Some("5".into()),
+        ..Default::default()
+    };
+    assert_eq!(code(api.list(&bad).await.unwrap_err()).0, 400);
+}

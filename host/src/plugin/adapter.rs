@@ -3,9 +3,10 @@
 //! [`ResourceEventHandler`] for its `on-add`/`on-update`/`on-delete` hooks.
 //!
 //! Invariants:
-//! - No Wasm runs on a tokio worker: reconciles go to `spawn_blocking`; notifications are
-//!   queued, in order, to one dispatcher thread per adapter; `map`/`filter`, which the
-//!   controller calls synchronously, run under `block_in_place`.
+//! - No Wasm call stalls a tokio worker's other tasks: reconciles and `map`/`filter` run
+//!   under `block_in_place` (on a current-thread runtime, reconciles go to
+//!   `spawn_blocking`); notifications are queued, in order, to one dispatcher thread per
+//!   adapter.
 //! - Hooks the plugin did not declare in `init` are never called (nothing is queued).
 //! - A trap in a notification hook is logged and counted; it never stops the dispatcher.
 
@@ -163,9 +164,18 @@ impl Reconciler for PluginReconciler {
     fn reconcile(&self, request: Request) -> BoxFuture<'static, Result<Action, ReconcileError>> {
         let plugin = self.plugin.clone();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || plugin.reconcile_blocking(&request))
-                .await
-                .unwrap_or_else(|e| Err(ReconcileError::Panic(format!("reconcile task failed: {e}"))))
+            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                // The worker runs the call itself and hands its other tasks to another
+                // thread: ~2x cheaper per call than a round trip through spawn_blocking.
+                // (Other futures of this same task wait meanwhile; controller workers are
+                // tasks of their own.)
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                    tokio::task::block_in_place(|| plugin.reconcile_blocking(&request))
+                }
+                _ => tokio::task::spawn_blocking(move || plugin.reconcile_blocking(&request))
+                    .await
+                    .unwrap_or_else(|e| Err(ReconcileError::Panic(format!("reconcile task failed: {e}")))),
+            }
         })
     }
 }
