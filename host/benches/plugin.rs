@@ -64,11 +64,7 @@ fn measure(rounds: usize, iters: usize, mut f: impl FnMut()) -> Duration {
 type Case<'a> = (&'a str, Box<dyn FnMut() + 'a>);
 
 /// Like [`measure`] for several cases, one batch of each per round.
-fn measure_interleaved(
-    rounds: usize,
-    iters: usize,
-    cases: &mut [(&str, Box<dyn FnMut() + '_>)],
-) -> Vec<Duration> {
+fn measure_interleaved(rounds: usize, iters: usize, cases: &mut [Case<'_>]) -> Vec<Duration> {
     for (_, f) in cases.iter_mut() {
         for _ in 0..iters / 10 {
             f();

@@ -392,7 +392,7 @@ impl DeltaFifo {
             let key: &str = tombstone_key.as_deref().unwrap_or(keyed.key());
             if matches!(delta, Delta::Deleted(_))
                 && !s.items.contains_key(key)
-                && !self.known.as_ref().is_some_and(|k| k.known_object(key).is_some())
+                && self.known.as_ref().is_none_or(|k| k.known_object(key).is_none())
             {
                 continue;
             }

@@ -294,6 +294,17 @@ async fn cluster_state(
 /// Waits until every `src-N` has an `out-N` with its value stamped `stamp`, and no `out-N`
 /// is left without its `src-N`.
 async fn until_converged(api: &Api<ConfigMap>, stamp: &str) -> usize {
+    until_converged_or_explain(api, stamp, None, "").await
+}
+
+/// As [`until_converged`]; on failure also reports what `diagnose`'s informer for the
+/// plugin's `for` source (in `api_namespace`) holds.
+async fn until_converged_or_explain(
+    api: &Api<ConfigMap>,
+    stamp: &str,
+    diagnose: Option<&InformerFactory>,
+    api_namespace: &str,
+) -> usize {
     let mut last = String::new();
     let outcome = tokio::time::timeout(PATIENCE, async {
         loop {
@@ -310,7 +321,38 @@ async fn until_converged(api: &Api<ConfigMap>, stamp: &str) -> usize {
         }
     })
     .await;
-    outcome.unwrap_or_else(|_| panic!("never converged on stamp {stamp}: {last}"))
+    match outcome {
+        Ok(n) => n,
+        Err(_) => {
+            // Tell a lost reconcile from a stale cache: what does the plugin's informer hold?
+            let mut cached = String::new();
+            if let Some(factory) = diagnose {
+                let spec = wasmctrl::informer::InformerSpec::new("v1", "ConfigMap")
+                    .namespace(api_namespace)
+                    .label_selector("role=src");
+                if let Ok(lease) = factory.informer(spec).await {
+                    let keys = lease.indexer().keys();
+                    cached = format!("; informer holds {} src objects", keys.len());
+                    let (src, _) = cluster_state(api).await;
+                    let stale: Vec<_> = keys
+                        .iter()
+                        .filter(|k| k.rsplit_once("/src-").is_some_and(|(_, n)| !src.contains_key(n)))
+                        .collect();
+                    cached.push_str(&format!(", of which deleted on the server: {stale:?}"));
+                }
+            }
+            let recent: Vec<String> = GUEST_LOGS
+                .lock()
+                .iter()
+                .rev()
+                .take(20)
+                .map(|l| format!("{} {}", l.message, l.fields))
+                .collect();
+            panic!(
+                "never converged on stamp {stamp}: {last}{cached}; last guest logs (newest first): {recent:?}"
+            )
+        }
+    }
 }
 
 /// Checks the recorded starts and ends of `plugin`'s reconciles: no key is reconciled by
@@ -408,7 +450,7 @@ async fn hot_reload_under_load_loses_and_doubles_nothing() {
     }
     churn.await.expect("churn");
     let stamp = if std::ptr::eq(latest, &a) { "a" } else { "b" };
-    let sources = until_converged(&api, stamp).await;
+    let sources = until_converged_or_explain(&api, stamp, Some(&host.factory), ns).await;
 
     let per_stamp = check_no_concurrent_reconcile("stamp");
     let status = host.status("stamp").expect("status");

@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use super::check::version_of;
 use super::scan::{is_plugin_file, plugin_tomls, read_settled};
 use super::status::{PluginState, StatusBoard};
-use super::wiring::{Generation, InformerLeases, Leases, kube_gvk};
+use super::wiring::{Generation, InformerLeases, Leases, PluginSlot, kube_gvk};
 use crate::config::{
     ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, ResolvedKind,
 };
@@ -190,6 +190,8 @@ impl PluginManager {
 /// A running plugin: its controller and current generation.
 struct Running {
     controller: Controller,
+    /// The running version, as the handlers' `map` / `filter` see it.
+    slot: PluginSlot,
     stop: CancellationToken,
     task: JoinHandle<Result<(), ControllerError>>,
     generation: Arc<Generation>,
@@ -527,26 +529,37 @@ impl Shared {
         });
         let for_keys = leases.for_keys(&config);
         match running.take() {
-            Some(r) if !restart => {
-                // Swap: new reconciler first, then the new handlers, then every `for` key once
-                // more (a key the old version took between the two is done again by the new one).
+            Some(mut r) if !restart => {
+                // Swap: new reconciler first, then the new handlers (unchanged ones carried
+                // over), then every `for` key once more (a key the old version took meanwhile
+                // is done again by the new one).
                 r.controller
                     .swap(Swap {
                         reconciler: Some(reconciler.clone() as Arc<dyn Reconciler>),
                         ..Swap::default()
                     })
                     .map_err(|e| Rejection(e.to_string()))?;
-                let generation =
-                    match Generation::wire(config, version.clone(), reconciler, leases, r.controller.queue())
-                    {
-                        Ok(g) => Arc::new(g),
-                        Err(e) => {
-                            // Keep the old handlers (and thus a working plugin): put the old reconciler back.
-                            r.controller.swap_reconciler(r.generation.plugin.clone() as Arc<dyn Reconciler>);
-                            *running = Some(r);
-                            return Err(Rejection(e));
-                        }
-                    };
+                r.slot.store(reconciler.clone());
+                let previous = Arc::get_mut(&mut r.generation);
+                let wired = Generation::wire(
+                    config,
+                    version.clone(),
+                    reconciler,
+                    &r.slot,
+                    leases,
+                    r.controller.queue(),
+                    previous,
+                );
+                let generation = match wired {
+                    Ok(g) => Arc::new(g),
+                    Err(e) => {
+                        // Nothing was taken from the old generation: put its version back.
+                        r.controller.swap_reconciler(r.generation.plugin.clone() as Arc<dyn Reconciler>);
+                        r.slot.store(r.generation.plugin.clone());
+                        *running = Some(r);
+                        return Err(Rejection(e));
+                    }
+                };
                 for key in for_keys {
                     r.controller.queue().add_with_priority(Request::from_key(&key), Priority::Low);
                 }
@@ -619,7 +632,9 @@ impl Shared {
             .metrics(self.deps.metrics.clone())
             .build()
             .map_err(|e| e.to_string())?;
-        let generation = Arc::new(Generation::wire(config, version, reconciler, leases, controller.queue())?);
+        let slot = PluginSlot::new(reconciler.clone());
+        let generation =
+            Arc::new(Generation::wire(config, version, reconciler, &slot, leases, controller.queue(), None)?);
         // Open the gate once this generation's handlers have their initial state.
         let weak = Arc::downgrade(&generation);
         tokio::spawn(async move {
@@ -643,7 +658,7 @@ impl Shared {
         let run = controller.clone();
         let token = stop.clone();
         let task = tokio::spawn(async move { run.run(token).await });
-        Ok(Running { controller, stop, task, generation })
+        Ok(Running { controller, slot, stop, task, generation })
     }
 
     /// Drains and stops a plugin, then releases its handlers and informers.

@@ -10,7 +10,11 @@
 //!   adds), so every existing object of the `for` kind is enqueued once more and reconciled
 //!   by the new version, and a change that lands during the overlap is enqueued by at least
 //!   one of the two generations (the queue merges duplicates);
-//! - dropping a generation removes its handlers before its leases go.
+//! - handlers that enqueue into the controller's queue do not depend on the version (they
+//!   reach `map` / `filter` through the plugin's [`PluginSlot`]), so a handler the next
+//!   generation needs unchanged is carried over instead of registered again: a notification
+//!   still buffered in it is delivered, not dropped with the old registration;
+//! - dropping a generation removes its remaining handlers before its leases go.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -196,17 +200,21 @@ impl Leases {
     }
 }
 
+/// The running version of a plugin, shared by every generation's handlers: the `map` and
+/// `filter` they call are always the current version's, so handlers outlive swaps.
+pub(crate) type PluginSlot = HotSwap<PluginReconciler>;
+
 /// The plugin's `map` export as the controller's [`Mapper`].
-struct PluginMapper(Arc<PluginReconciler>);
+struct PluginMapper(PluginSlot);
 
 impl Mapper for PluginMapper {
     fn map(&self, kind: &GroupVersionKind, obj: &Arc<Object>) -> Vec<Request> {
-        self.0.map(&gvk_of(kind), obj)
+        self.0.load().map(&gvk_of(kind), obj)
     }
 }
 
 /// The plugin's `filter` export as the controller's [`Filter`].
-struct PluginFilter(Arc<PluginReconciler>);
+struct PluginFilter(PluginSlot);
 
 impl Filter for PluginFilter {
     fn filter(&self, kind: &GroupVersionKind, event: FilterEvent<'_>) -> bool {
@@ -215,15 +223,11 @@ impl Filter for PluginFilter {
             FilterEvent::Update { old, new } => FilterInput::Update(old.json(), new.json()),
             FilterEvent::Delete(d) => FilterInput::Delete(d.object().json()),
         };
-        self.0.filter(&gvk_of(kind), input)
+        self.0.load().filter(&gvk_of(kind), input)
     }
 }
 
-fn predicates(
-    p: &Predicates,
-    kind: &Gvk,
-    plugin: &Arc<PluginReconciler>,
-) -> Result<Vec<Arc<dyn Predicate>>, String> {
+fn predicates(p: &Predicates, kind: &Gvk, plugin: &PluginSlot) -> Result<Vec<Arc<dyn Predicate>>, String> {
     let mut out: Vec<Arc<dyn Predicate>> = Vec::new();
     if p.generation_changed {
         out.push(Arc::new(GenerationChanged));
@@ -250,82 +254,120 @@ fn predicates(
     Ok(out)
 }
 
+/// What an enqueueing handler is for: a handler with the same identity in the next
+/// generation is carried over rather than registered again, so a notification still in its
+/// buffer is never lost to a swap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct HandlerId {
+    role: &'static str,
+    key: WatchKey,
+    predicates: Predicates,
+    resync: Option<Duration>,
+}
+
 /// One live version of a plugin: its leases and its handler registrations.
 pub(crate) struct Generation {
     pub config: PluginConfig,
     /// Short content hash of the `.wasm`.
     pub version: String,
     pub plugin: Arc<PluginReconciler>,
-    registrations: Vec<Box<dyn EventRegistration>>,
-    /// Held for its `Drop`: the informers are released after the registrations are removed
-    /// (fields drop after `Drop::drop` runs).
-    #[expect(dead_code, reason = "held only to keep the informers leased")]
+    /// Handlers that enqueue into the controller's queue (version-independent).
+    enqueuers: Vec<(HandlerId, Box<dyn EventRegistration>)>,
+    /// Handlers that call this version's `on-*` hooks.
+    hooks: Vec<Box<dyn EventRegistration>>,
+    /// Released after the registrations are removed (fields drop after `Drop::drop` runs).
     leases: Leases,
 }
 
 impl Generation {
-    /// Registers the handlers of `config` on `leases`, enqueueing into `queue`.
+    /// Registers the handlers of `config` on `leases`, enqueueing into `queue`. Handlers of
+    /// `previous` that this configuration needs unchanged are taken over from it (the rest
+    /// are removed when `previous` is dropped).
     pub fn wire(
         config: PluginConfig,
         version: String,
         plugin: Arc<PluginReconciler>,
+        slot: &PluginSlot,
         leases: Leases,
         queue: &RateLimitingQueue<Request>,
+        mut previous: Option<&mut Generation>,
     ) -> Result<Generation, String> {
-        let mut registrations = Vec::new();
         let resync = config.resync;
         let for_kind = kube_gvk(&config.for_source.kind);
         let for_namespaced = leases.for_namespaced(&config);
-        let missing = |s: &WatchSource| format!("no informer for {}", WatchKey::of(s));
-
-        let f = &config.for_source;
-        let inf = leases.get(f).ok_or_else(|| missing(f))?;
-        let handler = EnqueueForObject::new(queue.clone(), predicates(&f.predicates, &f.kind, &plugin)?);
-        registrations.push(inf.add_handler(Arc::new(handler), resync));
-
-        for s in &config.owns {
-            let inf = leases.get(s).ok_or_else(|| missing(s))?;
-            let handler = EnqueueForOwner::new(
-                queue.clone(),
-                predicates(&s.predicates, &s.kind, &plugin)?,
-                &for_kind,
-                for_namespaced,
-            );
-            registrations.push(inf.add_handler(Arc::new(handler), resync));
+        let mut generation = Generation {
+            config: config.clone(),
+            version,
+            plugin: plugin.clone(),
+            enqueuers: Vec::new(),
+            hooks: Vec::new(),
+            leases,
+        };
+        let sources: Vec<(&'static str, &WatchSource)> = std::iter::once(("for", &config.for_source))
+            .chain(config.owns.iter().map(|s| ("owns", s)))
+            .chain(config.watches.iter().map(|s| ("watches", s)))
+            .collect();
+        // Everything that can fail, before any handler is taken from `previous`.
+        for (_, s) in &sources {
+            generation.leases.get(s).ok_or_else(|| format!("no informer for {}", WatchKey::of(s)))?;
+            predicates(&s.predicates, &s.kind, slot)?;
         }
-        for s in &config.watches {
-            let inf = leases.get(s).ok_or_else(|| missing(s))?;
-            let mapper: HotSwap<dyn Mapper> = HotSwap::new(Arc::new(PluginMapper(plugin.clone())));
-            let handler = EnqueueMapped::new(
-                queue.clone(),
-                predicates(&s.predicates, &s.kind, &plugin)?,
-                kube_gvk(&s.kind),
-                mapper,
-            );
-            registrations.push(inf.add_handler(Arc::new(handler), resync));
+        for (role, s) in sources {
+            let id = HandlerId { role, key: WatchKey::of(s), predicates: s.predicates.clone(), resync };
+            let reused = previous.as_mut().and_then(|p| {
+                let at = p.enqueuers.iter().position(|(pid, _)| *pid == id)?;
+                Some(p.enqueuers.swap_remove(at).1)
+            });
+            let registration = match reused {
+                Some(r) => r,
+                None => {
+                    let inf =
+                        generation.leases.get(s).ok_or_else(|| format!("no informer for {}", id.key))?;
+                    let preds = predicates(&s.predicates, &s.kind, slot)?;
+                    let handler: Arc<dyn ResourceEventHandler> = match role {
+                        "for" => Arc::new(EnqueueForObject::new(queue.clone(), preds)),
+                        "owns" => {
+                            Arc::new(EnqueueForOwner::new(queue.clone(), preds, &for_kind, for_namespaced))
+                        }
+                        _ => {
+                            let mapper: HotSwap<dyn Mapper> =
+                                HotSwap::new(Arc::new(PluginMapper(slot.clone())));
+                            Arc::new(EnqueueMapped::new(queue.clone(), preds, kube_gvk(&s.kind), mapper))
+                        }
+                    };
+                    inf.add_handler(handler, resync)
+                }
+            };
+            generation.enqueuers.push((id, registration));
         }
         let hooks = plugin.plugin().hooks();
         if hooks.on_add || hooks.on_update || hooks.on_delete {
             let mut seen = std::collections::BTreeSet::new();
             for s in std::iter::once(&config.for_source).chain(&config.owns).chain(&config.watches) {
                 if seen.insert(WatchKey::of(s)) {
-                    let inf = leases.get(s).ok_or_else(|| missing(s))?;
-                    registrations.push(inf.add_handler(plugin.event_handler(s.kind.clone()), resync));
+                    let inf = generation
+                        .leases
+                        .get(s)
+                        .ok_or_else(|| format!("no informer for {}", WatchKey::of(s)))?;
+                    generation.hooks.push(inf.add_handler(plugin.event_handler(s.kind.clone()), resync));
                 }
             }
         }
-        Ok(Generation { config, version, plugin, registrations, leases })
+        Ok(generation)
     }
 
     /// Whether every handler has received its informer's initial contents.
     pub fn has_synced(&self) -> bool {
-        self.registrations.iter().all(|r| r.has_synced())
+        self.enqueuers.iter().all(|(_, r)| r.has_synced()) && self.hooks.iter().all(|r| r.has_synced())
     }
 }
 
 impl Drop for Generation {
     fn drop(&mut self) {
-        for r in &self.registrations {
+        for (_, r) in &self.enqueuers {
+            r.remove();
+        }
+        for r in &self.hooks {
             r.remove();
         }
         // The old version's idle instances are no longer needed; busy ones go when their
