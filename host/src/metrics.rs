@@ -103,7 +103,11 @@ impl Metrics {
         {
             let mut r = m.registry.lock();
             r.register("workqueue_depth", "Current depth of workqueue", m.workqueue_depth.clone());
-            r.register("workqueue_adds", "Total number of adds handled by workqueue", m.workqueue_adds.clone());
+            r.register(
+                "workqueue_adds",
+                "Total number of adds handled by workqueue",
+                m.workqueue_adds.clone(),
+            );
             r.register(
                 "workqueue_queue_duration_seconds",
                 "How long in seconds an item stays in workqueue before being requested",
@@ -124,7 +128,11 @@ impl Metrics {
                 "How many seconds has the longest running processor for workqueue been running",
                 m.workqueue_longest_running_processor_seconds.clone(),
             );
-            r.register("workqueue_retries", "Total number of retries handled by workqueue", m.workqueue_retries.clone());
+            r.register(
+                "workqueue_retries",
+                "Total number of retries handled by workqueue",
+                m.workqueue_retries.clone(),
+            );
             r.register(
                 "controller_runtime_reconcile",
                 "Total number of reconciliations per controller",
@@ -175,12 +183,7 @@ impl Metrics {
     }
 
     /// Registers an extra metric (e.g. a plugin runtime's own) in the shared registry.
-    pub fn register(
-        &self,
-        name: &str,
-        help: &str,
-        metric: impl prometheus_client::registry::Metric,
-    ) {
+    pub fn register(&self, name: &str, help: &str, metric: impl prometheus_client::registry::Metric) {
         self.registry.lock().register(name, help, metric);
     }
 

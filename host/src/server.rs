@@ -119,10 +119,7 @@ mod tests {
     #[tokio::test]
     async fn readyz_reports_not_ready_with_details_and_metrics_are_exposed() {
         let metrics = Metrics::new();
-        metrics
-            .workqueue_adds
-            .get_or_create(&crate::metrics::QueueLabels { name: "mirror".into() })
-            .inc();
+        metrics.workqueue_adds.get_or_create(&crate::metrics::QueueLabels { name: "mirror".into() }).inc();
         let token = CancellationToken::new();
         let (addr, task) =
             serve("127.0.0.1:0".parse().unwrap(), metrics, Arc::new(Fixed(false)), token.clone())

@@ -76,8 +76,10 @@ fn deploy_manifests_are_valid_kubernetes_objects() {
 
 #[test]
 fn deployment_probes_point_at_the_host_endpoints() {
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/wasmctrl.yaml"))
-        .unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/wasmctrl.yaml"),
+    )
+    .unwrap();
     let deployment = serde_norway::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap())
         .find(|d| d["kind"] == "Deployment")

@@ -141,7 +141,10 @@ fn demo(root: &Path, rest: &[String]) -> Result<()> {
     cmd.arg(root.join("examples/wasmctrl.toml"));
     // So a second terminal can watch the plugins' work with kubectl.
     let kubeconfig = root.join("examples/dev-cluster.kubeconfig");
-    eprintln!("xtask: kubectl --kubeconfig {} get configmaps -A   # in another terminal", kubeconfig.display());
+    eprintln!(
+        "xtask: kubectl --kubeconfig {} get configmaps -A   # in another terminal",
+        kubeconfig.display()
+    );
     cmd.arg("--kubeconfig-out").arg(kubeconfig);
     cmd.args(rest);
     run(&mut cmd)
