@@ -120,6 +120,10 @@ mod tests {
     async fn readyz_reports_not_ready_with_details_and_metrics_are_exposed() {
         let metrics = Metrics::new();
         metrics.workqueue_adds.get_or_create(&crate::metrics::QueueLabels { name: "mirror".into() }).inc();
+        metrics
+            .reconcile_time_seconds
+            .get_or_create(&crate::metrics::ControllerLabels { controller: "mirror".into() })
+            .observe(0.002);
         let token = CancellationToken::new();
         let (addr, task) =
             serve("127.0.0.1:0".parse().unwrap(), metrics, Arc::new(Fixed(false)), token.clone())
@@ -132,7 +136,7 @@ mod tests {
         assert_eq!((code, body.trim()), (200, "ok"));
         let (_, body) = get_text(addr, "/metrics").await;
         assert!(body.contains("workqueue_adds_total{name=\"mirror\"} 1"), "{body}");
-        assert!(body.contains("controller_runtime_reconcile_time_seconds"), "{body}");
+        assert!(body.contains("controller_runtime_reconcile_time_seconds_count{controller=\"mirror\"} 1"), "{body}");
         let (code, body) = get_text(addr, "/plugins").await;
         assert_eq!(code, 200);
         assert!(body.contains("\"mirror\""), "{body}");

@@ -769,6 +769,24 @@ mod check {
     }
 
     #[test]
+    fn a_plugin_named_twice_is_checked_once() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("plugins")).unwrap();
+        write(&dir.path().join("plugins"), "p.toml", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");
+        write(&dir.path().join("plugins"), "p.wasm", "x");
+        write(dir.path(), "wasmctrl.toml", "");
+        let paths = [
+            dir.path().join("wasmctrl.toml"),
+            dir.path().join("plugins"),
+            dir.path().join("plugins/p.toml"),
+        ];
+        let report = check_paths(&paths, &CheckOptions::default());
+        assert!(report.ok(), "{}", report.render());
+        assert_eq!(report.plugins.len(), 1);
+        assert!(report.render().ends_with("ok: 1 plugin would run\n"), "{}", report.render());
+    }
+
+    #[test]
     fn a_single_plugin_toml_or_missing_path() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "p.toml", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nbogus = 1\n");

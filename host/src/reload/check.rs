@@ -73,6 +73,8 @@ pub struct CheckReport {
     pub errors: ConfigErrors,
     /// Not errors, but probably not what was meant (a `.wasm` no TOML uses, ...).
     pub warnings: Vec<String>,
+    /// Plugin TOMLs already checked (canonical paths).
+    checked: std::collections::HashSet<PathBuf>,
 }
 
 impl CheckReport {
@@ -343,6 +345,11 @@ fn check_plugin(
     options: &CheckOptions<'_>,
     report: &mut CheckReport,
 ) {
+    // A plugin named twice (a host TOML and its plugins directory, say) is checked once.
+    let canonical = std::fs::canonicalize(toml).unwrap_or_else(|_| toml.to_path_buf());
+    if !report.checked.insert(canonical) {
+        return;
+    }
     match validate_plugin(toml, defaults, options.kinds.unwrap_or(&BuiltinKinds), options.components) {
         Ok(p) => report.plugins.push(p),
         Err(errs) => report.errors.0.extend(errs.0),
