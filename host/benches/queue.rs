@@ -131,6 +131,11 @@ async fn paced_server(events: tokio::sync::mpsc::Receiver<Bytes>) -> (String, to
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
+    // Like a real API server (Go sets TCP_NODELAY by default): without it, Nagle's algorithm
+    // holds small watch events back until the client's delayed ACK, tens of milliseconds.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
