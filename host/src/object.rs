@@ -57,35 +57,6 @@ pub struct Object {
     owner_references: Box<[OwnerRef]>,
 }
 
-#[derive(Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow, default)]
-    metadata: Metadata<'a>,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Metadata<'a> {
-    #[serde(borrow, default)]
-    name: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    namespace: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    uid: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    resource_version: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
-    generation: Option<i64>,
-    #[serde(borrow, default)]
-    deletion_timestamp: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
-    labels: Option<std::collections::BTreeMap<Box<str>, Box<str>>>,
-    #[serde(default)]
-    annotations: Option<std::collections::BTreeMap<Box<str>, Box<str>>>,
-    #[serde(default)]
-    owner_references: Option<Vec<OwnerRef>>,
-}
-
 impl Object {
     /// Builds an object from its JSON. The bytes are kept as they are.
     ///
@@ -97,29 +68,14 @@ impl Object {
     /// assert_eq!(obj.label("app"), Some("web"));
     /// ```
     pub fn from_json(raw: Bytes) -> Result<Self, ObjectError> {
-        let env: Envelope<'_> = serde_json::from_slice(&raw)?;
-        let m = env.metadata;
-        let name = m.name.ok_or(ObjectError::MissingName)?;
-        let (key, namespace_len) = match m.namespace.as_deref() {
-            Some(ns) if !ns.is_empty() => (format!("{ns}/{name}"), ns.len()),
-            _ => (name.into_owned(), 0),
+        let env: RawEnvelope<'_> = serde_json::from_slice(&raw)?;
+        let m: RawMetadata<'_> = serde_json::from_str(env.metadata.ok_or(ObjectError::MissingName)?.get())?;
+        let annotations = match m.annotations {
+            Some(a) => string_pairs(a)?,
+            None => Box::default(),
         };
-        let pairs = |m: Option<std::collections::BTreeMap<Box<str>, Box<str>>>| {
-            m.map(|m| m.into_iter().collect::<Vec<_>>().into_boxed_slice()).unwrap_or_default()
-        };
-        let obj = Object {
-            key: key.into_boxed_str(),
-            namespace_len,
-            uid: m.uid.as_deref().unwrap_or_default().into(),
-            resource_version: m.resource_version.as_deref().unwrap_or_default().into(),
-            generation: m.generation,
-            deletion_timestamp: m.deletion_timestamp.as_deref().map(Into::into),
-            labels: pairs(m.labels),
-            annotations: pairs(m.annotations),
-            owner_references: m.owner_references.unwrap_or_default().into_boxed_slice(),
-            raw: Bytes::new(),
-        };
-        Ok(Object { raw, ..obj })
+        let fields = MetaFields::from_raw(m, annotations)?;
+        Ok(fields.into_object(raw))
     }
 
     /// The object's JSON, as handed to plugins.
@@ -265,6 +221,58 @@ fn string_pairs(raw: &RawValue) -> Result<Pairs, serde_json::Error> {
         .into_boxed_slice())
 }
 
+/// The metadata an [`Object`] keeps, read from its raw form; both constructors go through it.
+struct MetaFields {
+    key: Box<str>,
+    namespace_len: usize,
+    uid: Box<str>,
+    resource_version: Box<str>,
+    generation: Option<i64>,
+    deletion_timestamp: Option<Box<str>>,
+    labels: Pairs,
+    annotations: Pairs,
+    owner_references: Box<[OwnerRef]>,
+}
+
+impl MetaFields {
+    fn from_raw(m: RawMetadata<'_>, annotations: Pairs) -> Result<Self, ObjectError> {
+        let name = m.name.ok_or(ObjectError::MissingName)?;
+        let (key, namespace_len) = match m.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => (format!("{ns}/{name}"), ns.len()),
+            _ => (name.into_owned(), 0),
+        };
+        Ok(MetaFields {
+            key: key.into_boxed_str(),
+            namespace_len,
+            uid: m.uid.as_deref().unwrap_or_default().into(),
+            resource_version: m.resource_version.as_deref().unwrap_or_default().into(),
+            generation: m.generation,
+            deletion_timestamp: m.deletion_timestamp.as_deref().map(Into::into),
+            labels: match m.labels {
+                Some(l) => string_pairs(l)?,
+                None => Box::default(),
+            },
+            annotations,
+            owner_references: m.owner_references.unwrap_or_default().into_boxed_slice(),
+        })
+    }
+
+    fn into_object(self, raw: Bytes) -> Object {
+        Object {
+            raw,
+            key: self.key,
+            namespace_len: self.namespace_len,
+            uid: self.uid,
+            resource_version: self.resource_version,
+            generation: self.generation,
+            deletion_timestamp: self.deletion_timestamp,
+            labels: self.labels,
+            annotations: self.annotations,
+            owner_references: self.owner_references,
+        }
+    }
+}
+
 /// Byte offset of `inner` (a sub-slice of `outer`) within `outer`.
 fn offset_in(outer: &[u8], inner: &str) -> Option<usize> {
     let start = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
@@ -397,26 +405,7 @@ impl Object {
             Bytes::from(out)
         };
 
-        let name = m.name.ok_or(ObjectError::MissingName)?;
-        let (key, namespace_len) = match m.namespace.as_deref() {
-            Some(ns) if !ns.is_empty() => (format!("{ns}/{name}"), ns.len()),
-            _ => (name.into_owned(), 0),
-        };
-        Ok(Object {
-            raw: bytes,
-            key: key.into_boxed_str(),
-            namespace_len,
-            uid: m.uid.as_deref().unwrap_or_default().into(),
-            resource_version: m.resource_version.as_deref().unwrap_or_default().into(),
-            generation: m.generation,
-            deletion_timestamp: m.deletion_timestamp.as_deref().map(Into::into),
-            labels: match m.labels {
-                Some(l) => string_pairs(l)?,
-                None => Box::default(),
-            },
-            annotations,
-            owner_references: m.owner_references.unwrap_or_default().into_boxed_slice(),
-        })
+        Ok(MetaFields::from_raw(m, annotations)?.into_object(bytes))
     }
 }
 
