@@ -136,7 +136,10 @@ mod tests {
         assert_eq!((code, body.trim()), (200, "ok"));
         let (_, body) = get_text(addr, "/metrics").await;
         assert!(body.contains("workqueue_adds_total{name=\"mirror\"} 1"), "{body}");
-        assert!(body.contains("controller_runtime_reconcile_time_seconds_count{controller=\"mirror\"} 1"), "{body}");
+        assert!(
+            body.contains("controller_runtime_reconcile_time_seconds_count{controller=\"mirror\"} 1"),
+            "{body}"
+        );
         let (code, body) = get_text(addr, "/plugins").await;
         assert_eq!(code, 200);
         assert!(body.contains("\"mirror\""), "{body}");

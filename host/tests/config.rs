@@ -775,11 +775,8 @@ mod check {
         write(&dir.path().join("plugins"), "p.toml", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");
         write(&dir.path().join("plugins"), "p.wasm", "x");
         write(dir.path(), "wasmctrl.toml", "");
-        let paths = [
-            dir.path().join("wasmctrl.toml"),
-            dir.path().join("plugins"),
-            dir.path().join("plugins/p.toml"),
-        ];
+        let paths =
+            [dir.path().join("wasmctrl.toml"), dir.path().join("plugins"), dir.path().join("plugins/p.toml")];
         let report = check_paths(&paths, &CheckOptions::default());
         assert!(report.ok(), "{}", report.render());
         assert_eq!(report.plugins.len(), 1);
