@@ -227,6 +227,14 @@ async fn delete_while_watch_down_arrives_as_tombstone_after_410_relist() {
     faults.clear();
 
     converge(&client, Some("gone"), &lease.indexer()).await;
+    // The cache is updated before the handler's listener delivers: wait for the delivery.
+    tokio::time::timeout(PATIENCE, async {
+        while deletes.0.lock().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a delete notification arrives");
     let seen = deletes.0.lock().clone();
     assert_eq!(seen, [("gone/cm-7".to_string(), true)], "the missed delete arrives as a tombstone");
 }
