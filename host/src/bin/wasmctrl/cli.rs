@@ -2,11 +2,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use std::sync::Arc;
-
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio_util::sync::CancellationToken;
 use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig};
