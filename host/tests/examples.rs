@@ -1,7 +1,12 @@
-//! The three example plugins end to end: the embedded dev cluster seeded with
+//! The three example plugins end to end: a cluster of either test backend (the dev cluster or
+//! a real kube-apiserver, see `wasmctrl-testkit`) seeded with the plugin's files of
 //! `examples/seed`, the plugins manager running `examples/plugins`, and the cluster state
 //! `examples/EXPECTED.md` describes — after the seed, then after creates, updates and
 //! deletes.
+//!
+//! The real server is shared by the tests, so each test renames what the seed and the
+//! plugin's settings name (namespaces, Nodes) to names unique to the test; the behaviour
+//! checked is the same.
 //!
 //! Needs the example plugins built next to their TOMLs: `cargo xtask build-guests`.
 
@@ -18,7 +23,7 @@ use wasmctrl::informer::{FactoryOptions, InformerFactory};
 use wasmctrl::metrics::Metrics;
 use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
 use wasmctrl::reload::{FactoryLeases, ManagerDeps, ManagerOptions, PluginManager};
-use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+use wasmctrl_testkit::TestCluster;
 
 /// Bound on every wait for the plugins to get somewhere (not a timing assertion).
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -27,9 +32,24 @@ fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
 }
 
+/// The seed files each example plugin works on.
+fn seed_files(plugin: &str) -> &'static [&'static str] {
+    match plugin {
+        "configmap-mirror" => &["00-namespaces.yaml", "10-configmap-mirror.yaml"],
+        "website-operator" => &["00-namespaces.yaml", "20-website-crd.yaml", "21-websites.yaml"],
+        "pod-node-policy" => &["00-namespaces.yaml", "30-nodes-and-pods.yaml"],
+        other => panic!("no seed files listed for {other}"),
+    }
+}
+
+/// The names the seed and the plugins' settings use, each renamed to one unique to the test.
+const RENAMED: &[&str] = &["team-a", "team-b", "kube-system", "node-1", "node-2", "node-9"];
+
 struct Demo {
-    cluster: DevCluster,
+    cluster: TestCluster,
     client: kube::Client,
+    /// The test's name for `default` (the source namespace of configmap-mirror).
+    default_ns: String,
     manager: Option<PluginManager>,
     shutdown: CancellationToken,
     _plugins: tempfile::TempDir,
@@ -37,25 +57,33 @@ struct Demo {
 }
 
 impl Demo {
-    /// The dev cluster with every seed file applied, and the manager running `plugin` from
-    /// a copy of `examples/plugins` holding only that plugin.
+    /// The cluster with the plugin's seed files applied (names renamed, see [`Demo::name`]),
+    /// and the manager running `plugin` from a copy of `examples/plugins` holding only that
+    /// plugin, its settings renamed the same way.
     async fn start(plugin: &str) -> Demo {
-        let cluster = DevCluster::start(DevClusterConfig::plain_http()).await.expect("dev cluster");
-        let mut seeds: Vec<PathBuf> = std::fs::read_dir(examples().join("seed"))
-            .expect("examples/seed")
-            .map(|e| e.expect("entry").path())
-            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-            .collect();
-        seeds.sort();
-        for seed in seeds {
+        let cluster = TestCluster::start().await.expect("test cluster");
+        let default_ns = cluster.namespace_named("default").await.expect("namespace");
+        cluster.namespace_named("kube-system").await.expect("namespace");
+        let rename = |text: &str| {
+            let text = text.replace("namespace: default", &format!("namespace: {default_ns}"));
+            RENAMED.iter().fold(text, |text, name| text.replace(name, &cluster.unique(name)))
+        };
+        for file in seed_files(plugin) {
+            let seed = examples().join("seed").join(file);
             let yaml = std::fs::read_to_string(&seed).expect("seed");
-            cluster.apply_yaml(&yaml).unwrap_or_else(|e| panic!("{}: {e}", seed.display()));
+            cluster.apply_yaml(&rename(&yaml)).await.unwrap_or_else(|e| panic!("{}: {e}", seed.display()));
         }
-        let client = cluster.client().expect("client");
+        let client = cluster.client();
         let plugins = tempfile::tempdir().expect("tempdir");
         for ext in ["toml", "wasm"] {
             let from = examples().join("plugins").join(format!("{plugin}.{ext}"));
-            std::fs::copy(&from, plugins.path().join(format!("{plugin}.{ext}"))).unwrap_or_else(|e| {
+            let to = plugins.path().join(format!("{plugin}.{ext}"));
+            let copied = if ext == "toml" {
+                std::fs::read_to_string(&from).and_then(|toml| std::fs::write(&to, rename(&toml)))
+            } else {
+                std::fs::copy(&from, &to).map(drop)
+            };
+            copied.unwrap_or_else(|e| {
                 panic!("{}: {e}; run `cargo xtask build-guests` to build the example plugins", from.display())
             });
         }
@@ -85,7 +113,16 @@ impl Demo {
             .expect("manager");
         let status = manager.status().get(plugin).expect("plugin status");
         assert!(status.last_error.is_none(), "{plugin} did not load: {status:?}");
-        Demo { cluster, client, manager: Some(manager), shutdown, _plugins: plugins, _cache: cache }
+        Demo { cluster, client, default_ns, manager: Some(manager), shutdown, _plugins: plugins, _cache: cache }
+    }
+
+    /// The test's name for a namespace or Node the seed names.
+    fn name(&self, seed_name: &str) -> String {
+        match seed_name {
+            "default" => self.default_ns.clone(),
+            other if RENAMED.contains(&other) => self.cluster.unique(other),
+            other => other.to_owned(),
+        }
     }
 
     async fn stop(mut self) {
@@ -93,7 +130,7 @@ impl Demo {
         if let Some(m) = self.manager.take() {
             tokio::time::timeout(PATIENCE, m.stopped()).await.expect("manager stops");
         }
-        self.cluster.shutdown().await;
+        drop(self.cluster);
     }
 }
 
@@ -131,8 +168,9 @@ fn patch_json(value: serde_json::Value) -> Patch<serde_json::Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configmap_mirror_copies_updates_and_cleans_up() {
     let demo = Demo::start("configmap-mirror").await;
-    let ns = |n: &str| Api::<ConfigMap>::namespaced(demo.client.clone(), n);
+    let ns = |n: &str| Api::<ConfigMap>::namespaced(demo.client.clone(), &demo.name(n));
     let source_data = |cm: &ConfigMap| cm.data.clone().unwrap_or_default();
+    let source_key = format!("{}/app-config", demo.name("default"));
     let copies_match = || async {
         let source = get(&ns("default"), "app-config").await?.ok_or("source gone")?;
         if !source
@@ -153,8 +191,7 @@ async fn configmap_mirror_copies_updates_and_cleans_up() {
             let annotations = copy.metadata.annotations.clone().unwrap_or_default();
             if labels.get("app.kubernetes.io/managed-by").map(String::as_str) != Some("configmap-mirror")
                 || labels.contains_key("mirror")
-                || annotations.get("mirror.example.com/source").map(String::as_str)
-                    != Some("default/app-config")
+                || annotations.get("mirror.example.com/source") != Some(&source_key)
             {
                 return Err(format!("{team} copy metadata: {:?}", copy.metadata));
             }
@@ -205,14 +242,15 @@ async fn configmap_mirror_copies_updates_and_cleans_up() {
 async fn website_operator_builds_updates_and_deletes_children() {
     let demo = Demo::start("website-operator").await;
     let gvk = GroupVersionKind::gvk("example.com", "v1", "Website");
+    let team_a = demo.name("team-a");
     let websites: Api<DynamicObject> = Api::namespaced_with(
         demo.client.clone(),
-        "team-a",
+        &team_a,
         &ApiResource::from_gvk_with_plural(&gvk, "websites"),
     );
-    let deployments: Api<Deployment> = Api::namespaced(demo.client.clone(), "team-a");
-    let services: Api<Service> = Api::namespaced(demo.client.clone(), "team-a");
-    let configmaps: Api<ConfigMap> = Api::namespaced(demo.client.clone(), "team-a");
+    let deployments: Api<Deployment> = Api::namespaced(demo.client.clone(), &team_a);
+    let services: Api<Service> = Api::namespaced(demo.client.clone(), &team_a);
+    let configmaps: Api<ConfigMap> = Api::namespaced(demo.client.clone(), &team_a);
 
     let children_match = |replicas: i32| {
         let (websites, deployments, services, configmaps) =
@@ -277,20 +315,23 @@ async fn website_operator_builds_updates_and_deletes_children() {
 async fn pod_node_policy_flags_and_clears_violations() {
     let demo = Demo::start("pod-node-policy").await;
     const ANNOTATION: &str = "policy.example.com/violations";
-    let pods = |ns: &str| Api::<Pod>::namespaced(demo.client.clone(), ns);
+    let pods = |ns: &str| Api::<Pod>::namespaced(demo.client.clone(), &demo.name(ns));
     let nodes: Api<Node> = Api::all(demo.client.clone());
-    let verdict = |ns: &'static str, name: &'static str, want: Option<&'static str>| {
+    let (node_2, node_9) = (demo.name("node-2"), demo.name("node-9"));
+    let verdict = |ns: &'static str, name: &'static str, want: Option<String>| {
         let api = pods(ns);
         async move {
+            let want = want.as_deref();
             let pod = get(&api, name).await?.ok_or(format!("{ns}/{name} gone"))?;
             let got = pod.metadata.annotations.unwrap_or_default().get(ANNOTATION).cloned();
             if got.as_deref() == want { Ok(()) } else { Err(format!("{ns}/{name}: {got:?}, want {want:?}")) }
         }
     };
     eventually("verdicts after the seed", || async {
-        verdict("team-a", "web-2", Some("MissingRequiredLabel(team)")).await?;
-        verdict("team-b", "db-1", Some("NodeSelectorMismatch(disktype=ssd on node node-2: hdd)")).await?;
-        verdict("team-b", "batch-1", Some("NodeNotFound(node-9)")).await?;
+        verdict("team-a", "web-2", Some("MissingRequiredLabel(team)".into())).await?;
+        let mismatch = format!("NodeSelectorMismatch(disktype=ssd on node {node_2}: hdd)");
+        verdict("team-b", "db-1", Some(mismatch)).await?;
+        verdict("team-b", "batch-1", Some(format!("NodeNotFound({node_9})"))).await?;
         verdict("team-a", "web-1", None).await?;
         verdict("kube-system", "agent-1", None).await
     })
@@ -299,7 +340,7 @@ async fn pod_node_policy_flags_and_clears_violations() {
     // Node change → `watches` + `map` → the Pods on it are checked again.
     nodes
         .patch(
-            "node-2",
+            &node_2,
             &PatchParams::default(),
             &patch_json(serde_json::json!({"metadata": {"labels": {"disktype": "ssd"}}})),
         )
@@ -326,13 +367,13 @@ async fn pod_node_policy_flags_and_clears_violations() {
         .unwrap();
     eventually("web-2 clears and web-1 is flagged", || async {
         verdict("team-a", "web-2", None).await?;
-        verdict("team-a", "web-1", Some("MissingRequiredLabel(team)")).await
+        verdict("team-a", "web-1", Some("MissingRequiredLabel(team)".into())).await
     })
     .await;
 
     // A created Node resolves NodeNotFound.
     let node: Node = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-9"}
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": node_9}
     }))
     .unwrap();
     nodes.create(&Default::default(), &node).await.unwrap();

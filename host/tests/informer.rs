@@ -1,6 +1,8 @@
-//! Informer integration tests over real HTTP against the embedded dev cluster: initial sync,
-//! changes during the list, dropped watches, forced 410 → relist, deletes missed while the
-//! watch was down (tombstones), 429 handling, selectors, factory sharing and discovery.
+//! Informer integration tests over real HTTP against either test backend (the dev cluster or
+//! a real kube-apiserver, see `wasmctrl-testkit`): initial sync, changes during the list,
+//! dropped watches, forced 410 → relist, deletes missed while the watch was down (tombstones),
+//! 429 handling, selectors, factory sharing and discovery. Tests that need the dev cluster's
+//! fault injection skip on the real server, saying so. Every test works in its own namespaces.
 //!
 //! Every wait has a generous safety timeout; no assertion depends on timing.
 
@@ -15,13 +17,14 @@ use wasmctrl::cache::{IndexSpec, Indexer, LabelSelector};
 use wasmctrl::informer::{FactoryOptions, InformerFactory, InformerSpec, ResourceEventHandler};
 use wasmctrl::object::{DeletedObject, Object};
 use wasmctrl::source::BackoffConfig;
-use wasmctrl_devcluster::{DevCluster, DevClusterConfig, FaultRule};
+use wasmctrl_devcluster::FaultRule;
+use wasmctrl_testkit::TestCluster;
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
-async fn cluster() -> (DevCluster, kube::Client) {
-    let cluster = DevCluster::start(DevClusterConfig::plain_http()).await.expect("dev cluster starts");
-    let client = cluster.client().expect("client");
+async fn cluster() -> (TestCluster, kube::Client) {
+    let cluster = TestCluster::start().await.expect("test cluster starts");
+    let client = cluster.client();
     (cluster, client)
 }
 
@@ -39,28 +42,46 @@ fn fast_factory(client: kube::Client) -> InformerFactory {
     )
 }
 
-fn seed(cluster: &DevCluster, namespaces: &[&str], per_ns: usize) {
-    let mut yaml = String::new();
+/// Creates the test's namespaces (unique names derived from `namespaces`) holding `per_ns`
+/// ConfigMaps each, labelled `seed=<the test's suffix>`; returns the namespaces' names.
+async fn seed(cluster: &TestCluster, namespaces: &[&str], per_ns: usize) -> Vec<String> {
+    let mut names = Vec::new();
     for ns in namespaces {
-        yaml.push_str(&format!("---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n"));
+        names.push(cluster.namespace_named(ns).await.expect("namespace"));
     }
-    for ns in namespaces {
+    let run = seed_label(cluster);
+    let mut yaml = String::new();
+    for ns in &names {
         for i in 0..per_ns {
             yaml.push_str(&format!(
-                "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-{i}\n  namespace: {ns}\n  labels:\n    app: app-{}\ndata:\n  k: v{i}\n",
+                "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-{i}\n  namespace: {ns}\n  labels:\n    app: app-{}\n    seed: {run}\ndata:\n  k: v{i}\n",
                 i % 3
             ));
         }
     }
-    cluster.apply_yaml(&yaml).expect("seed applies");
+    cluster.apply_yaml(&yaml).await.expect("seed applies");
+    names
+}
+
+/// The label value marking this test's seeded objects (the real server is shared by tests).
+fn seed_label(cluster: &TestCluster) -> String {
+    cluster.unique("seed")
 }
 
 async fn server_state(client: &kube::Client, ns: Option<&str>) -> BTreeMap<String, String> {
+    server_state_selected(client, ns, &ListParams::default()).await
+}
+
+async fn server_state_selected(
+    client: &kube::Client,
+    ns: Option<&str>,
+    params: &ListParams,
+) -> BTreeMap<String, String> {
     let api: Api<ConfigMap> = match ns {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    api.list(&ListParams::default())
+    api.list(params)
         .await
         .expect("list")
         .items
@@ -130,41 +151,49 @@ impl ResourceEventHandler for Deletes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initial_sync_of_5000_objects_matches_server() {
     let (cluster, client) = cluster().await;
-    seed(&cluster, &["ns-a", "ns-b", "ns-c", "ns-d", "ns-e"], 1000);
+    let ns = seed(&cluster, &["ns-a", "ns-b", "ns-c", "ns-d", "ns-e"], 1000).await;
+    // All namespaces, restricted to this test's objects (the real server is shared).
+    let selector = format!("seed={}", seed_label(&cluster));
     let factory = fast_factory(client.clone());
-    let lease = factory.informer(InformerSpec::new("v1", "ConfigMap")).await.expect("informer");
+    let lease =
+        factory.informer(InformerSpec::new("v1", "ConfigMap").label_selector(&selector)).await.expect("informer");
     synced(&lease).await;
     let indexer = lease.indexer();
-    assert!(indexer.len() >= 5000, "got {}", indexer.len());
-    assert_eq!(cache_state(&indexer), server_state(&client, None).await);
+    assert_eq!(indexer.len(), 5000);
+    let want = server_state_selected(&client, None, &ListParams::default().labels(&selector)).await;
+    assert_eq!(cache_state(&indexer), want);
     // Items of a list carry apiVersion/kind and lose managedFields.
-    let one = indexer.get("ns-a/cm-1").expect("cached");
+    let one = indexer.get(&format!("{}/cm-1", ns[0])).expect("cached");
     let v: serde_json::Value = one.parse().expect("json");
     assert_eq!(v["kind"], "ConfigMap");
     assert_eq!(v["apiVersion"], "v1");
     assert!(v["metadata"].get("managedFields").is_none());
-    assert_eq!(indexer.by_index("namespace", "ns-b").expect("index").len(), 1000);
+    assert_eq!(indexer.by_index("namespace", &ns[1]).expect("index").len(), 1000);
     let web = LabelSelector::parse("app=app-1").expect("selector");
-    assert_eq!(indexer.list_selected(Some("ns-c"), &web).len(), 333);
+    assert_eq!(indexer.list_selected(Some(&ns[2]), &web).len(), 333);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_during_list_and_watch_converge() {
     let (cluster, client) = cluster().await;
-    seed(&cluster, &["busy"], 1500);
-    // Slow list pages down so the writes below race with the paginated list.
-    cluster.faults().inject(
-        FaultRule::latency("/api/v1/namespaces/busy/configmaps", Duration::from_millis(30))
-            .watch(false)
-            .times(4),
-    );
+    let ns = seed(&cluster, &["busy"], 1500).await.remove(0);
+    // On the dev cluster, slow list pages down so the writes below race with the paginated
+    // list; the real server's list is raced as it comes.
+    if let Some(dev) = cluster.dev() {
+        dev.faults().inject(
+            FaultRule::latency(&format!("/api/v1/namespaces/{ns}/configmaps"), Duration::from_millis(30))
+                .watch(false)
+                .times(4),
+        );
+    }
     let factory = fast_factory(client.clone());
-    let spec = InformerSpec::new("v1", "ConfigMap").namespace("busy");
+    let spec = InformerSpec::new("v1", "ConfigMap").namespace(&ns);
     let writer = {
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), "busy");
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        let ns = ns.clone();
         tokio::spawn(async move {
             for i in 0..60 {
-                api.create(&PostParams::default(), &cm("busy", &format!("new-{i}"), "1"))
+                api.create(&PostParams::default(), &cm(&ns, &format!("new-{i}"), "1"))
                     .await
                     .expect("create");
                 api.replace(&format!("cm-{i}"), &PostParams::default(), &{
@@ -181,52 +210,54 @@ async fn changes_during_list_and_watch_converge() {
     let lease = factory.informer(spec).await.expect("informer");
     writer.await.expect("writer");
     synced(&lease).await;
-    converge(&client, Some("busy"), &lease.indexer()).await;
+    converge(&client, Some(&ns), &lease.indexer()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_watch_resumes_without_losing_changes() {
     let (cluster, client) = cluster().await;
-    seed(&cluster, &["drop"], 50);
+    let Some(dev) = cluster.dev_or_skip("fault injection (dropping watches)") else { return };
+    let ns = seed(&cluster, &["drop"], 50).await.remove(0);
     let factory = fast_factory(client.clone());
-    let lease =
-        factory.informer(InformerSpec::new("v1", "ConfigMap").namespace("drop")).await.expect("informer");
+    let lease = factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns)).await.expect("informer");
     synced(&lease).await;
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "drop");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     for round in 0..5 {
-        cluster.faults().drop_watches();
-        api.create(&PostParams::default(), &cm("drop", &format!("after-drop-{round}"), "x"))
+        dev.faults().drop_watches();
+        api.create(&PostParams::default(), &cm(&ns, &format!("after-drop-{round}"), "x"))
             .await
             .expect("create");
         api.delete(&format!("cm-{round}"), &DeleteParams::default()).await.expect("delete");
     }
-    converge(&client, Some("drop"), &lease.indexer()).await;
+    converge(&client, Some(&ns), &lease.indexer()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_while_watch_down_arrives_as_tombstone_after_410_relist() {
     let (cluster, client) = cluster().await;
-    seed(&cluster, &["gone"], 20);
+    let Some(dev) = cluster.dev_or_skip("fault injection (failing watches, compacting history)") else {
+        return;
+    };
+    let ns = seed(&cluster, &["gone"], 20).await.remove(0);
     let factory = fast_factory(client.clone());
-    let lease =
-        factory.informer(InformerSpec::new("v1", "ConfigMap").namespace("gone")).await.expect("informer");
+    let lease = factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns)).await.expect("informer");
     synced(&lease).await;
     let deletes = Arc::new(Deletes::default());
     let reg = lease.add_handler(deletes.clone());
     tokio::time::timeout(PATIENCE, reg.wait_for_sync()).await.expect("handler syncs");
 
     // Take the watch down: every re-watch fails until the faults are cleared.
-    let faults = cluster.faults();
-    faults.inject(FaultRule::error("/api/v1/namespaces/gone/configmaps", 500).watch(true));
+    let faults = dev.faults();
+    faults.inject(FaultRule::error(&format!("/api/v1/namespaces/{ns}/configmaps"), 500).watch(true));
     faults.drop_watches();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "gone");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     api.delete("cm-7", &DeleteParams::default()).await.expect("delete");
-    api.create(&PostParams::default(), &cm("gone", "born-while-down", "x")).await.expect("create");
+    api.create(&PostParams::default(), &cm(&ns, "born-while-down", "x")).await.expect("create");
     // History compacted: the re-watch from the old resourceVersion gets 410 → relist.
     faults.compact_history();
     faults.clear();
 
-    converge(&client, Some("gone"), &lease.indexer()).await;
+    converge(&client, Some(&ns), &lease.indexer()).await;
     // The cache is updated before the handler's listener delivers: wait for the delivery.
     tokio::time::timeout(PATIENCE, async {
         while deletes.0.lock().is_empty() {
@@ -236,76 +267,77 @@ async fn delete_while_watch_down_arrives_as_tombstone_after_410_relist() {
     .await
     .expect("a delete notification arrives");
     let seen = deletes.0.lock().clone();
-    assert_eq!(seen, [("gone/cm-7".to_string(), true)], "the missed delete arrives as a tombstone");
+    assert_eq!(seen, [(format!("{ns}/cm-7"), true)], "the missed delete arrives as a tombstone");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttled_watch_retries_after_retry_after() {
     let (cluster, client) = cluster().await;
-    seed(&cluster, &["slow"], 5);
+    let Some(dev) = cluster.dev_or_skip("fault injection (429 on watch)") else { return };
+    let ns = seed(&cluster, &["slow"], 5).await.remove(0);
     let factory = fast_factory(client.clone());
-    let lease =
-        factory.informer(InformerSpec::new("v1", "ConfigMap").namespace("slow")).await.expect("informer");
+    let lease = factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns)).await.expect("informer");
     synced(&lease).await;
-    let faults = cluster.faults();
-    faults.inject(FaultRule::too_many_requests("/api/v1/namespaces/slow/configmaps", 1).watch(true).times(2));
+    let faults = dev.faults();
+    faults.inject(
+        FaultRule::too_many_requests(&format!("/api/v1/namespaces/{ns}/configmaps"), 1).watch(true).times(2),
+    );
     faults.drop_watches();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "slow");
-    api.create(&PostParams::default(), &cm("slow", "after-429", "x")).await.expect("create");
-    converge(&client, Some("slow"), &lease.indexer()).await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &cm(&ns, "after-429", "x")).await.expect("create");
+    converge(&client, Some(&ns), &lease.indexer()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn selectors_and_namespace_scope_apply_to_list_and_watch() {
     let (cluster, client) = cluster().await;
-    seed(&cluster, &["sel-a", "sel-b"], 30);
+    let ns = seed(&cluster, &["sel-a", "sel-b"], 30).await;
+    let (a, b) = (&ns[0], &ns[1]);
     let factory = fast_factory(client.clone());
     let lease = factory
-        .informer(
-            InformerSpec::new("v1", "ConfigMap").namespace("sel-a").label_selector("app in (app-0,live)"),
-        )
+        .informer(InformerSpec::new("v1", "ConfigMap").namespace(a).label_selector("app in (app-0,live)"))
         .await
         .expect("informer");
     synced(&lease).await;
     let indexer = lease.indexer();
     assert_eq!(indexer.len(), 10);
-    assert!(indexer.list().iter().all(|o| o.namespace() == Some("sel-a") && o.label("app") == Some("app-0")));
-    Api::<ConfigMap>::namespaced(client.clone(), "sel-a")
-        .create(&PostParams::default(), &cm("sel-a", "live-one", "x"))
+    assert!(indexer.list().iter().all(|o| o.namespace() == Some(a.as_str()) && o.label("app") == Some("app-0")));
+    Api::<ConfigMap>::namespaced(client.clone(), a)
+        .create(&PostParams::default(), &cm(a, "live-one", "x"))
         .await
         .expect("create");
-    Api::<ConfigMap>::namespaced(client.clone(), "sel-b")
-        .create(&PostParams::default(), &cm("sel-b", "live-two", "x"))
+    Api::<ConfigMap>::namespaced(client.clone(), b)
+        .create(&PostParams::default(), &cm(b, "live-two", "x"))
         .await
         .expect("create");
     tokio::time::timeout(PATIENCE, async {
-        while indexer.get("sel-a/live-one").is_none() {
+        while indexer.get(&format!("{a}/live-one")).is_none() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
     .expect("watched object arrives");
-    assert!(indexer.get("sel-b/live-two").is_none(), "other namespace filtered");
+    assert!(indexer.get(&format!("{b}/live-two")).is_none(), "other namespace filtered");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn factory_shares_informers_merges_indexes_and_stops_on_last_release() {
     let (cluster, client) = cluster().await;
-    seed(&cluster, &["share"], 10);
+    let ns = seed(&cluster, &["share", "other"], 10).await;
     let factory = fast_factory(client.clone());
-    let spec = || InformerSpec::new("v1", "ConfigMap").namespace("share");
+    let spec = || InformerSpec::new("v1", "ConfigMap").namespace(&ns[0]);
     let a = factory.informer(spec().index("by-app", IndexSpec::Label("app".into()))).await.expect("a");
     let b = factory.informer(spec().index("by-k", IndexSpec::Field("data.k".into()))).await.expect("b");
     assert!(a.same_informer(&b));
     assert_eq!(factory.informer_count(), 1);
     let other =
-        factory.informer(InformerSpec::new("v1", "ConfigMap").namespace("default")).await.expect("other");
+        factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns[1])).await.expect("other");
     assert!(!a.same_informer(&other));
     assert_eq!(factory.informer_count(), 2);
     synced(&a).await;
     // Both users' indexes exist on the one cache.
     assert_eq!(a.indexer().by_index("by-app", "app-1").expect("by-app").len(), 3);
-    assert_eq!(b.indexer().index_keys("by-k", "v4").expect("by-k"), ["share/cm-4"]);
+    assert_eq!(b.indexer().index_keys("by-k", "v4").expect("by-k"), [format!("{}/cm-4", ns[0])]);
     // The same index name with another definition is refused.
     let err = factory.informer(spec().index("by-app", IndexSpec::Annotation("x".into()))).await.unwrap_err();
     assert!(err.to_string().contains("by-app"), "{err}");

@@ -514,7 +514,8 @@ fn invalid_bytes_are_refused_at_load() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Against the embedded dev cluster: a live informer cache and the client/events imports.
+// Against a live API server of either test backend (see `wasmctrl-testkit`): a live informer
+// cache and the client/events imports, in the test's own namespace.
 
 mod live {
     use super::*;
@@ -522,22 +523,23 @@ mod live {
     use wasmctrl::cache::IndexSpec;
     use wasmctrl::informer::{FactoryOptions, InformerFactory, InformerSpec};
     use wasmctrl::plugin::KubeServices;
-    use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+    use wasmctrl_testkit::TestCluster;
 
+    /// The objects the test starts with, in namespace NS.
     const SEED: &str = r#"
 apiVersion: v1
 kind: ConfigMap
-metadata: {name: seed, namespace: default, labels: {app: web}}
+metadata: {name: seed, namespace: NS, labels: {app: web}}
 data: {k: v}
 ---
 apiVersion: v1
 kind: ConfigMap
-metadata: {name: other, namespace: default, labels: {app: db}}
+metadata: {name: other, namespace: NS, labels: {app: db}}
 data: {k: v}
 ---
 apiVersion: apps/v1
 kind: Deployment
-metadata: {name: web, namespace: default}
+metadata: {name: web, namespace: NS}
 spec:
   replicas: 1
   selector: {matchLabels: {app: web}}
@@ -561,16 +563,20 @@ spec:
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_import_against_a_live_cache_and_the_dev_cluster() {
-        let cluster =
-            DevCluster::start(DevClusterConfig { seed: vec![SEED.into()], ..DevClusterConfig::plain_http() })
-                .await
-                .unwrap_or_else(|e| panic!("dev cluster: {e}"));
-        let client = cluster.client().unwrap_or_else(|e| panic!("client: {e}"));
+        let cluster = TestCluster::start().await.unwrap_or_else(|e| panic!("test cluster: {e}"));
+        let client = cluster.client();
+        let ns = cluster.namespace().await.unwrap_or_else(|e| panic!("namespace: {e}"));
+        let ns = ns.as_str();
+        cluster.apply_yaml(&SEED.replace("NS", ns)).await.unwrap_or_else(|e| panic!("seed: {e}"));
 
-        // A live informer cache of ConfigMaps with a label index.
+        // A live informer cache of the namespace's ConfigMaps with a label index.
         let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
         let lease = factory
-            .informer(InformerSpec::new("v1", "ConfigMap").index("by-app", IndexSpec::Label("app".into())))
+            .informer(
+                InformerSpec::new("v1", "ConfigMap")
+                    .namespace(ns)
+                    .index("by-app", IndexSpec::Label("app".into())),
+            )
             .await
             .unwrap_or_else(|e| panic!("informer: {e}"));
         lease.wait_for_sync().await;
@@ -593,11 +599,11 @@ spec:
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("load: {e}"));
-        let d = Some("default");
+        let d = Some(ns);
 
         // cache: get (the informer's bytes), list with selector, by-index, bad selector.
         let cached =
-            lease.informer().indexer().get("default/seed").unwrap_or_else(|| panic!("seed not cached"));
+            lease.informer().indexer().get(&format!("{ns}/seed")).unwrap_or_else(|| panic!("seed not cached"));
         let got = ok_payload(run(&plugin, d, "cache-get|v1|ConfigMap|seed".into()).await);
         assert_eq!(got.as_bytes(), &cached.json()[..]);
         assert_eq!(ok_payload(run(&plugin, d, "cache-list|v1|ConfigMap|app=web".into()).await), "seed");
@@ -614,19 +620,23 @@ spec:
         assert!(out.starts_with("err:not-found:"), "{out}");
 
         // client.create, twice
-        let obj = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"made","namespace":"default"},"data":{"a":"1"}}"#;
+        let obj = format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"made","namespace":"{ns}"}},"data":{{"a":"1"}}}}"#
+        );
         let created = ok(run(&plugin, d, format!("client-create|v1|ConfigMap|{obj}")).await);
         assert_eq!(created["metadata"]["name"], "made");
         let out = run(&plugin, d, format!("client-create|v1|ConfigMap|{obj}")).await;
         assert!(out.starts_with("err:already-exists:"), "{out}");
 
         // client.replace: compare-and-swap on resourceVersion
-        let stale = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"made","namespace":"default","resourceVersion":"1"},"data":{"a":"2"}}"#;
+        let stale = format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"made","namespace":"{ns}","resourceVersion":"1"}},"data":{{"a":"2"}}}}"#
+        );
         let out = run(&plugin, d, format!("client-replace|v1|ConfigMap|{stale}")).await;
         assert!(out.starts_with("err:conflict:"), "{out}");
         let rv = created["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
         let fresh = format!(
-            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"made","namespace":"default","resourceVersion":"{rv}"}},"data":{{"a":"2"}}}}"#
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"made","namespace":"{ns}","resourceVersion":"{rv}"}},"data":{{"a":"2"}}}}"#
         );
         assert_eq!(
             ok(run(&plugin, d, format!("client-replace|v1|ConfigMap|{fresh}")).await)["data"]["a"],
@@ -648,12 +658,14 @@ spec:
         assert!(out.starts_with("err:invalid:"), "{out}");
 
         // client.apply: server-side apply with the plugin's field manager
-        let applied = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"applied","namespace":"default"},"data":{"x":"1"}}"#;
+        let applied = format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"applied","namespace":"{ns}"}},"data":{{"x":"1"}}}}"#
+        );
         let out = ok(run(&plugin, d, format!("client-apply|v1|ConfigMap|{applied}|force")).await);
         assert_eq!(out["data"]["x"], "1");
         let api: Api<DynamicObject> = Api::namespaced_with(
             client.clone(),
-            "default",
+            ns,
             &kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("", "v1", "ConfigMap")),
         );
         let stored = api.get("applied").await.unwrap_or_else(|e| panic!("{e}"));
@@ -688,7 +700,7 @@ spec:
         assert!(out.starts_with("err:not-found:"), "{out}");
 
         // Undeclared writes never reach the server.
-        let secret = r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s","namespace":"default"}}"#;
+        let secret = format!(r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"s","namespace":"{ns}"}}}}"#);
         let out = run(&plugin, d, format!("client-create|v1|Secret|{secret}")).await;
         assert!(out.starts_with("err:forbidden:"), "{out}");
 
@@ -699,7 +711,7 @@ spec:
         );
         let events: Api<DynamicObject> = Api::namespaced_with(
             client.clone(),
-            "default",
+            ns,
             &kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
                 "events.k8s.io",
                 "v1",
@@ -720,6 +732,6 @@ spec:
         assert_eq!(event.data["regarding"]["name"], "seed");
         assert_eq!(event.data["reportingController"], "wasmctrl/probe-live");
         drop(lease);
-        cluster.shutdown().await;
+        drop(cluster);
     }
 }

@@ -2,15 +2,21 @@
 //!
 //! - `cargo xtask demo`  — build the example plugins, then run the host with them against
 //!   the embedded dev cluster seeded with `examples/seed`.
-//! - `cargo xtask test`  — build the guest plugins, then run every test of both workspaces.
+//! - `cargo xtask test`  — build the guest plugins, then run every test of both workspaces on
+//!   the dev cluster; then, when Go is installed, build and start one real API server
+//!   (`realcluster/`) and run the backend-aware suites again against it.
+//! - `cargo xtask real-cluster [--kubeconfig PATH]` — build and run the real API server
+//!   (etcd, kube-apiserver, GC and namespace controllers) until Ctrl-C.
 //! - `cargo xtask build-guests` — build `guests/` for wasm32-wasip2 and copy the example
 //!   plugins next to their TOMLs in `examples/plugins/`.
 //! - `cargo xtask ci`    — what `.ci/run` checks: formatting, clippy, then `test`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use wasmctrl_testkit::realserver::{self, BACKEND_ENV, KUBECONFIG_ENV, RealServer};
 
 const WASM_TARGET: &str = "wasm32-wasip2";
 
@@ -27,20 +33,26 @@ fn main() -> Result<()> {
         }
         "test" => {
             build_guests(&root)?;
-            test(&root, &rest)
+            test(&root, &rest)?;
+            test_real(&root, &rest)
         }
         "ci" => {
             lint(&root)?;
             build_guests(&root)?;
-            test(&root, &[])
+            test(&root, &[])?;
+            test_real(&root, &[])
         }
+        "real-cluster" => real_cluster(&root, &rest),
         _ => {
-            eprintln!("usage: cargo xtask <demo|test|build-guests|ci> [args]");
+            eprintln!("usage: cargo xtask <demo|test|real-cluster|build-guests|ci> [args]");
             eprintln!(
                 "  demo          build the example plugins and run the host on the embedded dev cluster"
             );
             eprintln!(
                 "  test          build the guest plugins and run all tests (extra args go to the test runner)"
+            );
+            eprintln!(
+                "  real-cluster  build and run a real kube-apiserver with etcd (--kubeconfig PATH; Ctrl-C stops it)"
             );
             eprintln!(
                 "  build-guests  build guests/ for {WASM_TARGET} and copy the example plugins into examples/plugins/"
@@ -195,4 +207,79 @@ fn lint(root: &Path) -> Result<()> {
         .args(["clippy", "--target", WASM_TARGET, "--target-dir"])
         .arg(&guests_target)
         .args(["--", "-D", "warnings"]))
+}
+
+/// The integration suites that run on either backend (see `wasmctrl-testkit`).
+const BACKEND_AWARE_SUITES: &[&str] = &["informer", "controller", "plugin", "examples"];
+
+/// Builds the real API server, timing the build.
+fn build_real_server() -> Result<PathBuf> {
+    let started = Instant::now();
+    let binary = realserver::build().context("building the real API server (realcluster/)")?;
+    eprintln!("xtask: real API server binary {} ({:.1}s)", binary.display(), started.elapsed().as_secs_f64());
+    Ok(binary)
+}
+
+/// The second half of `test`: the backend-aware suites against one real API server shared by
+/// every test (each test isolates itself by namespace). Skipped, saying so, without Go.
+fn test_real(root: &Path, rest: &[String]) -> Result<()> {
+    if !realserver::go_available() {
+        eprintln!("xtask: Go is not installed: the real-API-server half of the tests is skipped");
+        return Ok(());
+    }
+    let started = Instant::now();
+    let binary = build_real_server()?;
+    let dir = realserver::cache_dir().join(format!("run-{}", std::process::id()));
+    let kubeconfig = dir.join("kubeconfig");
+    let server = RealServer::start(&binary, &dir, &kubeconfig).context("starting the real API server")?;
+    eprintln!(
+        "xtask: real API server at {} ready in {:.1}s (log {})",
+        server.url(),
+        server.startup().as_secs_f64(),
+        server.log().display()
+    );
+    let mut cmd = cargo();
+    cmd.current_dir(root).env(BACKEND_ENV, "real").env(KUBECONFIG_ENV, &kubeconfig);
+    cmd.args(["test", "--package", "wasmctrl", "--no-fail-fast"]);
+    for suite in BACKEND_AWARE_SUITES {
+        cmd.args(["--test", suite]);
+    }
+    cmd.args(rest);
+    let result = run(&mut cmd);
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("xtask: real-API-server half finished in {:.1}s", started.elapsed().as_secs_f64());
+    result
+}
+
+/// `cargo xtask real-cluster [--kubeconfig PATH]`: runs the real API server until Ctrl-C.
+fn real_cluster(root: &Path, rest: &[String]) -> Result<()> {
+    let mut kubeconfig = root.join("examples/real-cluster.kubeconfig");
+    let mut args = rest.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--kubeconfig" => kubeconfig = PathBuf::from(args.next().context("--kubeconfig needs a path")?),
+            other => match other.strip_prefix("--kubeconfig=") {
+                Some(path) => kubeconfig = PathBuf::from(path),
+                None => bail!("real-cluster: unknown argument `{other}` (expected --kubeconfig PATH)"),
+            },
+        }
+    }
+    if !realserver::go_available() {
+        bail!("real-cluster needs Go (`go` was not found on PATH)");
+    }
+    let binary = build_real_server()?;
+    let dir = realserver::cache_dir().join(format!("run-{}", std::process::id()));
+    let server = RealServer::start(&binary, &dir, &kubeconfig).context("starting the real API server")?;
+    eprintln!(
+        "xtask: real API server at {} ready in {:.1}s; log {}",
+        server.url(),
+        server.startup().as_secs_f64(),
+        server.log().display()
+    );
+    eprintln!("xtask: kubectl --kubeconfig {} get namespaces   # Ctrl-C stops the server", kubeconfig.display());
+    let status = server.wait()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("xtask: real API server exited ({status})");
+    Ok(())
 }
