@@ -169,12 +169,20 @@ impl TestCluster {
 
     /// Like [`Self::start`], with this configuration for the dev backend (ignored on the real one).
     pub async fn start_with(dev_config: DevClusterConfig) -> Result<TestCluster, TestClusterError> {
+        Self::start_backend(Backend::from_env()?, dev_config).await
+    }
+
+    /// A cluster of the given backend, whatever [`BACKEND_ENV`] says (tests comparing the two).
+    pub async fn start_backend(
+        backend: Backend,
+        dev_config: DevClusterConfig,
+    ) -> Result<TestCluster, TestClusterError> {
         let dir = tempfile::Builder::new()
             .prefix("wasmctrl-test-")
             .tempdir()
             .map_err(|source| TestClusterError::Io { what: "creating a temporary directory".into(), source })?;
         let suffix = format!("{:06x}", rand::rng().random::<u32>() & 0xff_ffff);
-        match Backend::from_env()? {
+        match backend {
             Backend::Dev => {
                 let dev = DevCluster::start(dev_config).await?;
                 let kubeconfig_path = dir.path().join("kubeconfig");

@@ -106,6 +106,33 @@ fn newest_source(dir: &Path) -> Result<SystemTime, RealServerError> {
     Ok(newest)
 }
 
+/// The `-ldflags` stamping the Kubernetes release of `go.mod` into the binary, as the
+/// Kubernetes build does (otherwise `/version` reports v0.0.0-master, which kubectl rejects).
+fn version_ldflags(src: &Path) -> Result<String, RealServerError> {
+    let go_mod = src.join("go.mod");
+    let text = std::fs::read_to_string(&go_mod).map_err(io(format!("reading {}", go_mod.display())))?;
+    let version = text
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("k8s.io/kubernetes "))
+        .map(str::trim)
+        .find(|v| v.starts_with('v'))
+        .ok_or_else(|| RealServerError::Io {
+            what: format!("{} requires no k8s.io/kubernetes version", go_mod.display()),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+        })?;
+    let mut parts = version.trim_start_matches('v').split('.');
+    let (major, minor) = (parts.next().unwrap_or("1"), parts.next().unwrap_or("0"));
+    Ok(["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"]
+        .iter()
+        .map(|pkg| {
+            format!(
+                "-X {pkg}.gitVersion={version} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor} -X {pkg}.gitTreeState=clean"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
 /// Builds the server unless the binary is newer than every source file; returns its path.
 /// Go's build cache makes a rebuild after a source change fast; the first build compiles
 /// Kubernetes and takes minutes.
@@ -126,7 +153,9 @@ pub fn build() -> Result<PathBuf, RealServerError> {
     eprintln!("testkit: building the real API server ({} → {})", src.display(), binary.display());
     let status = Command::new("go")
         .current_dir(&src)
-        .args(["build", "-trimpath", "-buildvcs=false", "-o"])
+        .args(["build", "-trimpath", "-buildvcs=false", "-ldflags"])
+        .arg(version_ldflags(&src)?)
+        .arg("-o")
         .arg(&tmp)
         .arg(".")
         .stdin(Stdio::null())
