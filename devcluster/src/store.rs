@@ -358,6 +358,50 @@ fn crd_gr() -> GroupResource {
     GroupResource { group: "apiextensions.k8s.io".into(), resource: "customresourcedefinitions".into() }
 }
 
+/// The API server's checks of `metadata.ownerReferences`: apiVersion, kind, name and uid are
+/// required, and at most one reference is the controller.
+fn validate_owner_references(
+    gr: &GroupResource,
+    info: &ResourceInfo,
+    name: &str,
+    obj: &Value,
+) -> Result<(), ApiError> {
+    let Some(refs) = obj.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
+        return Ok(());
+    };
+    let invalid = |why: String| ApiError::invalid(&gr.group, &info.kind, name, why);
+    let mut controllers = 0;
+    for r in refs {
+        let field = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
+        for (key, what) in [("apiVersion", "version"), ("kind", "kind"), ("name", "name"), ("uid", "uid")] {
+            if field(key).is_empty() {
+                let shown = if key == "apiVersion" { "apiVersion" } else { key };
+                return Err(invalid(format!(
+                    "metadata.ownerReferences.{shown}: Invalid value: \"\": {what} must not be empty"
+                )));
+            }
+        }
+        if r.get("controller").and_then(Value::as_bool) == Some(true) {
+            controllers += 1;
+        }
+    }
+    if controllers > 1 {
+        return Err(invalid(
+            "metadata.ownerReferences: Invalid value: []v1.OwnerReference: Only one reference can have Controller set to true"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether objects of a resource carry `metadata.generation`. The API server sets it only where
+/// a strategy tracks spec changes: custom resources, CRDs and the workload kinds (of those
+/// served here, Deployments); ConfigMaps, Secrets, Services, Pods, Namespaces, Leases and
+/// Events have none.
+fn tracks_generation(gr: &GroupResource, info: &ResourceInfo) -> bool {
+    info.custom || *gr == crd_gr() || gr.group == "apps"
+}
+
 /// Everything outside `metadata` (and `status` when it is a subresource), for the
 /// generation rule.
 fn spec_part(v: &Value, status_sub: bool) -> Map<String, Value> {
@@ -815,6 +859,7 @@ impl Inner {
             return Err(ApiError::bad_request("the body of the request must be a JSON object"));
         }
         check_kind(&obj, &info)?;
+        validate_owner_references(gr, &info, meta_str(&obj, "name"), &obj)?;
         obj["apiVersion"] = Value::String(info.api_version(info.storage_version()));
         obj["kind"] = Value::String(info.kind.clone());
         let meta = meta_mut(&mut obj);
@@ -866,7 +911,11 @@ impl Inner {
         }
         meta.insert("uid".into(), Value::String(new_uid()));
         meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
-        meta.insert("generation".into(), json!(1));
+        if tracks_generation(gr, &info) {
+            meta.insert("generation".into(), json!(1));
+        } else {
+            meta.remove("generation");
+        }
         if info.namespaced {
             self.check_namespace(ns)?;
         }
@@ -1049,7 +1098,10 @@ impl Inner {
                 ));
             }
         }
-        if spec_part(&old, info.status_subresource) != spec_part(&obj, info.status_subresource) {
+        validate_owner_references(gr, &info, name, &obj)?;
+        if tracks_generation(gr, &info)
+            && spec_part(&old, info.status_subresource) != spec_part(&obj, info.status_subresource)
+        {
             let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
             meta_mut(&mut obj).insert("generation".into(), json!(g + 1));
         }

@@ -433,8 +433,9 @@ impl Drop for TestCluster {
             runtime.block_on(async move {
                 let Ok(client) = kube::Client::try_from(config) else { return };
                 let api: Api<Namespace> = Api::all(client);
+                let params = DeleteParams::background();
                 for ns in namespaces {
-                    let delete = api.delete(&ns, &DeleteParams::background());
+                    let delete = api.delete(&ns, &params);
                     if let Ok(Err(error)) = tokio::time::timeout(Duration::from_secs(10), delete).await {
                         eprintln!("testkit: deleting namespace {ns}: {error}");
                     }
