@@ -5,6 +5,7 @@
 //! - `cargo xtask test`  — build the guest plugins, then run every test of both workspaces on
 //!   the dev cluster; then, when Go is installed, build and start one real API server
 //!   (`realcluster/`) and run the backend-aware suites again against it.
+//! - `cargo xtask test-real` — only that second half.
 //! - `cargo xtask real-cluster [--kubeconfig PATH]` — build and run the real API server
 //!   (etcd, kube-apiserver, GC and namespace controllers) until Ctrl-C.
 //! - `cargo xtask build-guests` — build `guests/` for wasm32-wasip2 and copy the example
@@ -43,6 +44,10 @@ fn main() -> Result<()> {
             test_real(&root, &[])
         }
         "real-cluster" => real_cluster(&root, &rest),
+        "test-real" => {
+            build_guests(&root)?;
+            test_real(&root, &rest)
+        }
         _ => {
             eprintln!("usage: cargo xtask <demo|test|real-cluster|build-guests|ci> [args]");
             eprintln!(
@@ -51,6 +56,7 @@ fn main() -> Result<()> {
             eprintln!(
                 "  test          build the guest plugins and run all tests (extra args go to the test runner)"
             );
+            eprintln!("  test-real     only the second half of `test`: the suites against a real API server");
             eprintln!(
                 "  real-cluster  build and run a real kube-apiserver with etcd (--kubeconfig PATH; Ctrl-C stops it)"
             );
@@ -245,7 +251,12 @@ fn test_real(root: &Path, rest: &[String]) -> Result<()> {
         cmd.args(["--test", suite]);
     }
     cmd.args(rest);
-    let result = run(&mut cmd);
+    let mut result = run(&mut cmd);
+    // The dev cluster compared with the real server, request by request.
+    let mut differential = cargo();
+    differential.current_dir(root).env(BACKEND_ENV, "real").env(KUBECONFIG_ENV, &kubeconfig);
+    differential.args(["test", "--package", "wasmctrl-testkit", "--test", "differential", "--no-fail-fast"]);
+    result = result.and(run(&mut differential));
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("xtask: real-API-server half finished in {:.1}s", started.elapsed().as_secs_f64());
