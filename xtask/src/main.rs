@@ -216,7 +216,8 @@ fn lint(root: &Path) -> Result<()> {
 }
 
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
-const BACKEND_AWARE_SUITES: &[&str] = &["informer", "controller", "plugin", "examples"];
+/// `differential` compares the dev cluster with the real server, request by request.
+const BACKEND_AWARE_SUITES: &[&str] = &["informer", "controller", "plugin", "examples", "differential"];
 
 /// Builds the real API server, timing the build.
 fn build_real_server() -> Result<PathBuf> {
@@ -246,17 +247,13 @@ fn test_real(root: &Path, rest: &[String]) -> Result<()> {
     );
     let mut cmd = cargo();
     cmd.current_dir(root).env(BACKEND_ENV, "real").env(KUBECONFIG_ENV, &kubeconfig);
-    cmd.args(["test", "--package", "wasmctrl", "--no-fail-fast"]);
+    // `--workspace` keeps the features (and so the build) of the first half.
+    cmd.args(["test", "--workspace", "--no-fail-fast"]);
     for suite in BACKEND_AWARE_SUITES {
         cmd.args(["--test", suite]);
     }
     cmd.args(rest);
-    let mut result = run(&mut cmd);
-    // The dev cluster compared with the real server, request by request.
-    let mut differential = cargo();
-    differential.current_dir(root).env(BACKEND_ENV, "real").env(KUBECONFIG_ENV, &kubeconfig);
-    differential.args(["test", "--package", "wasmctrl-testkit", "--test", "differential", "--no-fail-fast"]);
-    result = result.and(run(&mut differential));
+    let result = run(&mut cmd);
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("xtask: real-API-server half finished in {:.1}s", started.elapsed().as_secs_f64());
