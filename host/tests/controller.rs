@@ -951,12 +951,10 @@ mod live {
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         cms.create(&PostParams::default(), &cm(ns, "existing")).await.unwrap();
         let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
-        let configmaps = InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace(ns))
-            .await
-            .unwrap();
-        let secrets = InformerSource::new(&factory, InformerSpec::new("v1", "Secret").namespace(ns))
-            .await
-            .unwrap();
+        let configmaps =
+            InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace(ns)).await.unwrap();
+        let secrets =
+            InformerSource::new(&factory, InformerSpec::new("v1", "Secret").namespace(ns)).await.unwrap();
         let (r, mut calls) = scripted(vec![]);
         let metrics = Metrics::new();
         let c = Controller::builder("e2e", r)
@@ -1007,9 +1005,8 @@ mod live {
     async fn controller_on_an_empty_kind_becomes_ready() {
         let (_cluster, client, ns) = cluster().await;
         let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
-        let source = InformerSource::new(&factory, InformerSpec::new("v1", "Secret").namespace(&ns))
-            .await
-            .unwrap();
+        let source =
+            InformerSource::new(&factory, InformerSpec::new("v1", "Secret").namespace(&ns)).await.unwrap();
         let (r, _calls) = scripted(vec![]);
         let c = Controller::builder("empty", r).for_source(source).build().unwrap();
         let token = CancellationToken::new();
@@ -1046,9 +1043,8 @@ mod live {
         config.retry_period = Duration::from_millis(500);
         let elector = Arc::new(LeaderElector::new(client.clone(), config).unwrap());
         let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
-        let source = InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace(ns))
-            .await
-            .unwrap();
+        let source =
+            InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace(ns)).await.unwrap();
         let (r, calls) = scripted(vec![]);
         let controller = Controller::builder(format!("le-{id}"), r).for_source(source).build().unwrap();
         let shutdown = CancellationToken::new();

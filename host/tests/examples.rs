@@ -113,7 +113,15 @@ impl Demo {
             .expect("manager");
         let status = manager.status().get(plugin).expect("plugin status");
         assert!(status.last_error.is_none(), "{plugin} did not load: {status:?}");
-        Demo { cluster, client, default_ns, manager: Some(manager), shutdown, _plugins: plugins, _cache: cache }
+        Demo {
+            cluster,
+            client,
+            default_ns,
+            manager: Some(manager),
+            shutdown,
+            _plugins: plugins,
+            _cache: cache,
+        }
     }
 
     /// The test's name for a namespace or Node the seed names.

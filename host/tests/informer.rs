@@ -155,8 +155,10 @@ async fn initial_sync_of_5000_objects_matches_server() {
     // All namespaces, restricted to this test's objects (the real server is shared).
     let selector = format!("seed={}", seed_label(&cluster));
     let factory = fast_factory(client.clone());
-    let lease =
-        factory.informer(InformerSpec::new("v1", "ConfigMap").label_selector(&selector)).await.expect("informer");
+    let lease = factory
+        .informer(InformerSpec::new("v1", "ConfigMap").label_selector(&selector))
+        .await
+        .expect("informer");
     synced(&lease).await;
     let indexer = lease.indexer();
     assert_eq!(indexer.len(), 5000);
@@ -193,9 +195,7 @@ async fn changes_during_list_and_watch_converge() {
         let ns = ns.clone();
         tokio::spawn(async move {
             for i in 0..60 {
-                api.create(&PostParams::default(), &cm(&ns, &format!("new-{i}"), "1"))
-                    .await
-                    .expect("create");
+                api.create(&PostParams::default(), &cm(&ns, &format!("new-{i}"), "1")).await.expect("create");
                 api.replace(&format!("cm-{i}"), &PostParams::default(), &{
                     let mut c = api.get(&format!("cm-{i}")).await.expect("get");
                     c.data = Some([("k".to_string(), "changed".to_string())].into());
@@ -219,7 +219,8 @@ async fn dropped_watch_resumes_without_losing_changes() {
     let Some(dev) = cluster.dev_or_skip("fault injection (dropping watches)") else { return };
     let ns = seed(&cluster, &["drop"], 50).await.remove(0);
     let factory = fast_factory(client.clone());
-    let lease = factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns)).await.expect("informer");
+    let lease =
+        factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns)).await.expect("informer");
     synced(&lease).await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     for round in 0..5 {
@@ -240,7 +241,8 @@ async fn delete_while_watch_down_arrives_as_tombstone_after_410_relist() {
     };
     let ns = seed(&cluster, &["gone"], 20).await.remove(0);
     let factory = fast_factory(client.clone());
-    let lease = factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns)).await.expect("informer");
+    let lease =
+        factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns)).await.expect("informer");
     synced(&lease).await;
     let deletes = Arc::new(Deletes::default());
     let reg = lease.add_handler(deletes.clone());
@@ -276,7 +278,8 @@ async fn throttled_watch_retries_after_retry_after() {
     let Some(dev) = cluster.dev_or_skip("fault injection (429 on watch)") else { return };
     let ns = seed(&cluster, &["slow"], 5).await.remove(0);
     let factory = fast_factory(client.clone());
-    let lease = factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns)).await.expect("informer");
+    let lease =
+        factory.informer(InformerSpec::new("v1", "ConfigMap").namespace(&ns)).await.expect("informer");
     synced(&lease).await;
     let faults = dev.faults();
     faults.inject(
@@ -301,7 +304,9 @@ async fn selectors_and_namespace_scope_apply_to_list_and_watch() {
     synced(&lease).await;
     let indexer = lease.indexer();
     assert_eq!(indexer.len(), 10);
-    assert!(indexer.list().iter().all(|o| o.namespace() == Some(a.as_str()) && o.label("app") == Some("app-0")));
+    assert!(
+        indexer.list().iter().all(|o| o.namespace() == Some(a.as_str()) && o.label("app") == Some("app-0"))
+    );
     Api::<ConfigMap>::namespaced(client.clone(), a)
         .create(&PostParams::default(), &cm(a, "live-one", "x"))
         .await

@@ -602,8 +602,11 @@ spec:
         let d = Some(ns);
 
         // cache: get (the informer's bytes), list with selector, by-index, bad selector.
-        let cached =
-            lease.informer().indexer().get(&format!("{ns}/seed")).unwrap_or_else(|| panic!("seed not cached"));
+        let cached = lease
+            .informer()
+            .indexer()
+            .get(&format!("{ns}/seed"))
+            .unwrap_or_else(|| panic!("seed not cached"));
         let got = ok_payload(run(&plugin, d, "cache-get|v1|ConfigMap|seed".into()).await);
         assert_eq!(got.as_bytes(), &cached.json()[..]);
         assert_eq!(ok_payload(run(&plugin, d, "cache-list|v1|ConfigMap|app=web".into()).await), "seed");
@@ -700,7 +703,8 @@ spec:
         assert!(out.starts_with("err:not-found:"), "{out}");
 
         // Undeclared writes never reach the server.
-        let secret = format!(r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"s","namespace":"{ns}"}}}}"#);
+        let secret =
+            format!(r#"{{"apiVersion":"v1","kind":"Secret","metadata":{{"name":"s","namespace":"{ns}"}}}}"#);
         let out = run(&plugin, d, format!("client-create|v1|Secret|{secret}")).await;
         assert!(out.starts_with("err:forbidden:"), "{out}");
 

@@ -118,9 +118,10 @@ fn on_demand_server() -> Result<PathBuf, TestClusterError> {
     let started = SERVER.get_or_init(|| {
         let start = || -> Result<(RealServer, tempfile::TempDir), RealServerError> {
             let binary = realserver::build()?;
-            let dir = tempfile::Builder::new().prefix("wasmctrl-realcluster-").tempdir().map_err(|source| {
-                RealServerError::Io { what: "creating the real server's directory".into(), source }
-            })?;
+            let dir =
+                tempfile::Builder::new().prefix("wasmctrl-realcluster-").tempdir().map_err(|source| {
+                    RealServerError::Io { what: "creating the real server's directory".into(), source }
+                })?;
             let server = RealServer::start(&binary, dir.path(), &dir.path().join("kubeconfig"))?;
             eprintln!(
                 "testkit: real API server at {} (ready in {:.1}s, log {})",
@@ -177,10 +178,9 @@ impl TestCluster {
         backend: Backend,
         dev_config: DevClusterConfig,
     ) -> Result<TestCluster, TestClusterError> {
-        let dir = tempfile::Builder::new()
-            .prefix("wasmctrl-test-")
-            .tempdir()
-            .map_err(|source| TestClusterError::Io { what: "creating a temporary directory".into(), source })?;
+        let dir = tempfile::Builder::new().prefix("wasmctrl-test-").tempdir().map_err(|source| {
+            TestClusterError::Io { what: "creating a temporary directory".into(), source }
+        })?;
         let suffix = format!("{:06x}", rand::rng().random::<u32>() & 0xff_ffff);
         match backend {
             Backend::Dev => {
@@ -291,7 +291,9 @@ impl TestCluster {
         match Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &ns).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(source) => return Err(TestClusterError::Api { what: format!("creating namespace {name}"), source }),
+            Err(source) => {
+                return Err(TestClusterError::Api { what: format!("creating namespace {name}"), source });
+            }
         }
         self.track_namespace(&name);
         self.wait_namespace_usable(&name).await?;
@@ -334,9 +336,9 @@ impl TestCluster {
             return Ok(dev.apply_yaml(yaml)?);
         }
         let docs = wasmctrl_devcluster::parse_yaml_documents(yaml)?;
-        let (first, rest): (Vec<Value>, Vec<Value>) = docs.into_iter().partition(|d| {
-            matches!(d["kind"].as_str(), Some("Namespace" | "CustomResourceDefinition"))
-        });
+        let (first, rest): (Vec<Value>, Vec<Value>) = docs
+            .into_iter()
+            .partition(|d| matches!(d["kind"].as_str(), Some("Namespace" | "CustomResourceDefinition")));
         for doc in &first {
             self.apply_one(doc).await?;
             let Some(name) = doc["metadata"]["name"].as_str() else { continue };
@@ -369,9 +371,11 @@ impl TestCluster {
         let field = |path: &[&str]| {
             path.iter().try_fold(doc, |v, key| v.get(key)).and_then(Value::as_str).map(str::to_owned)
         };
-        let api_version = field(&["apiVersion"]).ok_or_else(|| TestClusterError::Yaml("no apiVersion".into()))?;
+        let api_version =
+            field(&["apiVersion"]).ok_or_else(|| TestClusterError::Yaml("no apiVersion".into()))?;
         let kind = field(&["kind"]).ok_or_else(|| TestClusterError::Yaml("no kind".into()))?;
-        let name = field(&["metadata", "name"]).ok_or_else(|| TestClusterError::Yaml(format!("{kind} without a name")))?;
+        let name = field(&["metadata", "name"])
+            .ok_or_else(|| TestClusterError::Yaml(format!("{kind} without a name")))?;
         let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
         let gvk = GroupVersionKind::gvk(group, version, &kind);
         let cached = self.resources.lock().unwrap_or_else(|p| p.into_inner()).get(&gvk).cloned();

@@ -104,9 +104,17 @@ impl Side {
         Side { cluster, client, ns }
     }
 
-    async fn raw(&self, method: &str, path: &str, content_type: &str, body: Option<&Value>) -> (u16, Vec<u8>) {
+    async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Option<&Value>,
+    ) -> (u16, Vec<u8>) {
         let path = path.replace("{ns}", &self.ns);
-        let body = body.map(|b| serde_json::to_vec(&b.to_string().replace("{ns}", &self.ns).parse::<Value>().unwrap()).unwrap());
+        let body = body.map(|b| {
+            serde_json::to_vec(&b.to_string().replace("{ns}", &self.ns).parse::<Value>().unwrap()).unwrap()
+        });
         let request = http::Request::builder()
             .method(method)
             .uri(path)
@@ -122,7 +130,8 @@ impl Side {
 
     async fn call(&self, method: &str, path: &str, content_type: &str, body: Option<&Value>) -> Answer {
         let (code, bytes) = self.raw(method, path, content_type, body).await;
-        let mut body = serde_json::from_slice(&bytes).unwrap_or_else(|_| json!(String::from_utf8_lossy(&bytes)));
+        let mut body =
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| json!(String::from_utf8_lossy(&bytes)));
         normalize(&mut body, &self.ns);
         Answer { code, body }
     }
@@ -204,27 +213,52 @@ async fn api_sequence(s: &Side) -> Transcript {
     let a = format!("{cms}/a");
 
     // create, get, errors
-    t.insert("create".into(), s.call("POST", cms, JSON, Some(&cm("a", json!({"app": "x"}), json!({"k": "v"})))).await);
+    t.insert(
+        "create".into(),
+        s.call("POST", cms, JSON, Some(&cm("a", json!({"app": "x"}), json!({"k": "v"})))).await,
+    );
     t.insert("create-again".into(), s.call("POST", cms, JSON, Some(&cm("a", json!({}), json!({})))).await);
     t.insert("get".into(), s.call("GET", &a, JSON, None).await);
     t.insert("get-missing".into(), s.call("GET", &format!("{cms}/missing"), JSON, None).await);
-    t.insert("create-invalid-name".into(), s.call("POST", cms, JSON, Some(&cm("Bad_Name", json!({}), json!({})))).await);
-    let other_ns = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "elsewhere"}});
+    t.insert(
+        "create-invalid-name".into(),
+        s.call("POST", cms, JSON, Some(&cm("Bad_Name", json!({}), json!({})))).await,
+    );
+    let other_ns =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "elsewhere"}});
     t.insert("create-namespace-mismatch".into(), s.call("POST", cms, JSON, Some(&other_ns)).await);
-    t.insert("get-unknown-resource".into(), s.call("GET", "/api/v1/namespaces/{ns}/widgets", JSON, None).await);
+    t.insert(
+        "get-unknown-resource".into(),
+        s.call("GET", "/api/v1/namespaces/{ns}/widgets", JSON, None).await,
+    );
 
     // list: selectors and pagination
     for (name, app) in [("b", "y"), ("c", "y"), ("d", "z")] {
         s.call("POST", cms, JSON, Some(&cm(name, json!({"app": app}), json!({})))).await;
     }
-    t.insert("list-selector".into(), s.call("GET", &format!("{cms}?labelSelector=app%3Dy"), JSON, None).await);
-    t.insert("list-set-selector".into(), s.call("GET", &format!("{cms}?labelSelector=app+in+(x,z)"), JSON, None).await);
-    t.insert("list-bad-selector".into(), s.call("GET", &format!("{cms}?labelSelector=app+in+(x"), JSON, None).await);
+    t.insert(
+        "list-selector".into(),
+        s.call("GET", &format!("{cms}?labelSelector=app%3Dy"), JSON, None).await,
+    );
+    t.insert(
+        "list-set-selector".into(),
+        s.call("GET", &format!("{cms}?labelSelector=app+in+(x,z)"), JSON, None).await,
+    );
+    t.insert(
+        "list-bad-selector".into(),
+        s.call("GET", &format!("{cms}?labelSelector=app+in+(x"), JSON, None).await,
+    );
     let page1 = s.call("GET", &format!("{cms}?limit=2"), JSON, None).await;
     t.insert("list-page-1".into(), page1);
     let (_, raw) = s.raw("GET", &format!("{cms}?limit=2"), JSON, None).await;
-    let token = serde_json::from_slice::<Value>(&raw).unwrap()["metadata"]["continue"].as_str().unwrap_or_default().to_owned();
-    t.insert("list-page-2".into(), s.call("GET", &format!("{cms}?limit=2&continue={token}"), JSON, None).await);
+    let token = serde_json::from_slice::<Value>(&raw).unwrap()["metadata"]["continue"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    t.insert(
+        "list-page-2".into(),
+        s.call("GET", &format!("{cms}?limit=2&continue={token}"), JSON, None).await,
+    );
 
     // update conflicts
     let stale = json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -234,18 +268,46 @@ async fn api_sequence(s: &Side) -> Transcript {
     t.insert("update-unconditional".into(), s.call("PUT", &a, JSON, Some(&no_rv)).await);
 
     // patches
-    t.insert("patch-merge".into(), s.call("PATCH", &a, MERGE, Some(&json!({"data": {"m": "1", "k": null}}))).await);
-    t.insert("patch-json".into(), s.call("PATCH", &a, JSON_PATCH, Some(&json!([{"op": "add", "path": "/data/j", "value": "2"}]))).await);
-    t.insert("patch-json-test-fails".into(), s.call("PATCH", &a, JSON_PATCH, Some(&json!([{"op": "test", "path": "/data/j", "value": "nope"}]))).await);
-    t.insert("patch-strategic".into(), s.call("PATCH", &a, STRATEGIC, Some(&json!({"metadata": {"labels": {"s": "3"}}}))).await);
-    t.insert("patch-missing".into(), s.call("PATCH", &format!("{cms}/missing"), MERGE, Some(&json!({"data": {}}))).await);
+    t.insert(
+        "patch-merge".into(),
+        s.call("PATCH", &a, MERGE, Some(&json!({"data": {"m": "1", "k": null}}))).await,
+    );
+    t.insert(
+        "patch-json".into(),
+        s.call("PATCH", &a, JSON_PATCH, Some(&json!([{"op": "add", "path": "/data/j", "value": "2"}]))).await,
+    );
+    t.insert(
+        "patch-json-test-fails".into(),
+        s.call("PATCH", &a, JSON_PATCH, Some(&json!([{"op": "test", "path": "/data/j", "value": "nope"}])))
+            .await,
+    );
+    t.insert(
+        "patch-strategic".into(),
+        s.call("PATCH", &a, STRATEGIC, Some(&json!({"metadata": {"labels": {"s": "3"}}}))).await,
+    );
+    t.insert(
+        "patch-missing".into(),
+        s.call("PATCH", &format!("{cms}/missing"), MERGE, Some(&json!({"data": {}}))).await,
+    );
 
     // server-side apply
     let applied = |v: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa", "namespace": "{ns}"}, "data": {"owned": v}});
-    t.insert("apply-create".into(), s.call("PATCH", &format!("{cms}/ssa?fieldManager=one"), APPLY, Some(&applied("1"))).await);
-    t.insert("apply-conflict".into(), s.call("PATCH", &format!("{cms}/ssa?fieldManager=two"), APPLY, Some(&applied("2"))).await);
-    t.insert("apply-force".into(), s.call("PATCH", &format!("{cms}/ssa?fieldManager=two&force=true"), APPLY, Some(&applied("2"))).await);
-    t.insert("apply-no-manager".into(), s.call("PATCH", &format!("{cms}/ssa"), APPLY, Some(&applied("3"))).await);
+    t.insert(
+        "apply-create".into(),
+        s.call("PATCH", &format!("{cms}/ssa?fieldManager=one"), APPLY, Some(&applied("1"))).await,
+    );
+    t.insert(
+        "apply-conflict".into(),
+        s.call("PATCH", &format!("{cms}/ssa?fieldManager=two"), APPLY, Some(&applied("2"))).await,
+    );
+    t.insert(
+        "apply-force".into(),
+        s.call("PATCH", &format!("{cms}/ssa?fieldManager=two&force=true"), APPLY, Some(&applied("2"))).await,
+    );
+    t.insert(
+        "apply-no-manager".into(),
+        s.call("PATCH", &format!("{cms}/ssa"), APPLY, Some(&applied("3"))).await,
+    );
 
     // owner references
     let no_uid = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "orphan-ref", "namespace": "{ns}",
@@ -257,18 +319,32 @@ async fn api_sequence(s: &Side) -> Transcript {
     s.call("POST", cms, JSON, Some(&held)).await;
     t.insert("delete-with-finalizer".into(), s.call("DELETE", &format!("{cms}/held"), JSON, None).await);
     t.insert("get-terminating".into(), s.call("GET", &format!("{cms}/held"), JSON, None).await);
-    t.insert("release-finalizer".into(), s.call("PATCH", &format!("{cms}/held"), MERGE, Some(&json!({"metadata": {"finalizers": null}}))).await);
+    t.insert(
+        "release-finalizer".into(),
+        s.call("PATCH", &format!("{cms}/held"), MERGE, Some(&json!({"metadata": {"finalizers": null}})))
+            .await,
+    );
     t.insert("get-released".into(), s.call("GET", &format!("{cms}/held"), JSON, None).await);
     t.insert("delete-missing".into(), s.call("DELETE", &format!("{cms}/held"), JSON, None).await);
 
     // watch from a resourceVersion, with bookmarks allowed; then from a too old one
     let (_, raw) = s.raw("GET", cms, JSON, None).await;
-    let rv = serde_json::from_slice::<Value>(&raw).unwrap()["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
+    let rv = serde_json::from_slice::<Value>(&raw).unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     s.call("POST", cms, JSON, Some(&cm("w", json!({}), json!({})))).await;
     s.call("PATCH", &format!("{cms}/w"), MERGE, Some(&json!({"data": {"x": "1"}}))).await;
     s.call("DELETE", &format!("{cms}/w"), JSON, None).await;
-    t.insert("watch-from-rv".into(), s.watch(&format!("{cms}?watch=true&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=2")).await);
-    t.insert("watch-too-old".into(), s.watch(&format!("{cms}?watch=true&resourceVersion=1&timeoutSeconds=2")).await);
+    t.insert(
+        "watch-from-rv".into(),
+        s.watch(&format!("{cms}?watch=true&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=2"))
+            .await,
+    );
+    t.insert(
+        "watch-too-old".into(),
+        s.watch(&format!("{cms}?watch=true&resourceVersion=1&timeoutSeconds=2")).await,
+    );
 
     // status subresource (Deployments: the dev cluster does not default, so only these fields)
     let deploys = "/apis/apps/v1/namespaces/{ns}/deployments";
@@ -279,8 +355,22 @@ async fn api_sequence(s: &Side) -> Transcript {
     let shown = |a: Answer| Answer { code: a.code, body: project(&a.body, &fields) };
     t.insert("deployment-create".into(), shown(s.call("POST", deploys, JSON, Some(&deploy)).await));
     let status = json!({"status": {"observedGeneration": 5, "replicas": 7}, "spec": {"replicas": 3}});
-    t.insert("status-patch".into(), shown(s.call("PATCH", &format!("{deploys}/web/status"), MERGE, Some(&status)).await));
-    t.insert("main-patch-ignores-status".into(), shown(s.call("PATCH", &format!("{deploys}/web"), MERGE, Some(&json!({"status": {"replicas": 9}, "spec": {"replicas": 2}}))).await));
+    t.insert(
+        "status-patch".into(),
+        shown(s.call("PATCH", &format!("{deploys}/web/status"), MERGE, Some(&status)).await),
+    );
+    t.insert(
+        "main-patch-ignores-status".into(),
+        shown(
+            s.call(
+                "PATCH",
+                &format!("{deploys}/web"),
+                MERGE,
+                Some(&json!({"status": {"replicas": 9}, "spec": {"replicas": 2}})),
+            )
+            .await,
+        ),
+    );
 
     // garbage collection: background, foreground, orphan
     for policy in ["Background", "Foreground", "Orphan"] {
@@ -294,7 +384,10 @@ async fn api_sequence(s: &Side) -> Transcript {
         s.call("POST", cms, JSON, Some(&child)).await;
         assert_eq!(created.code, 201);
         let body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": policy});
-        t.insert(format!("gc-{policy}-delete"), s.call("DELETE", &format!("{cms}/{owner}"), JSON, Some(&body)).await);
+        t.insert(
+            format!("gc-{policy}-delete"),
+            s.call("DELETE", &format!("{cms}/{owner}"), JSON, Some(&body)).await,
+        );
         let owner_gone = s.until(&format!("{cms}/{owner}"), |a| a.code == 404).await;
         t.insert(format!("gc-{policy}-owner"), Answer { code: owner_gone.code, body: json!(null) });
         let dependent_path = format!("{cms}/{dependent}");
@@ -311,18 +404,40 @@ async fn api_sequence(s: &Side) -> Transcript {
 /// The same kind of sequence through kubectl.
 fn kubectl_sequence(s: &Side) -> Transcript {
     let mut t = Transcript::new();
-    let manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: k\n  namespace: {ns}\ndata:\n  a: \"1\"\n";
-    t.insert("kubectl-create".into(), s.kubectl(&["create", "configmap", "made", "-n", "{ns}", "--from-literal=a=1", "-o", "json"], None));
-    t.insert("kubectl-create-again".into(), s.kubectl(&["create", "configmap", "made", "-n", "{ns}", "--from-literal=a=1"], None));
+    let manifest =
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: k\n  namespace: {ns}\ndata:\n  a: \"1\"\n";
+    t.insert(
+        "kubectl-create".into(),
+        s.kubectl(&["create", "configmap", "made", "-n", "{ns}", "--from-literal=a=1", "-o", "json"], None),
+    );
+    t.insert(
+        "kubectl-create-again".into(),
+        s.kubectl(&["create", "configmap", "made", "-n", "{ns}", "--from-literal=a=1"], None),
+    );
     t.insert("kubectl-apply".into(), s.kubectl(&["apply", "-f", "-", "-o", "json"], Some(manifest)));
     t.insert("kubectl-diff-unchanged".into(), s.kubectl(&["diff", "-f", "-"], Some(manifest)));
-    t.insert("kubectl-apply-server-side".into(), s.kubectl(&["apply", "--server-side", "-f", "-", "-o", "json"], Some(&manifest.replace("\"1\"", "\"2\""))));
+    t.insert(
+        "kubectl-apply-server-side".into(),
+        s.kubectl(
+            &["apply", "--server-side", "-f", "-", "-o", "json"],
+            Some(&manifest.replace("\"1\"", "\"2\"")),
+        ),
+    );
     t.insert("kubectl-get".into(), s.kubectl(&["get", "configmap", "k", "-n", "{ns}", "-o", "json"], None));
-    t.insert("kubectl-label".into(), s.kubectl(&["label", "configmap", "k", "-n", "{ns}", "x=y", "-o", "json"], None));
-    t.insert("kubectl-get-selector".into(), s.kubectl(&["get", "configmaps", "-n", "{ns}", "-l", "x=y", "-o", "name"], None));
+    t.insert(
+        "kubectl-label".into(),
+        s.kubectl(&["label", "configmap", "k", "-n", "{ns}", "x=y", "-o", "json"], None),
+    );
+    t.insert(
+        "kubectl-get-selector".into(),
+        s.kubectl(&["get", "configmaps", "-n", "{ns}", "-l", "x=y", "-o", "name"], None),
+    );
     t.insert("kubectl-delete".into(), s.kubectl(&["delete", "configmap", "k", "-n", "{ns}"], None));
     t.insert("kubectl-get-missing".into(), s.kubectl(&["get", "configmap", "k", "-n", "{ns}"], None));
-    t.insert("kubectl-create-deployment".into(), s.kubectl(&["create", "deployment", "web", "-n", "{ns}", "--image=nginx", "-o", "name"], None));
+    t.insert(
+        "kubectl-create-deployment".into(),
+        s.kubectl(&["create", "deployment", "web", "-n", "{ns}", "--image=nginx", "-o", "name"], None),
+    );
     t.insert("kubectl-explain".into(), s.kubectl(&["explain", "configmap.data"], None));
     t
 }
@@ -348,14 +463,19 @@ fn check(differences: Vec<String>, steps: &Transcript) {
     let new: Vec<&String> = differences.iter().filter(|d| !known.contains(&d.as_str())).collect();
     let gone: Vec<&&str> = known.iter().filter(|k| !differences.iter().any(|d| d == **k)).collect();
     assert!(new.is_empty(), "differences not listed as known gaps: {new:?}");
-    assert!(gone.is_empty(), "known gaps that no longer differ (remove them from KNOWN_GAPS and docs/dev-cluster.md): {gone:?}");
+    assert!(
+        gone.is_empty(),
+        "known gaps that no longer differ (remove them from KNOWN_GAPS and docs/dev-cluster.md): {gone:?}"
+    );
 }
 
 fn real_selected() -> bool {
     if Backend::from_env().ok() == Some(Backend::Real) {
         return true;
     }
-    eprintln!("differential: skipped: needs the real API server (WASMCTRL_TEST_BACKEND=real, as `cargo xtask test` sets)");
+    eprintln!(
+        "differential: skipped: needs the real API server (WASMCTRL_TEST_BACKEND=real, as `cargo xtask test` sets)"
+    );
     false
 }
 

@@ -285,7 +285,10 @@ fn real_cluster(root: &Path, rest: &[String]) -> Result<()> {
         server.startup().as_secs_f64(),
         server.log().display()
     );
-    eprintln!("xtask: kubectl --kubeconfig {} get namespaces   # Ctrl-C stops the server", kubeconfig.display());
+    eprintln!(
+        "xtask: kubectl --kubeconfig {} get namespaces   # Ctrl-C stops the server",
+        kubeconfig.display()
+    );
     let status = server.wait()?;
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("xtask: real API server exited ({status})");
