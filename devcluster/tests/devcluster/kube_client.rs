@@ -55,7 +55,8 @@ async fn create_get_update_delete_over_tls() {
     let created = api.create(&PostParams::default(), &cm("a", &[("k", "v")])).await.unwrap();
     assert!(created.metadata.uid.is_some());
     assert!(created.metadata.creation_timestamp.is_some());
-    assert_eq!(created.metadata.generation, Some(1));
+    // ConfigMaps carry no generation (only kinds whose strategy tracks spec changes do).
+    assert_eq!(created.metadata.generation, None);
     assert_eq!(created.metadata.namespace.as_deref(), Some("default"));
 
     let (status, reason) = code(api.create(&PostParams::default(), &cm("a", &[])).await.unwrap_err());
@@ -69,7 +70,7 @@ async fn create_get_update_delete_over_tls() {
     update.data = Some(BTreeMap::from([("k".into(), "v2".into())]));
     let updated = api.replace("a", &PostParams::default(), &update).await.unwrap();
     assert!(rv(&updated.metadata) > rv(&got.metadata));
-    assert_eq!(updated.metadata.generation, Some(2));
+    assert_eq!(updated.metadata.generation, None);
     let (status, reason) = code(api.replace("a", &PostParams::default(), &update).await.unwrap_err());
     assert_eq!((status, reason.as_str()), (409, "Conflict"));
 
@@ -457,7 +458,10 @@ async fn garbage_collection_background_foreground_orphan() {
     let b = api.create(&pp, &cm("two-b", &[])).await.unwrap();
     let mut dep = owned_by("two-dep", &a, false);
     let mut refs = dep.metadata.owner_references.take().unwrap();
-    refs.extend(owned_by("x", &b, false).metadata.owner_references.unwrap());
+    let mut second = owned_by("x", &b, false).metadata.owner_references.unwrap();
+    // The API server accepts at most one controller reference.
+    second[0].controller = Some(false);
+    refs.extend(second);
     dep.metadata.owner_references = Some(refs);
     api.create(&pp, &dep).await.unwrap();
     api.delete("two-a", &DeleteParams::default()).await.unwrap();
