@@ -183,7 +183,7 @@ async fn changes_during_list_and_watch_converge() {
     // list; the real server's list is raced as it comes.
     if let Some(dev) = cluster.dev() {
         dev.faults().inject(
-            FaultRule::latency(&format!("/api/v1/namespaces/{ns}/configmaps"), Duration::from_millis(30))
+            FaultRule::latency(format!("/api/v1/namespaces/{ns}/configmaps"), Duration::from_millis(30))
                 .watch(false)
                 .times(4),
         );
@@ -250,7 +250,7 @@ async fn delete_while_watch_down_arrives_as_tombstone_after_410_relist() {
 
     // Take the watch down: every re-watch fails until the faults are cleared.
     let faults = dev.faults();
-    faults.inject(FaultRule::error(&format!("/api/v1/namespaces/{ns}/configmaps"), 500).watch(true));
+    faults.inject(FaultRule::error(format!("/api/v1/namespaces/{ns}/configmaps"), 500).watch(true));
     faults.drop_watches();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     api.delete("cm-7", &DeleteParams::default()).await.expect("delete");
@@ -283,7 +283,7 @@ async fn throttled_watch_retries_after_retry_after() {
     synced(&lease).await;
     let faults = dev.faults();
     faults.inject(
-        FaultRule::too_many_requests(&format!("/api/v1/namespaces/{ns}/configmaps"), 1).watch(true).times(2),
+        FaultRule::too_many_requests(format!("/api/v1/namespaces/{ns}/configmaps"), 1).watch(true).times(2),
     );
     faults.drop_watches();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);

@@ -449,9 +449,10 @@ fn compare(dev: &Transcript, real: &Transcript) -> Vec<String> {
         if dev_answer != Some(real_answer) {
             differences.push(step.clone());
             eprintln!(
-                "difference at {step}:\n  dev:  {}\n  real: {}",
+                "difference at {step}:\n  dev:  {}\n  real: {} {}",
                 dev_answer.map(|a| format!("{} {}", a.code, a.body)).unwrap_or_default(),
-                format!("{} {}", real_answer.code, real_answer.body)
+                real_answer.code,
+                real_answer.body
             );
         }
     }
