@@ -327,7 +327,7 @@ async fn api_sequence(s: &Side) -> Transcript {
     t.insert("get-released".into(), s.call("GET", &format!("{cms}/held"), JSON, None).await);
     t.insert("delete-missing".into(), s.call("DELETE", &format!("{cms}/held"), JSON, None).await);
 
-    // watch from a resourceVersion, with bookmarks allowed; then from a too old one
+    // watch from a resourceVersion, with bookmarks allowed
     let (_, raw) = s.raw("GET", cms, JSON, None).await;
     let rv = serde_json::from_slice::<Value>(&raw).unwrap()["metadata"]["resourceVersion"]
         .as_str()
@@ -341,10 +341,8 @@ async fn api_sequence(s: &Side) -> Transcript {
         s.watch(&format!("{cms}?watch=true&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=2"))
             .await,
     );
-    t.insert(
-        "watch-too-old".into(),
-        s.watch(&format!("{cms}?watch=true&resourceVersion=1&timeoutSeconds=2")).await,
-    );
+    // A watch from a too old resourceVersion is not compared: whether the real server's watch
+    // cache still covers it depends on the server's age (see docs/dev-cluster.md).
 
     // status subresource (Deployments: the dev cluster does not default, so only these fields)
     let deploys = "/apis/apps/v1/namespaces/{ns}/deployments";
