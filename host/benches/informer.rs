@@ -31,6 +31,7 @@ use wasmctrl::object::{DeletedObject, Object, Transform};
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::{
     BackgroundServer, CountingAllocator, Corpus, Pace, SEQ_ANNOTATION, StreamConfig, StreamProgress, allocated,
+    unix_nanos,
 };
 
 #[global_allocator]
@@ -108,7 +109,7 @@ async fn run_kube(objects: usize, updates: u64) -> f64 {
 fn run_raw(corpus: &Corpus, lines: u64) -> f64 {
     let mut stream = Vec::new();
     for u in 0..lines {
-        corpus.write_update_event(&mut stream, u, 0);
+        corpus.write_update_event(&mut stream, u, unix_nanos());
     }
     let start = Instant::now();
     let mut count = 0;
@@ -126,7 +127,7 @@ fn memory(m: usize) {
     let jsons: Vec<Bytes> = (0..m)
         .map(|i| {
             let mut json = Vec::new();
-            corpus.write_listed(&mut json, i, 0);
+            corpus.write_listed(&mut json, i, unix_nanos());
             Bytes::from(json)
         })
         .collect();
