@@ -49,7 +49,9 @@ use wasmctrl::informer::{
     FactoryOptions, InformerFactory, InformerOptions, InformerSpec, ResourceEventHandler, SharedIndexInformer,
 };
 use wasmctrl::object::{DeletedObject, Object};
-use wasmctrl::plugin::{CacheReader, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginReconciler, PluginSpec};
+use wasmctrl::plugin::{
+    CacheReader, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginReconciler, PluginSpec,
+};
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::latency::{self, Sample};
 use wasmctrl_bench_support::{
@@ -129,7 +131,9 @@ fn consume(args: &[String]) -> Result<(), Error> {
     let timeout = Duration::from_secs(flag_u64(args, "--timeout-s").unwrap_or(300));
     let rt = runtime()?;
     let result = match what {
-        (Some("informer"), Some("wasmctrl")) => rt.block_on(informer_wasmctrl(&url, objects, updates, timeout))?,
+        (Some("informer"), Some("wasmctrl")) => {
+            rt.block_on(informer_wasmctrl(&url, objects, updates, timeout))?
+        }
         (Some("informer"), Some("kube-rs")) => rt.block_on(informer_kube(&url, objects, updates, timeout))?,
         (Some("controller"), Some(which)) => {
             let samples = match which {
@@ -140,7 +144,8 @@ fn consume(args: &[String]) -> Result<(), Error> {
                 "kube-rs" => rt.block_on(controller_kube(&url, updates, timeout))?,
                 other => return Err(format!("unknown controller {other}").into()),
             };
-            let p = latency::percentiles(&samples, updates / 10).ok_or("no reconcile of an update after the first tenth")?;
+            let p = latency::percentiles(&samples, updates / 10)
+                .ok_or("no reconcile of an update after the first tenth")?;
             let ms = |n: u64| n as f64 / 1e6;
             json!({ "kind": "latency", "reconciles": samples.len(), "samples": p.count,
                     "p50_ms": ms(p.p50), "p99_ms": ms(p.p99), "max_ms": ms(p.max) })
@@ -190,7 +195,12 @@ impl ResourceEventHandler for CountingHandler {
     fn on_delete(&self, _: &DeletedObject) {}
 }
 
-async fn informer_wasmctrl(url: &str, objects: usize, updates: u64, timeout: Duration) -> Result<Value, Error> {
+async fn informer_wasmctrl(
+    url: &str,
+    objects: usize,
+    updates: u64,
+    timeout: Duration,
+) -> Result<Value, Error> {
     let before = allocated();
     let progress = Arc::new(StreamProgress::new(objects, updates));
     let informer = SharedIndexInformer::new(InformerOptions { name: "bench".into(), ..Default::default() })?;
@@ -210,7 +220,8 @@ async fn informer_kube(url: &str, objects: usize, updates: u64, timeout: Duratio
     let writer = reflector::store::Writer::<ConfigMap>::default();
     let store = writer.as_reader();
     let consume = async {
-        let mut events = std::pin::pin!(reflector(writer, watcher(api, watcher::Config::default())).applied_objects());
+        let mut events =
+            std::pin::pin!(reflector(writer, watcher(api, watcher::Config::default())).applied_objects());
         let mut listed = 0;
         while let Some(event) = events.next().await {
             let cm = event?;
@@ -255,7 +266,12 @@ impl Reconciler for Stamping {
     }
 }
 
-async fn controller_wasmctrl(url: &str, plugin: &Path, updates: u64, timeout: Duration) -> Result<Vec<Sample>, Error> {
+async fn controller_wasmctrl(
+    url: &str,
+    plugin: &Path,
+    updates: u64,
+    timeout: Duration,
+) -> Result<Vec<Sample>, Error> {
     let wasm = std::fs::read(plugin).map_err(|e| format!("{}: {e}", plugin.display()))?;
     let factory = InformerFactory::new(client(url)?, FactoryOptions::default());
     let source = InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap")).await?;
@@ -274,8 +290,10 @@ async fn controller_wasmctrl(url: &str, plugin: &Path, updates: u64, timeout: Du
         samples: Default::default(),
         done: Default::default(),
     });
-    let controller =
-        Controller::builder("bench", stamping.clone()).for_source(source).max_concurrent_reconciles(1).build()?;
+    let controller = Controller::builder("bench", stamping.clone())
+        .for_source(source)
+        .max_concurrent_reconciles(1)
+        .build()?;
     let shutdown = CancellationToken::new();
     let run = tokio::spawn({
         let (c, s) = (controller.clone(), shutdown.clone());
@@ -286,7 +304,8 @@ async fn controller_wasmctrl(url: &str, plugin: &Path, updates: u64, timeout: Du
     run.await??;
     factory.shutdown();
     let samples = std::mem::take(&mut *stamping.samples.lock());
-    finished.map_err(|_| format!("timed out after {timeout:?} with {} reconciles of updates", samples.len()))?;
+    finished
+        .map_err(|_| format!("timed out after {timeout:?} with {} reconciles of updates", samples.len()))?;
     Ok(samples)
 }
 
@@ -296,7 +315,10 @@ struct KubeContext {
     done: tokio::sync::Notify,
 }
 
-async fn kube_reconcile(cm: Arc<ConfigMap>, ctx: Arc<KubeContext>) -> Result<kube::runtime::controller::Action, std::convert::Infallible> {
+async fn kube_reconcile(
+    cm: Arc<ConfigMap>,
+    ctx: Arc<KubeContext>,
+) -> Result<kube::runtime::controller::Action, std::convert::Infallible> {
     let now = unix_nanos();
     let annotations = cm.metadata.annotations.as_ref();
     if let Some(s) = latency::sample(|k| annotations.and_then(|a| a.get(k)).map(String::as_str), now) {
@@ -311,10 +333,18 @@ async fn kube_reconcile(cm: Arc<ConfigMap>, ctx: Arc<KubeContext>) -> Result<kub
 async fn controller_kube(url: &str, updates: u64, timeout: Duration) -> Result<Vec<Sample>, Error> {
     use kube::runtime::controller::{Config, Controller as KubeController};
     let api: Api<ConfigMap> = Api::all(client(url)?);
-    let ctx = Arc::new(KubeContext { last_seq: updates.saturating_sub(1), samples: Default::default(), done: Default::default() });
+    let ctx = Arc::new(KubeContext {
+        last_seq: updates.saturating_sub(1),
+        samples: Default::default(),
+        done: Default::default(),
+    });
     let run = KubeController::new(api, watcher::Config::default())
         .with_config(Config::default().concurrency(1))
-        .run(kube_reconcile, |_, _: &std::convert::Infallible, _| kube::runtime::controller::Action::await_change(), ctx.clone())
+        .run(
+            kube_reconcile,
+            |_, _: &std::convert::Infallible, _| kube::runtime::controller::Action::await_change(),
+            ctx.clone(),
+        )
         .for_each(|_| futures::future::ready(()));
     let finished = tokio::select! {
         _ = run => Err("the kube-rs controller stopped".to_string()),
@@ -346,9 +376,14 @@ impl ServerProcess {
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
-        let ready: Value = serde_json::from_str(&line).map_err(|e| format!("stream server said {line:?}: {e}"))?;
+        let ready: Value =
+            serde_json::from_str(&line).map_err(|e| format!("stream server said {line:?}: {e}"))?;
         let url = ready["url"].as_str().ok_or_else(|| format!("stream server said {line:?}"))?.to_owned();
-        Ok(ServerProcess { child, url, json_bytes_per_object: ready["json_bytes_per_object"].as_f64().unwrap_or(0.0) })
+        Ok(ServerProcess {
+            child,
+            url,
+            json_bytes_per_object: ready["json_bytes_per_object"].as_f64().unwrap_or(0.0),
+        })
     }
 }
 
@@ -378,7 +413,8 @@ fn run_consumer(
     let mut cmd = consumer(&server.url);
     let out = cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("starting {cmd:?}: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.lines().rev().find_map(|l| serde_json::from_str::<Value>(l).ok().filter(Value::is_object));
+    let last =
+        stdout.lines().rev().find_map(|l| serde_json::from_str::<Value>(l).ok().filter(Value::is_object));
     match last {
         Some(v) if v.get("error").is_some() => Err(v["error"].as_str().unwrap_or("error").to_owned()),
         Some(v) if out.status.success() => Ok((v, server.json_bytes_per_object)),
@@ -478,8 +514,14 @@ fn orchestrate() -> Result<(), Error> {
             .chain(["--timeout-s".to_string(), timeout(0)])
             .collect()
     };
-    let go_informer_args =
-        vec!["-objects".into(), objects.to_string(), "-updates".into(), updates.to_string(), "-timeout".into(), format!("{}s", timeout(0))];
+    let go_informer_args = vec![
+        "-objects".into(),
+        objects.to_string(),
+        "-updates".into(),
+        updates.to_string(),
+        "-timeout".into(),
+        format!("{}s", timeout(0)),
+    ];
     let mut rate_cells: [Cell; 3] = [Err(String::new()), Err(String::new()), Err(String::new())];
     let mut bytes_cells: [Cell; 3] = [Err(String::new()), Err(String::new()), Err(String::new())];
     for (column, name) in ["wasmctrl", "kube-rs", "client-go"].into_iter().enumerate() {
@@ -489,13 +531,17 @@ fn orchestrate() -> Result<(), Error> {
             eprintln!("anchors: informer {name}, round {}", round + 1);
             let outcome = match (name, &go) {
                 ("client-go", Err(why)) => Err(why.clone()),
-                ("client-go", Ok(go)) => run_consumer(objects, updates, None, go_consumer(&go.informer, &go_informer_args)),
+                ("client-go", Ok(go)) => {
+                    run_consumer(objects, updates, None, go_consumer(&go.informer, &go_informer_args))
+                }
                 _ => run_consumer(objects, updates, None, self_consumer(&informer_args(name))),
             };
             match outcome {
                 Ok((v, bytes)) => {
                     json_bytes = bytes;
-                    let better = best.as_ref().is_none_or(|b| field(&v, "events_per_sec").ok() > field(b, "events_per_sec").ok());
+                    let better = best
+                        .as_ref()
+                        .is_none_or(|b| field(&v, "events_per_sec").ok() > field(b, "events_per_sec").ok());
                     if better {
                         best = Some(v);
                     }
@@ -517,7 +563,11 @@ fn orchestrate() -> Result<(), Error> {
     }
     let mut rows = vec![
         Row { label: "informer watch events/s".into(), higher_is_better: true, cells: rate_cells },
-        Row { label: format!("cache bytes per object (JSON {json_bytes:.0} B)"), higher_is_better: false, cells: bytes_cells },
+        Row {
+            label: format!("cache bytes per object (JSON {json_bytes:.0} B)"),
+            higher_is_better: false,
+            cells: bytes_cells,
+        },
     ];
 
     // Controllers, one paced run per rate.
@@ -527,11 +577,12 @@ fn orchestrate() -> Result<(), Error> {
         let mut p99: [Cell; 3] = [Err(String::new()), Err(String::new()), Err(String::new())];
         for (column, name) in ["wasmctrl", "kube-rs", "controller-runtime"].into_iter().enumerate() {
             eprintln!("anchors: controller {name} at {rate} updates/s");
-            let mut args: Vec<String> = ["controller", name, "--objects", &objects.to_string(), "--updates", &n.to_string()]
-                .iter()
-                .map(|s| s.to_string())
-                .chain(["--timeout-s".to_string(), timeout(seconds)])
-                .collect();
+            let mut args: Vec<String> =
+                ["controller", name, "--objects", &objects.to_string(), "--updates", &n.to_string()]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain(["--timeout-s".to_string(), timeout(seconds)])
+                    .collect();
             let outcome = match (name, &go, &plugin) {
                 ("controller-runtime", Err(why), _) => Err(why.clone()),
                 ("controller-runtime", Ok(go), _) => {
@@ -564,15 +615,25 @@ fn orchestrate() -> Result<(), Error> {
                 }
             }
         }
-        rows.push(Row { label: format!("event → reconcile p50 ms at {rate}/s"), higher_is_better: false, cells: p50 });
-        rows.push(Row { label: format!("event → reconcile p99 ms at {rate}/s"), higher_is_better: false, cells: p99 });
+        rows.push(Row {
+            label: format!("event → reconcile p50 ms at {rate}/s"),
+            higher_is_better: false,
+            cells: p50,
+        });
+        rows.push(Row {
+            label: format!("event → reconcile p99 ms at {rate}/s"),
+            higher_is_better: false,
+            cells: p99,
+        });
     }
 
     println!();
     println!(
         "anchors: {objects} ConfigMaps listed, then {updates} updates flat out (informers) or {seconds} s at each rate (controllers);"
     );
-    println!("stream server, consumer: one process each; ratio = how many times better wasmctrl is (>1 better, <1 worse)");
+    println!(
+        "stream server, consumer: one process each; ratio = how many times better wasmctrl is (>1 better, <1 worse)"
+    );
     println!();
     print_table(&rows);
     Ok(())
@@ -605,7 +666,9 @@ fn print_table(rows: &[Row]) {
             ]
         })
         .collect();
-    let width = |i: usize| body.iter().map(|r| r[i].chars().count()).chain([header[i].chars().count()]).max().unwrap_or(0);
+    let width = |i: usize| {
+        body.iter().map(|r| r[i].chars().count()).chain([header[i].chars().count()]).max().unwrap_or(0)
+    };
     let widths: Vec<usize> = (0..6).map(width).collect();
     let line = |cells: &[String]| {
         let padded: Vec<String> = cells
@@ -619,9 +682,13 @@ fn print_table(rows: &[Row]) {
         println!("| {} |", padded.join(" | "));
     };
     line(&header.map(String::from));
-    let rule: Vec<String> =
-        widths.iter().enumerate().map(|(i, w)| if i == 0 { "-".repeat(*w) } else { format!("{}:", "-".repeat(w - 1)) }).collect();
-    println!("|-{}-|", rule.join("-|-"));
+    // Markdown: the first column left-aligned, the figures right-aligned.
+    let rule: Vec<String> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, w)| if i == 0 { "-".repeat(w + 2) } else { format!("{}:", "-".repeat(w + 1)) })
+        .collect();
+    println!("|{}|", rule.join("|"));
     for r in &body {
         line(r);
     }

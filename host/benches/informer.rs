@@ -30,8 +30,8 @@ use wasmctrl::informer::{InformerOptions, ResourceEventHandler, SharedIndexInfor
 use wasmctrl::object::{DeletedObject, Object, Transform};
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::{
-    BackgroundServer, CountingAllocator, Corpus, Pace, SEQ_ANNOTATION, StreamConfig, StreamProgress, allocated,
-    unix_nanos,
+    BackgroundServer, Corpus, CountingAllocator, Pace, SEQ_ANNOTATION, StreamConfig, StreamProgress,
+    allocated, unix_nanos,
 };
 
 #[global_allocator]
@@ -95,7 +95,9 @@ async fn run_kube(objects: usize, updates: u64) -> f64 {
         if progress.adds() < objects {
             progress.added();
         } else {
-            progress.updated(obj.metadata.annotations.as_ref().and_then(|a| a.get(SEQ_ANNOTATION)).map(String::as_str));
+            progress.updated(
+                obj.metadata.annotations.as_ref().and_then(|a| a.get(SEQ_ANNOTATION)).map(String::as_str),
+            );
             if progress.is_done() {
                 break;
             }

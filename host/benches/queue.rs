@@ -144,7 +144,8 @@ async fn event_to_reconcile(objects: usize, rate: u32, seconds: u64, workers: us
     let seen: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let all_done = Arc::new(tokio::sync::Notify::new());
 
-    let client = kube::Client::try_from(kube::Config::new(server.url().parse().expect("url"))).expect("client");
+    let client =
+        kube::Client::try_from(kube::Config::new(server.url().parse().expect("url"))).expect("client");
     let informer = SharedIndexInformer::new(InformerOptions { name: "bench".into(), ..Default::default() })
         .expect("informer");
     informer.add_event_handler(Arc::new(SeenAt { samples: seen.clone() }), None);

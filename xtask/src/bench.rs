@@ -27,8 +27,10 @@ pub fn bench(root: &Path, rest: &[String]) -> Result<()> {
         None => {
             build_guests(root)?;
             for (dir, package) in PACKAGES {
-                let names: Vec<String> =
-                    bench_names(&root.join(dir).join("benches"))?.into_iter().filter(|n| n != ANCHORS).collect();
+                let names: Vec<String> = bench_names(&root.join(dir).join("benches"))?
+                    .into_iter()
+                    .filter(|n| n != ANCHORS)
+                    .collect();
                 if names.is_empty() {
                     continue;
                 }
@@ -45,7 +47,9 @@ pub fn bench(root: &Path, rest: &[String]) -> Result<()> {
             build_guests(root)?;
             anchors(root)
         }
-        Some(other) => bail!("unknown benchmark set `{other}`: use `cargo xtask bench` or `cargo xtask bench {ANCHORS}`"),
+        Some(other) => {
+            bail!("unknown benchmark set `{other}`: use `cargo xtask bench` or `cargo xtask bench {ANCHORS}`")
+        }
     }
 }
 

@@ -67,7 +67,8 @@ mod tests {
 
     #[test]
     fn percentiles_skip_the_warm_up_and_pick_by_rank() {
-        let samples: Vec<Sample> = (0..110).map(|i| Sample { seq: i, nanos: if i < 10 { 1_000_000 } else { i } }).collect();
+        let samples: Vec<Sample> =
+            (0..110).map(|i| Sample { seq: i, nanos: if i < 10 { 1_000_000 } else { i } }).collect();
         let p = percentiles(&samples, 10).expect("samples");
         assert_eq!(p.count, 100);
         assert_eq!(p.p50, 59); // rank ⌊99 × 0.5⌋ = 49 → seq 59

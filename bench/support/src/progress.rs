@@ -100,7 +100,8 @@ impl StreamProgress {
 
     /// The figures, once the last update was seen.
     pub fn figures(&self) -> Result<WatchFigures, String> {
-        let synced = self.synced_at.lock().ok().and_then(|s| *s).ok_or("the last listed object was never seen")?;
+        let synced =
+            self.synced_at.lock().ok().and_then(|s| *s).ok_or("the last listed object was never seen")?;
         let done = self.done_at.lock().ok().and_then(|d| *d).ok_or("the last update was never seen")?;
         Ok(WatchFigures {
             list: synced.duration_since(self.start),

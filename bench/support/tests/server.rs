@@ -43,9 +43,8 @@ async fn read_events(tcp: &mut tokio::net::TcpStream, count: usize, limit: Durat
 
 #[tokio::test]
 async fn serves_discovery_the_list_and_one_watch() {
-    let server = StreamServer::start(StreamConfig { objects: 3, updates: 5, pace: Pace::Flat })
-        .await
-        .expect("server");
+    let server =
+        StreamServer::start(StreamConfig { objects: 3, updates: 5, pace: Pace::Flat }).await.expect("server");
     let url = server.url().to_owned();
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 
