@@ -3,29 +3,34 @@
 //! 1. Queue throughput: one producer adds `BENCH_QUEUE_ITEMS` distinct `Request` keys while
 //!    1 or 8 workers `get` + `done` them (a 2-thread runtime); reported as items/s, each item
 //!    being one add + one get + one done.
-//! 2. Event → reconcile-start latency: an in-process fake API server (axum on loopback) streams
-//!    watch ADDED events of ~1 KB ConfigMaps at `BENCH_RATE` events/s (default 5000) for
-//!    `BENCH_SECONDS` (default 4) through the full host path: kube client → Reflector →
-//!    DeltaFIFO → SharedIndexInformer → listener → `for` handler → rate-limited queue → worker →
-//!    no-op native reconciler. Latency = reconcile start − the instant the event was handed to
-//!    the server's response stream. p50 / p99 / max over all events after the first 10 %. A
-//!    second listener on the same informer stamps when it sees each event, which splits the
-//!    figure into informer delivery and the controller's handler + queue + worker hand-off.
+//! 2. Event → reconcile-start latency: the benchmarks' stream server (`wasmctrl_bench_support`,
+//!    on its own thread, HTTP on loopback) lists `BENCH_OBJECTS` (default 1000) ~2 KB
+//!    ConfigMaps, then after a 1 s warm-up streams updates at `BENCH_RATE` events/s (default
+//!    5000) for `BENCH_SECONDS` (default 4) through the full host path: kube client →
+//!    Reflector → DeltaFIFO → SharedIndexInformer → listener → `for` handler → rate-limited
+//!    queue → worker → no-op native reconciler. Latency = reconcile start − the `sent` stamp
+//!    the server wrote into the object (read from the cache). p50 / p99 / max over the updates
+//!    after the first 10 %. A second listener on the same informer takes the same sample when
+//!    it sees each update, which splits the figure into informer delivery and the
+//!    controller's handler + queue + worker hand-off. (`cargo bench --bench anchors` runs the
+//!    same measurement with a Wasm plugin, next to kube-rs and controller-runtime.)
 //!
 //! Sizes are environment variables so CI can run it briefly.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use kube::core::GroupVersionKind;
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use wasmctrl::controller::source::SourceError;
 use wasmctrl::controller::{Action, Controller, EventRegistration, EventSource, Request, reconciler_fn};
 use wasmctrl::informer::{HandlerRegistration, InformerOptions, ResourceEventHandler, SharedIndexInformer};
 use wasmctrl::queue::WorkQueue;
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
+use wasmctrl_bench_support::latency::{self, Percentiles, Sample};
+use wasmctrl_bench_support::{BackgroundServer, Pace, StreamConfig, unix_nanos};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -79,69 +84,6 @@ async fn queue_throughput(items: usize, workers: usize) -> Duration {
 // ---------------------------------------------------------------------------------------------
 // 2. Event → reconcile-start latency
 
-/// A ~1 KB ConfigMap watch event.
-fn event_line(i: usize) -> Bytes {
-    let payload: String = (0..700).map(|j| (b'a' + ((i + j) % 26) as u8) as char).collect();
-    Bytes::from(format!(
-        concat!(
-            r#"{{"type":"ADDED","object":{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"cm-{i}","#,
-            r#""namespace":"bench","uid":"uid-{i}","resourceVersion":"{rv}","labels":{{"app":"bench"}}}},"#,
-            r#""data":{{"payload":"{payload}"}}}}}}"#,
-            "\n"
-        ),
-        i = i,
-        rv = 1000 + i,
-        payload = payload
-    ))
-}
-
-/// Serves a one-object list, then on the first watch the events the generator sends.
-async fn paced_server(events: tokio::sync::mpsc::Receiver<Bytes>) -> (String, tokio::task::JoinHandle<()>) {
-    use axum::body::Body;
-    use axum::extract::RawQuery;
-    use axum::response::Response;
-    let events = Arc::new(parking_lot::Mutex::new(Some(events)));
-    let app = axum::Router::new().route(
-        "/api/v1/namespaces/bench/configmaps",
-        axum::routing::get(move |RawQuery(q): RawQuery| {
-            let events = events.clone();
-            async move {
-                let q = q.unwrap_or_default();
-                let body = if !q.contains("watch=true") {
-                    // One object, so the informer syncs with a non-empty initial list.
-                    Body::from(concat!(
-                        r#"{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"999"},"#,
-                        r#""items":[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"warm-up","#,
-                        r#""namespace":"bench","uid":"warm","resourceVersion":"999"}}]}"#
-                    ))
-                } else if let Some(rx) = events.lock().take() {
-                    let stream = futures::stream::unfold(rx, |mut rx| async move {
-                        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
-                    });
-                    Body::from_stream(stream)
-                } else {
-                    Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>())
-                };
-                Response::builder()
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .expect("static response parts are valid")
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    // Like a real API server (Go sets TCP_NODELAY by default): without it, Nagle's algorithm
-    // holds small watch events back until the client's delayed ACK, tens of milliseconds.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (url, task)
-}
-
 /// A started informer as the controller's `for` source.
 struct InformerOnly {
     informer: SharedIndexInformer,
@@ -173,72 +115,55 @@ impl EventSource for InformerOnly {
     }
 }
 
-/// Records when a second listener of the same informer sees each event, to split the
-/// latency into informer delivery and queue + worker hand-off.
+/// Takes a latency sample when a second listener of the same informer sees each update,
+/// to split the latency into informer delivery and queue + worker hand-off.
 struct SeenAt {
-    base: Instant,
-    seen: Arc<Vec<AtomicU64>>,
+    samples: Arc<Mutex<Vec<Sample>>>,
 }
 
 impl ResourceEventHandler for SeenAt {
-    fn on_add(&self, obj: &Arc<wasmctrl::object::Object>, _: bool) {
-        let now = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        if let Some(i) = obj.name().strip_prefix("cm-").and_then(|i| i.parse::<usize>().ok()) {
-            self.seen[i].store(now, Ordering::Relaxed);
+    fn on_add(&self, _: &Arc<wasmctrl::object::Object>, _: bool) {}
+    fn on_update(&self, _: &Arc<wasmctrl::object::Object>, new: &Arc<wasmctrl::object::Object>) {
+        if let Some(s) = latency::sample(|k| new.annotation(k), unix_nanos()) {
+            self.samples.lock().push(s);
         }
     }
-    fn on_update(&self, _: &Arc<wasmctrl::object::Object>, _: &Arc<wasmctrl::object::Object>) {}
     fn on_delete(&self, _: &wasmctrl::object::DeletedObject) {}
-}
-
-struct Percentiles {
-    p50: Duration,
-    p99: Duration,
-    max: Duration,
-}
-
-fn percentiles(mut nanos: Vec<u64>) -> Percentiles {
-    nanos.sort_unstable();
-    let pick = |q: f64| Duration::from_nanos(nanos[((nanos.len() - 1) as f64 * q) as usize]);
-    Percentiles { p50: pick(0.50), p99: pick(0.99), max: pick(1.0) }
 }
 
 struct Latencies {
     to_reconcile: Percentiles,
     to_handler: Percentiles,
-    achieved_rate: f64,
 }
 
-async fn event_to_reconcile(rate: usize, seconds: usize, workers: usize) -> Latencies {
-    let n = rate * seconds;
-    let base = Instant::now();
-    let nanos = move |t: Instant| u64::try_from(t.duration_since(base).as_nanos()).unwrap_or(u64::MAX);
-    let sent: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
-    let started: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
-    let seen: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
-    let count = Arc::new(AtomicUsize::new(0));
+async fn event_to_reconcile(objects: usize, rate: u32, seconds: u64, workers: usize) -> Latencies {
+    let n = u64::from(rate) * seconds;
+    let pace = Pace::PerSecond { rate, warmup: Duration::from_secs(1) };
+    let server = BackgroundServer::start(StreamConfig { objects, updates: n, pace }).expect("stream server");
+    let started: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let all_done = Arc::new(tokio::sync::Notify::new());
-    let lines: Vec<Bytes> = (0..n).map(event_line).collect();
 
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1024);
-    let (url, server) = paced_server(rx).await;
-    let client = kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+    let client =
+        kube::Client::try_from(kube::Config::new(server.url().parse().expect("url"))).expect("client");
     let informer = SharedIndexInformer::new(InformerOptions { name: "bench".into(), ..Default::default() })
         .expect("informer");
-    informer.add_event_handler(Arc::new(SeenAt { base, seen: seen.clone() }), None);
+    informer.add_event_handler(Arc::new(SeenAt { samples: seen.clone() }), None);
     informer.start(Reflector::new(
         client,
         ApiResource::new("v1", "ConfigMap", "configmaps", true),
-        ReflectorConfig { namespace: Some("bench".into()), ..ReflectorConfig::default() },
+        ReflectorConfig::default(),
     ));
 
     let reconciler = reconciler_fn({
-        let (started, count, all_done) = (started.clone(), count.clone(), all_done.clone());
+        let (cache, started, all_done) = (informer.indexer(), started.clone(), all_done.clone());
         move |r: Request| {
-            let now = Instant::now();
-            if let Some(i) = r.name.strip_prefix("cm-").and_then(|i| i.parse::<usize>().ok()) {
-                let _ = started[i].compare_exchange(0, nanos(now), Ordering::Relaxed, Ordering::Relaxed);
-                if count.fetch_add(1, Ordering::Relaxed) + 1 == n {
+            let now = unix_nanos();
+            if let Some(obj) = cache.get_by_name(r.namespace.as_deref(), &r.name)
+                && let Some(s) = latency::sample(|k| obj.annotation(k), now)
+            {
+                started.lock().push(s);
+                if s.seq == n - 1 {
                     all_done.notify_one();
                 }
             }
@@ -255,43 +180,18 @@ async fn event_to_reconcile(rate: usize, seconds: usize, workers: usize) -> Late
         let (c, s) = (controller.clone(), shutdown.clone());
         async move { c.run(s).await }
     });
-    while !controller.readiness().is_ready() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-
-    // Generator: events due at base + i/rate; the tokio timer has 1 ms resolution, so each
-    // wake-up sends every event that is due (about rate/1000 of them).
-    let gen_start = Instant::now();
-    let interval = Duration::from_secs_f64(1.0 / rate as f64);
-    let mut i = 0;
-    while i < n {
-        let now = Instant::now();
-        while i < n && gen_start + interval * i as u32 <= now {
-            sent[i].store(nanos(Instant::now()), Ordering::Relaxed);
-            if tx.send(lines[i].clone()).await.is_err() {
-                panic!("watch stream closed");
-            }
-            i += 1;
-        }
-        tokio::time::sleep_until((gen_start + interval * i as u32).into()).await;
-    }
-    let gen_took = gen_start.elapsed();
-    tokio::time::timeout(Duration::from_secs(60), all_done.notified()).await.expect("all events reconciled");
+    tokio::time::timeout(Duration::from_secs(seconds + 60), all_done.notified())
+        .await
+        .expect("all events reconciled");
     shutdown.cancel();
     run.await.expect("run task").expect("controller");
     informer.stop();
-    server.abort();
+    drop(server);
 
     let skip = n / 10;
-    let since_sent = |stamps: &[AtomicU64]| -> Vec<u64> {
-        (skip..n)
-            .map(|i| stamps[i].load(Ordering::Relaxed).saturating_sub(sent[i].load(Ordering::Relaxed)))
-            .collect()
-    };
     Latencies {
-        to_reconcile: percentiles(since_sent(&started)),
-        to_handler: percentiles(since_sent(&seen)),
-        achieved_rate: n as f64 / gen_took.as_secs_f64(),
+        to_reconcile: latency::percentiles(&started.lock(), skip).expect("reconciles of updates"),
+        to_handler: latency::percentiles(&seen.lock(), skip).expect("updates seen"),
     }
 }
 
@@ -314,18 +214,20 @@ fn main() {
         );
     }
 
+    let objects = env_usize("BENCH_OBJECTS", 1000).max(1);
+    let rate = u32::try_from(rate).unwrap_or(u32::MAX).max(1);
     println!(
-        "event -> reconcile start, informer + queue + no-op reconciler, {rate} events/s for {seconds} s:"
+        "event -> reconcile start, informer + queue + no-op reconciler, {rate} events/s for {seconds} s ({objects} objects):"
     );
     for workers in [1, 4] {
-        let l = rt.block_on(event_to_reconcile(rate, seconds, workers));
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let l = rt.block_on(event_to_reconcile(objects, rate, seconds as u64, workers));
+        let ms = |nanos: u64| nanos as f64 / 1e6;
         println!(
-            "  {workers} worker(s): reconcile start p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms  (generated {:.0} events/s)",
+            "  {workers} worker(s): reconcile start p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms  ({} samples)",
             ms(l.to_reconcile.p50),
             ms(l.to_reconcile.p99),
             ms(l.to_reconcile.max),
-            l.achieved_rate
+            l.to_reconcile.count
         );
         println!(
             "              (informer listener p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms)",

@@ -11,6 +11,8 @@
 //! - `cargo xtask build-guests` — build `guests/` for wasm32-wasip2 and copy the example
 //!   plugins next to their TOMLs in `examples/plugins/`.
 //! - `cargo xtask ci`    — what `.ci/run` checks: formatting, clippy, then `test`.
+//! - `cargo xtask bench [anchors]` — every benchmark, or only the table next to kube-rs,
+//!   client-go and controller-runtime (see `bench.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,6 +20,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use wasmctrl_testkit::realserver::{self, BACKEND_ENV, KUBECONFIG_ENV, RealServer};
+
+mod bench;
 
 const WASM_TARGET: &str = "wasm32-wasip2";
 
@@ -28,6 +32,7 @@ fn main() -> Result<()> {
     let root = project_root();
     match task.as_str() {
         "build-guests" => build_guests(&root),
+        "bench" => bench::bench(&root, &rest),
         "demo" => {
             build_guests(&root)?;
             demo(&root, &rest)
@@ -49,7 +54,7 @@ fn main() -> Result<()> {
             test_real(&root, &rest)
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo|test|real-cluster|build-guests|ci> [args]");
+            eprintln!("usage: cargo xtask <demo|test|test-real|real-cluster|build-guests|ci|bench> [args]");
             eprintln!(
                 "  demo          build the example plugins and run the host on the embedded dev cluster"
             );
@@ -64,6 +69,9 @@ fn main() -> Result<()> {
                 "  build-guests  build guests/ for {WASM_TARGET} and copy the example plugins into examples/plugins/"
             );
             eprintln!("  ci            cargo fmt --check, cargo clippy -D warnings, then test");
+            eprintln!(
+                "  bench         run every benchmark (release); `bench anchors`: only the table vs kube-rs, client-go, controller-runtime"
+            );
             if task.is_empty() || task == "help" || task == "--help" {
                 Ok(())
             } else {

@@ -1,0 +1,21 @@
+//! What the benchmarks share: the generated ConfigMap stream ([`Corpus`]), the fake API
+//! server that serves it over HTTP on loopback ([`StreamServer`]), the wall clock the
+//! stamps use, event → reconcile latency percentiles, and a counting allocator for heap
+//! figures.
+//!
+//! Every consumer measured against another (wasmctrl, kube-rs, and the Go programs in
+//! `bench/anchors`) reads the same bytes from this server and measures latency from the
+//! same stamp, so their figures compare.
+
+mod alloc;
+mod clock;
+mod corpus;
+pub mod latency;
+mod progress;
+mod server;
+
+pub use alloc::{CountingAllocator, allocated};
+pub use clock::unix_nanos;
+pub use corpus::{Corpus, SENT_ANNOTATION, SEQ_ANNOTATION};
+pub use progress::{StreamProgress, WatchFigures};
+pub use server::{BackgroundServer, Pace, StreamConfig, StreamServer};
