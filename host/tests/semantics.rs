@@ -153,7 +153,7 @@ async fn last_applied_is_kept_unless_the_plugin_strips_it() {
     let applied = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"app","namespace":"applied"},"data":{"k":"v"}}"#;
     cms.create(
         &PostParams::default(),
-        &configmap("applied", "app", serde_json::json!({}), serde_json::json!({LAST_APPLIED_ANNOTATION: applied})),
+        &configmap("applied", "app", serde_json::json!({}), serde_json::json!({ "kubectl.kubernetes.io/last-applied-configuration": applied })),
     )
     .await
     .expect("create");
@@ -428,16 +428,20 @@ async fn lost_lease_revokes_access_and_returns_without_draining() {
 async fn revoked_access_interrupts_running_calls_and_refuses_writes() {
     let (_cluster, client, _factory) = cluster("revoked").await;
     let kube = KubeServices::new(client.clone(), tokio::runtime::Handle::current(), "semantics-test");
+    let env = || PluginEnv { caches: Default::default(), kube: Some(kube.clone()) };
     let mut spec = PluginSpec::new("spinner", cm_gvk());
     spec.limits.deadline = Duration::from_secs(300);
-    let spinner =
-        load("test-plugin-infinite-loop", spec, PluginEnv { caches: Default::default(), kube: Some(kube.clone()) })
-            .await;
+    let spinner = load("test-plugin-infinite-loop", spec, env()).await;
+    let mut spec = PluginSpec::new("probe-revoked", cm_gvk());
+    spec.limits.deadline = Duration::from_secs(10);
+    spec.permissions = Permissions::new([cm_gvk()], [], [cm_gvk()]);
+    let writer = load("test-plugin-probe", spec, env()).await;
+
     let call = tokio::task::spawn_blocking({
         let spinner = spinner.clone();
         move || spinner.reconcile_blocking(&Request { namespace: Some("revoked".into()), name: "misbehave".into() })
     });
-    // Let the guest spin for a while (the deadline is minutes away).
+    // Let the guest spin for a while (its deadline is minutes away).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!call.is_finished());
     kube.revoke();
@@ -445,13 +449,18 @@ async fn revoked_access_interrupts_running_calls_and_refuses_writes() {
     let error = result.expect_err("an interrupted call fails").to_string();
     assert!(error.contains("lost its leader lease"), "{error}");
 
-    let mut spec = PluginSpec::new("probe-revoked", cm_gvk());
-    spec.limits.deadline = Duration::from_secs(10);
-    spec.permissions = Permissions::new([cm_gvk()], [], [cm_gvk()]);
-    let probe_plugin = load("test-plugin-probe", spec, PluginEnv { caches: Default::default(), kube: Some(kube) }).await;
+    // A write after the revocation: refused by the host client, or the call is cut at its
+    // first epoch tick; either way nothing reaches the cluster.
     let object = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"late","namespace":"revoked"}}"#;
-    let out = probe(&probe_plugin, "revoked", format!("client-create|v1|ConfigMap|{object}")).await;
-    assert!(out.starts_with("err:unavailable:") && out.contains("leader lease"), "{out}");
+    let request = Request { namespace: Some("revoked".into()), name: format!("client-create|v1|ConfigMap|{object}") };
+    let out = tokio::task::spawn_blocking(move || writer.reconcile_blocking(&request)).await.expect("task");
+    match out {
+        Err(ReconcileError::Terminal(out)) => {
+            assert!(out.starts_with("err:unavailable:") && out.contains("leader lease"), "{out}")
+        }
+        Err(ReconcileError::Panic(why)) => assert!(why.contains("lost its leader lease"), "{why}"),
+        other => panic!("a write after revocation: {other:?}"),
+    }
     let cms: Api<ConfigMap> = Api::namespaced(client, "revoked");
     assert!(cms.get_opt("late").await.expect("get").is_none(), "the write never reached the cluster");
 }

@@ -410,7 +410,7 @@ fn check_at_tick(store: wasmtime::StoreContextMut<'_, HostState>) -> wasmtime::R
         return Err(wasmtime::Error::new(Revoked));
     }
     if Instant::now() >= state.call.deadline {
-        return Err(wasmtime::Error::new(wasmtime::Trap::Interrupt));
+        return Ok(wasmtime::UpdateDeadline::Interrupt);
     }
     Ok(wasmtime::UpdateDeadline::Continue(1))
 }
