@@ -113,7 +113,8 @@ fn engine() -> PluginEngine {
     static ENGINE: std::sync::OnceLock<PluginEngine> = std::sync::OnceLock::new();
     ENGINE
         .get_or_init(|| {
-            let config = EngineConfig { cache_dir: None, epoch_tick: Duration::from_millis(2), ..Default::default() };
+            let config =
+                EngineConfig { cache_dir: None, epoch_tick: Duration::from_millis(2), ..Default::default() };
             PluginEngine::new(config, None).unwrap_or_else(|e| panic!("engine: {e}"))
         })
         .clone()
@@ -153,7 +154,12 @@ async fn last_applied_is_kept_unless_the_plugin_strips_it() {
     let applied = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"app","namespace":"applied"},"data":{"k":"v"}}"#;
     cms.create(
         &PostParams::default(),
-        &configmap("applied", "app", serde_json::json!({}), serde_json::json!({ "kubectl.kubernetes.io/last-applied-configuration": applied })),
+        &configmap(
+            "applied",
+            "app",
+            serde_json::json!({}),
+            serde_json::json!({ "kubectl.kubernetes.io/last-applied-configuration": applied }),
+        ),
     )
     .await
     .expect("create");
@@ -169,7 +175,14 @@ async fn last_applied_is_kept_unless_the_plugin_strips_it() {
     let keep_leases = leases(&keep, &factory).await;
     let strip_leases = leases(&strip, &factory).await;
     assert_eq!(factory.informer_count(), 2, "different transforms never share an informer");
-    let again = leases(&plugin_config("again", "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"applied\"\n"), &factory).await;
+    let again = leases(
+        &plugin_config(
+            "again",
+            "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"applied\"\n",
+        ),
+        &factory,
+    )
+    .await;
     assert_eq!(factory.informer_count(), 2, "the same transform shares one");
     drop(again);
 
@@ -211,7 +224,8 @@ fn transform_errors_name_file_line_and_field() {
     assert!(err.contains("plugins/x.toml:6:1"), "{err}");
     assert!(err.contains("transform.strip-last-aplied"), "{err}");
     assert!(err.contains("did you mean `strip-last-applied`?"), "{err}");
-    let text = "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n\n[transform]\nstrip-last-applied = \"yes\"\n";
+    let text =
+        "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n\n[transform]\nstrip-last-applied = \"yes\"\n";
     let err = PluginConfig::parse(Path::new("plugins/x.toml"), text, &PluginDefaults::default())
         .expect_err("a string is not a boolean")
         .to_string();
@@ -241,9 +255,12 @@ async fn relist_redelivers_unchanged_objects_to_handlers_without_resync() {
     let (cluster, client, factory) = cluster("relist").await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "relist");
     for name in ["a", "b", "c"] {
-        cms.create(&PostParams::default(), &configmap("relist", name, serde_json::json!({}), serde_json::json!({})))
-            .await
-            .expect("create");
+        cms.create(
+            &PostParams::default(),
+            &configmap("relist", name, serde_json::json!({}), serde_json::json!({})),
+        )
+        .await
+        .expect("create");
     }
     let lease =
         factory.informer(InformerSpec::new("v1", "ConfigMap").namespace("relist")).await.expect("informer");
@@ -252,10 +269,8 @@ async fn relist_redelivers_unchanged_objects_to_handlers_without_resync() {
     let reg = lease.add_handler(syncs.clone());
     // controller-runtime's way of ignoring them: a ResourceVersionChanged predicate.
     let queue: RateLimitingQueue<Request> = RateLimitingQueue::default();
-    let filtered = lease.add_handler(Arc::new(EnqueueForObject::new(
-        queue.clone(),
-        vec![Arc::new(ResourceVersionChanged)],
-    )));
+    let filtered = lease
+        .add_handler(Arc::new(EnqueueForObject::new(queue.clone(), vec![Arc::new(ResourceVersionChanged)])));
     tokio::time::timeout(PATIENCE, async {
         reg.wait_for_sync().await;
         filtered.wait_for_sync().await;
@@ -304,11 +319,16 @@ mod undecodable {
     use super::*;
 
     fn item(name: &str, rv: u32, extra: &str) -> String {
-        format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"{extra}}},"data":{{"k":"v"}}}}"#)
+        format!(
+            r#"{{"metadata":{{"name":"{name}","namespace":"ns","resourceVersion":"{rv}"{extra}}},"data":{{"k":"v"}}}}"#
+        )
     }
 
     fn ok(body: String) -> Response<Body> {
-        Response::builder().header("content-type", "application/json").body(Body::from(body)).expect("response")
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .expect("response")
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,7 +389,11 @@ mod undecodable {
             backoff: BackoffConfig { initial: Duration::from_millis(20), ..BackoffConfig::default() },
             ..ReflectorConfig::default()
         };
-        informer.start(Reflector::new(client, ApiResource::new("v1", "ConfigMap", "configmaps", true), config));
+        informer.start(Reflector::new(
+            client,
+            ApiResource::new("v1", "ConfigMap", "configmaps", true),
+            config,
+        ));
         let indexer = informer.indexer();
         eventually("the relist is applied", || {
             indexer.get("ns/a").is_some_and(|a| a.resource_version() == "11") && indexer.get("ns/b").is_some()
@@ -419,7 +443,8 @@ async fn lost_lease_revokes_access_and_returns_without_draining() {
     assert!(!kube.is_revoked());
     // Every Lease request fails from now on: the renew deadline passes.
     cluster.faults().inject(FaultRule::error("/apis/coordination.k8s.io", 500));
-    let ended = tokio::time::timeout(PATIENCE, task).await.expect("run returned without draining").expect("task");
+    let ended =
+        tokio::time::timeout(PATIENCE, task).await.expect("run returned without draining").expect("task");
     assert!(matches!(ended, Err(LeaderElectionError::LeadershipLost { .. })), "{ended:?}");
     assert!(kube.is_revoked(), "cluster access was revoked when the lease was lost");
 }
@@ -439,20 +464,25 @@ async fn revoked_access_interrupts_running_calls_and_refuses_writes() {
 
     let call = tokio::task::spawn_blocking({
         let spinner = spinner.clone();
-        move || spinner.reconcile_blocking(&Request { namespace: Some("revoked".into()), name: "misbehave".into() })
+        move || {
+            spinner
+                .reconcile_blocking(&Request { namespace: Some("revoked".into()), name: "misbehave".into() })
+        }
     });
     // Let the guest spin for a while (its deadline is minutes away).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!call.is_finished());
     kube.revoke();
-    let result = tokio::time::timeout(PATIENCE, call).await.expect("the running call was interrupted").expect("task");
+    let result =
+        tokio::time::timeout(PATIENCE, call).await.expect("the running call was interrupted").expect("task");
     let error = result.expect_err("an interrupted call fails").to_string();
     assert!(error.contains("lost its leader lease"), "{error}");
 
     // A write after the revocation: refused by the host client, or the call is cut at its
     // first epoch tick; either way nothing reaches the cluster.
     let object = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"late","namespace":"revoked"}}"#;
-    let request = Request { namespace: Some("revoked".into()), name: format!("client-create|v1|ConfigMap|{object}") };
+    let request =
+        Request { namespace: Some("revoked".into()), name: format!("client-create|v1|ConfigMap|{object}") };
     let out = tokio::task::spawn_blocking(move || writer.reconcile_blocking(&request)).await.expect("task");
     match out {
         Err(ReconcileError::Terminal(out)) => {
@@ -472,11 +502,15 @@ async fn revoked_access_interrupts_running_calls_and_refuses_writes() {
 async fn terminal_error_does_not_forget_the_backoff() {
     let (_cluster, client, factory) = cluster("terminal").await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "terminal");
-    cms.create(&PostParams::default(), &configmap("terminal", "x", serde_json::json!({}), serde_json::json!({})))
+    cms.create(
+        &PostParams::default(),
+        &configmap("terminal", "x", serde_json::json!({}), serde_json::json!({})),
+    )
+    .await
+    .expect("create");
+    let source = InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace("terminal"))
         .await
-        .expect("create");
-    let source =
-        InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace("terminal")).await.expect("source");
+        .expect("source");
     // Each call records the key's failure count as it starts, then returns the next result.
     let queue_slot: Arc<std::sync::OnceLock<RateLimitingQueue<Request>>> = Arc::default();
     let starts: Arc<Mutex<Vec<u32>>> = Arc::default();
@@ -493,7 +527,8 @@ async fn terminal_error_does_not_forget_the_backoff() {
             async move { result }
         }
     });
-    let controller = Controller::builder("terminal", reconciler).for_source(source).build().expect("controller");
+    let controller =
+        Controller::builder("terminal", reconciler).for_source(source).build().expect("controller");
     let _ = queue_slot.set(controller.queue().clone());
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({

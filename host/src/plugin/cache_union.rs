@@ -104,7 +104,9 @@ mod tests {
         if indexed {
             idx.add_indexers([(
                 "by-app".to_owned(),
-                IndexFunc::custom(|o: &Object| o.label("app").map(|v| vec![v.to_owned()]).unwrap_or_default()),
+                IndexFunc::custom(|o: &Object| {
+                    o.label("app").map(|v| vec![v.to_owned()]).unwrap_or_default()
+                }),
             )])
             .unwrap();
         }
@@ -131,9 +133,15 @@ mod tests {
         assert_eq!(u.get("ns/both").unwrap().resource_version(), "7");
         assert_eq!(u.get("ns/b").unwrap().resource_version(), "2");
         assert!(u.get("ns/none").is_none());
-        assert_eq!(names(u.list(None, Some("app=y")).unwrap()), [("b".into(), "2".into()), ("both".into(), "7".into())]);
+        assert_eq!(
+            names(u.list(None, Some("app=y")).unwrap()),
+            [("b".into(), "2".into()), ("both".into(), "7".into())]
+        );
         // Only the first member has the index: it answers alone.
-        assert_eq!(names(u.by_index("by-app", "x").unwrap()), [("a".into(), "1".into()), ("both".into(), "5".into())]);
+        assert_eq!(
+            names(u.by_index("by-app", "x").unwrap()),
+            [("a".into(), "1".into()), ("both".into(), "5".into())]
+        );
         assert!(matches!(u.by_index("nope", "x"), Err(CacheReadError::UnknownIndex(_))));
         assert!(matches!(u.list(None, Some("a in")), Err(CacheReadError::InvalidSelector { .. })));
     }

@@ -155,14 +155,8 @@ impl Plugin {
             kube: env.kube,
             metrics: engine.metrics().clone(),
         });
-        let mut inner = PluginInner {
-            engine: engine.clone(),
-            pre,
-            ctx,
-            pool,
-            hooks: PluginHooks::default(),
-            version,
-        };
+        let mut inner =
+            PluginInner { engine: engine.clone(), pre, ctx, pool, hooks: PluginHooks::default(), version };
         let (first, hooks) = inner
             .instantiate()
             .map_err(|e| PluginError::Init { plugin: name.clone(), reason: e.to_string() })?;
@@ -404,7 +398,9 @@ struct Revoked;
 
 /// Runs at each epoch tick of a running call: interrupts it once its deadline has passed
 /// (reported as [`wasmtime::Trap::Interrupt`]) or its cluster access was revoked.
-fn check_at_tick(store: wasmtime::StoreContextMut<'_, HostState>) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+fn check_at_tick(
+    store: wasmtime::StoreContextMut<'_, HostState>,
+) -> wasmtime::Result<wasmtime::UpdateDeadline> {
     let state = store.data();
     if state.ctx.kube.as_ref().is_some_and(|k| k.is_revoked()) {
         return Err(wasmtime::Error::new(Revoked));
