@@ -23,15 +23,32 @@ pub enum ObjectError {
 }
 
 /// An owner reference, as the controller and garbage collector read it.
+///
+/// Decoded as leniently as Go's typed decoding: a missing or `null` field reads as empty
+/// (API servers that do not validate owner references, or objects written before a field
+/// existed, must not make an object undecodable).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OwnerRef {
+    #[serde(default, deserialize_with = "null_as_default")]
     pub api_version: Box<str>,
+    #[serde(default, deserialize_with = "null_as_default")]
     pub kind: Box<str>,
+    #[serde(default, deserialize_with = "null_as_default")]
     pub name: Box<str>,
+    #[serde(default, deserialize_with = "null_as_default")]
     pub uid: Box<str>,
     #[serde(default)]
     pub controller: Option<bool>,
+}
+
+/// `null` as the type's default (Go decodes `null` into a zero value).
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 impl OwnerRef {
@@ -150,9 +167,13 @@ pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-co
 
 /// What to drop from objects before they are cached (client-go `TransformFunc`).
 ///
-/// The default drops `metadata.managedFields` and the kubectl last-applied annotation:
-/// together they are often most of an object's bytes and no controller needs them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The default drops `metadata.managedFields` only: it is often most of an object's bytes,
+/// and the API server keeps it when an update leaves it out. The kubectl last-applied
+/// annotation is kept by default: a plugin that reads an object from the cache and writes it
+/// back whole (`client.replace`) would otherwise remove it from the live object, and the next
+/// `kubectl apply` would compute its patch from nothing. Dropping it is opt-in
+/// (`[transform] strip-last-applied = true` in a plugin's TOML).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Transform {
     /// Drop `metadata.managedFields`.
     pub strip_managed_fields: bool,
@@ -162,7 +183,7 @@ pub struct Transform {
 
 impl Default for Transform {
     fn default() -> Self {
-        Self { strip_managed_fields: true, strip_last_applied: true }
+        Self { strip_managed_fields: true, strip_last_applied: false }
     }
 }
 
@@ -536,9 +557,29 @@ mod tests {
     }
 
     #[test]
-    fn api_json_strips_last_applied_annotation() {
-        let input = r#"{"metadata":{"name":"x","annotations":{"keep":"1","kubectl.kubernetes.io/last-applied-configuration":"{\"big\":true}\n"}}}"#;
+    fn api_json_keeps_last_applied_annotation_by_default() {
+        let input = r#"{"metadata":{"name":"x","annotations":{"keep":"1","kubectl.kubernetes.io/last-applied-configuration":"{\"big\":true}\n"},"managedFields":[]}}"#;
         let o = Object::from_api_json(input.as_bytes(), None, Transform::default()).unwrap();
+        assert_eq!(o.annotation(LAST_APPLIED_ANNOTATION), Some("{\"big\":true}\n"));
+        let v: serde_json::Value = o.parse().unwrap();
+        assert!(v["metadata"]["annotations"].get(LAST_APPLIED_ANNOTATION).is_some());
+        assert!(v["metadata"].get("managedFields").is_none(), "managedFields are still dropped");
+    }
+
+    #[test]
+    fn owner_references_decode_leniently() {
+        let input = r#"{"metadata":{"name":"x","ownerReferences":[{"apiVersion":"v1","kind":"K","name":"o"},{"apiVersion":"v1","kind":"K","name":"p","uid":null,"controller":true}]}}"#;
+        let o = Object::from_api_json(input.as_bytes(), None, Transform::default()).unwrap();
+        assert_eq!(o.owner_references().len(), 2);
+        assert_eq!(&*o.owner_references()[0].uid, "");
+        assert_eq!(o.controller_owner().map(|r| &*r.name), Some("p"));
+    }
+
+    #[test]
+    fn api_json_strips_last_applied_annotation_when_asked() {
+        let input = r#"{"metadata":{"name":"x","annotations":{"keep":"1","kubectl.kubernetes.io/last-applied-configuration":"{\"big\":true}\n"}}}"#;
+        let strip = Transform { strip_last_applied: true, ..Transform::default() };
+        let o = Object::from_api_json(input.as_bytes(), None, strip).unwrap();
         assert_eq!(text(&o), r#"{"metadata":{"name":"x","annotations":{"keep":"1"}}}"#);
         assert_eq!(o.annotations().collect::<Vec<_>>(), [("keep", "1")]);
         assert_eq!(o.annotation(LAST_APPLIED_ANNOTATION), None);

@@ -333,7 +333,11 @@ async fn terminal_error_is_counted_and_not_retried() {
     next_calls(&mut calls, 2).await;
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert!(calls.try_recv().is_err(), "a terminal error is not retried");
-    assert_eq!(c.queue().num_requeues(&req("ns", "a")), 0, "a terminal error forgets the key");
+    assert_eq!(
+        c.queue().num_requeues(&req("ns", "a")),
+        1,
+        "a terminal error keeps the key's failures (controller-runtime does not Forget)"
+    );
     assert_eq!(
         series(&metrics, r#"controller_runtime_terminal_reconcile_errors_total{controller="terminal"}"#),
         Some(1.0)
@@ -1071,6 +1075,18 @@ mod live {
         .expect("never became leader");
     }
 
+    /// A lost lease drops the leading work without draining it: the workers are aborted,
+    /// and their count reaches zero as the runtime cancels them.
+    async fn workers_stop(c: &Controller) {
+        tokio::time::timeout(WAIT, async {
+            while c.readiness().workers != 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("workers stopped with the lease");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn leader_stops_workers_when_renewals_fail() {
         let (cluster, client, ns) = cluster().await;
@@ -1085,7 +1101,7 @@ mod live {
         let ended = tokio::time::timeout(WAIT, a.task).await.expect("leader never gave up").unwrap();
         assert!(matches!(ended, Err(LeaderElectionError::LeadershipLost { .. })), "{ended:?}");
         assert!(!a.elector.is_leader());
-        assert_eq!(a.controller.readiness().workers, 0, "workers stopped with the lease");
+        workers_stop(&a.controller).await;
         a.factory.shutdown();
     }
 
@@ -1109,7 +1125,7 @@ mod live {
         }
         let ended = tokio::time::timeout(WAIT, a.task).await.expect("leader never noticed").unwrap();
         assert!(matches!(ended, Err(LeaderElectionError::LeadershipLost { .. })), "{ended:?}");
-        assert_eq!(a.controller.readiness().workers, 0);
+        workers_stop(&a.controller).await;
         a.factory.shutdown();
     }
 

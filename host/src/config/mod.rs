@@ -30,7 +30,7 @@ pub use host::{
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{
     IndexToml, OwnerIndex, PermissionsToml, PluginConfig, PluginDefaults, PluginToml, Predicates,
-    PredicatesToml, SourceToml, WatchSource,
+    PredicatesToml, SourceToml, TransformToml, WatchSource,
 };
 pub use units::{ByteSize, DurationValue, UnitError};
 

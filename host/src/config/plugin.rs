@@ -21,6 +21,7 @@ use super::kinds::{BuiltinKinds, KindLookupError, KindResolver, check_api_versio
 use super::names::{check_field_selector, check_label_key, is_dns_label};
 use super::units::{ByteSize, DurationValue};
 use crate::cache::{IndexFunc, IndexSpec, LabelSelector, OwnerIndex as CacheOwnerIndex};
+use crate::object::Transform;
 use crate::plugin::spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
 
 /// The plugin TOML as written. Every key is optional except `[for]`; unknown keys are errors.
@@ -62,6 +63,9 @@ pub struct PluginToml {
     pub watches: Vec<SourceToml>,
     #[serde(default, skip_serializing_if = "PermissionsToml::is_empty")]
     pub permissions: PermissionsToml,
+    /// What the caches this plugin reads strip from objects.
+    #[serde(default, skip_serializing_if = "TransformToml::is_empty")]
+    pub transform: TransformToml,
     /// Free-form, handed to `init` as JSON.
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub settings: toml::Table,
@@ -151,6 +155,35 @@ impl PermissionsToml {
     }
 }
 
+/// `[transform]`: what is dropped from objects before they are cached (client-go's
+/// informer transform). Informers with different settings are separate caches.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TransformToml {
+    /// Drop the `kubectl.kubernetes.io/last-applied-configuration` annotation (default
+    /// `false`: kept, so a plugin that writes back what it read keeps `kubectl apply` working).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strip_last_applied: Option<bool>,
+    /// Drop `metadata.managedFields` (default `true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strip_managed_fields: Option<bool>,
+}
+
+impl TransformToml {
+    fn is_empty(&self) -> bool {
+        *self == TransformToml::default()
+    }
+
+    /// The transform these settings describe.
+    pub fn resolve(&self) -> Transform {
+        let default = Transform::default();
+        Transform {
+            strip_managed_fields: self.strip_managed_fields.unwrap_or(default.strip_managed_fields),
+            strip_last_applied: self.strip_last_applied.unwrap_or(default.strip_last_applied),
+        }
+    }
+}
+
 /// Values a plugin TOML falls back to (the host TOML's `[defaults]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PluginDefaults {
@@ -183,6 +216,8 @@ pub struct WatchSource {
     pub field_selector: Option<String>,
     pub indexes: BTreeMap<String, IndexSpec>,
     pub predicates: Predicates,
+    /// The plugin's `[transform]`: part of the informer's identity.
+    pub transform: Transform,
 }
 
 /// Event predicates of one source; all set ones must pass.
@@ -219,6 +254,8 @@ pub struct PluginConfig {
     pub read: Vec<Gvk>,
     /// Kinds the plugin may write.
     pub write: Vec<Gvk>,
+    /// `[transform]`, resolved: what every cache this plugin reads strips.
+    pub transform: Transform,
     /// `[settings]` as a JSON object.
     pub settings: serde_json::Value,
     /// The file as written.
@@ -496,7 +533,8 @@ impl Resolver<'_, '_> {
             self.err(&[key("field-manager")], "a field manager must be 1 to 128 characters", None);
         }
 
-        let for_source = self.source(&file.for_kind, vec![key("for")]);
+        let transform = file.transform.resolve();
+        let for_source = self.source(&file.for_kind, vec![key("for")], transform);
         let owns = self.sources(&file.owns, "owns", &for_source);
         let watches = self.sources(&file.watches, "watches", &for_source);
         let read = self.permission_kinds(&file.permissions.read, "read");
@@ -526,6 +564,7 @@ impl Resolver<'_, '_> {
             watches,
             read,
             write,
+            transform,
             settings,
             file,
             source: self.map.text.into(),
@@ -537,7 +576,7 @@ impl Resolver<'_, '_> {
         let mut out: Vec<WatchSource> = Vec::new();
         for (i, s) in list.iter().enumerate() {
             let path = vec![key(name), PathSeg::Index(i)];
-            let source = self.source(s, path.clone());
+            let source = self.source(s, path.clone(), for_source.transform);
             if let Some(j) = out.iter().position(|o| o.kind == source.kind && o.namespace == source.namespace)
             {
                 let mut p = path.clone();
@@ -566,7 +605,7 @@ impl Resolver<'_, '_> {
         out
     }
 
-    fn source(&mut self, s: &SourceToml, path: Vec<PathSeg>) -> WatchSource {
+    fn source(&mut self, s: &SourceToml, path: Vec<PathSeg>, transform: Transform) -> WatchSource {
         let at = |k: &str| {
             let mut p = path.clone();
             p.push(key(k));
@@ -626,6 +665,7 @@ impl Resolver<'_, '_> {
                 annotation_present: pr.annotation_present.clone(),
                 filter: pr.filter.unwrap_or(false),
             },
+            transform,
         }
     }
 

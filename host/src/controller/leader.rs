@@ -7,9 +7,13 @@
 //!   comparison). Writes use the read `resourceVersion`, so of two racing candidates exactly one
 //!   wins (the other gets 409 Conflict and retries).
 //! - The leader renews every `retry_period`. If no renewal has succeeded for
-//!   `renew_deadline`, it has lost the lease: the leading token is cancelled at once, so
-//!   workers stop taking keys, and [`LeaderElector::run`] returns
-//!   [`LeaderElectionError::LeadershipLost`] (controller-runtime exits the process then).
+//!   `renew_deadline`, or another candidate took the lease over, it has lost the lease. As
+//!   in controller-runtime (which skips its graceful shutdown then and exits), nothing is
+//!   drained while a new leader may already act: the [`on_lost`](LeaderElector::on_lost)
+//!   hook runs first (the host revokes its plugins' cluster access there: writes refused,
+//!   running calls interrupted), the leading token is cancelled, the leading work is
+//!   dropped unfinished, and [`LeaderElector::run`] returns
+//!   [`LeaderElectionError::LeadershipLost`] at once; the caller exits the process.
 //! - On shutdown the leader releases the Lease (clears the holder) so a standby takes over
 //!   without waiting for expiry.
 //!
@@ -116,6 +120,7 @@ pub struct LeaderElector {
     config: LeaderElectionConfig,
     observed: Mutex<Option<Observed>>,
     leading: watch::Sender<bool>,
+    on_lost: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -135,7 +140,15 @@ impl LeaderElector {
             config,
             observed: Mutex::new(None),
             leading: watch::Sender::new(false),
+            on_lost: None,
         })
+    }
+
+    /// Runs `hook` the moment the lease is found lost, before anything else happens (not
+    /// on a graceful shutdown). It must be quick and must not block.
+    pub fn on_lost(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_lost = Some(Box::new(hook));
+        self
     }
 
     /// Whether this candidate currently leads.
@@ -156,9 +169,10 @@ impl LeaderElector {
     /// Campaigns until elected, then runs `lead` with a token that is cancelled when the
     /// lease is lost or `shutdown` is cancelled, and keeps renewing meanwhile.
     ///
-    /// Returns `Ok` after a shutdown, or when `lead` ends by itself (the lease is released
-    /// either way), and [`LeaderElectionError::LeadershipLost`] once `lead` has finished after
-    /// the lease was lost (not renewed within the renew deadline, or taken over).
+    /// Returns `Ok` after a shutdown (once `lead` has finished), or when `lead` ends by
+    /// itself (the lease is released either way), and [`LeaderElectionError::LeadershipLost`]
+    /// as soon as the lease is lost (not renewed within the renew deadline, or taken over):
+    /// then `lead` is dropped without being awaited.
     pub async fn run<F, Fut>(&self, shutdown: CancellationToken, lead: F) -> Result<(), LeaderElectionError>
     where
         F: FnOnce(CancellationToken) -> Fut,
@@ -231,18 +245,24 @@ impl LeaderElector {
                 }
             }
         }
-        // Stop the workers first (promptly), then wait for them to finish in-flight work.
         self.leading.send_replace(false);
-        leading.cancel();
-        if !lead_done {
-            lead.await;
-        }
         if lost {
+            // controller-runtime: no graceful shutdown once the lease is gone. Fence first,
+            // then stop; the leading work is dropped here, not drained.
+            if let Some(hook) = &self.on_lost {
+                hook();
+            }
+            leading.cancel();
             tracing::error!(lease = %self.config.name, identity = %self.config.identity, "leadership lost");
             return Err(LeaderElectionError::LeadershipLost {
                 namespace: self.config.namespace.clone(),
                 name: self.config.name.clone(),
             });
+        }
+        // A shutdown: stop the workers (promptly), wait for in-flight work, give the lease up.
+        leading.cancel();
+        if !lead_done {
+            lead.await;
         }
         self.release().await;
         Ok(())

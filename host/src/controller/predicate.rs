@@ -24,7 +24,8 @@ pub trait Predicate: Send + Sync + 'static {
     fn create(&self, _obj: &Arc<Object>) -> bool {
         true
     }
-    /// A changed object, or a resync (`old` and `new` with the same resourceVersion).
+    /// A changed object, a resync, or an unchanged object re-delivered by a relist
+    /// (`old` and `new` with the same resourceVersion).
     fn update(&self, _old: &Arc<Object>, _new: &Arc<Object>) -> bool {
         true
     }
@@ -47,7 +48,8 @@ impl Predicate for GenerationChanged {
     }
 }
 
-/// Passes updates whose `metadata.resourceVersion` changed (drops resyncs).
+/// Passes updates whose `metadata.resourceVersion` changed (drops resyncs and the updates a
+/// relist re-delivers for unchanged objects).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ResourceVersionChanged;
 

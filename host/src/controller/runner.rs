@@ -7,7 +7,8 @@
 //!   [`ControllerError::CacheSyncTimeout`] and [`Readiness`] carries the error.
 //! - A key is reconciled by at most one worker at a time (the queue's processing set).
 //! - Result handling (controller-runtime `reconcileHandler`): error → `add_rate_limited`;
-//!   terminal error → counted, logged, `forget`, no retry; panic (trap) → like an error plus
+//!   terminal error → counted, logged, no retry, and *not* `forget` (the key's failure count,
+//!   hence its next backoff, is kept, as controller-runtime does); panic (trap) → like an error plus
 //!   the panics counter; `Requeue` → `add_rate_limited`; `RequeueAfter(d)` with `d > 0` →
 //!   `forget` + `add_after(d)`; `Done` (and `RequeueAfter(0)`) → `forget`.
 //! - A reconcile that outlives the per-reconcile deadline is dropped and counts as an error.
@@ -637,7 +638,8 @@ fn handle_result(shared: &Shared, request: Request, result: Result<Action, Recon
                 m.errors.inc();
                 m.error.inc();
             }
-            q.forget(&request);
+            // No `forget`: controller-runtime keeps the key's failures after a terminal
+            // error, so a later retryable error backs off from where it was.
         }
         Err(e) => {
             let panicked = matches!(e, ReconcileError::Panic(_));

@@ -1,5 +1,6 @@
 //! `InformerFactory`: one shared informer per (GVK, namespace, label selector, field
-//! selector), handed out as reference-counted [`InformerLease`]s.
+//! selector, transform), handed out as reference-counted [`InformerLease`]s. The transform
+//! is part of the key: a cache that strips a field must never serve a user that wants it.
 //!
 //! Invariants (under the factory's mutex):
 //! - at most one running informer per key; its lease count equals the number of live leases;
@@ -46,6 +47,8 @@ pub struct InformerSpec {
     pub indexes: BTreeMap<String, IndexSpec>,
     /// Resync period of handlers added through [`InformerLease::add_handler`].
     pub resync: Option<Duration>,
+    /// What the cache strips (`None`: the factory's [`FactoryOptions::transform`]).
+    pub transform: Option<Transform>,
 }
 
 impl InformerSpec {
@@ -59,7 +62,14 @@ impl InformerSpec {
             field_selector: None,
             indexes: BTreeMap::new(),
             resync: None,
+            transform: None,
         }
+    }
+
+    /// Sets what the cache strips from objects.
+    pub fn transform(mut self, transform: Transform) -> Self {
+        self.transform = Some(transform);
+        self
     }
 
     /// Restricts to one namespace.
@@ -92,7 +102,7 @@ impl InformerSpec {
         self
     }
 
-    fn key(&self) -> InformerKey {
+    fn key(&self, default_transform: Transform) -> InformerKey {
         let norm =
             |s: &Option<String>| s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned);
         InformerKey {
@@ -100,6 +110,7 @@ impl InformerSpec {
             namespace: norm(&self.namespace),
             label_selector: norm(&self.label_selector),
             field_selector: norm(&self.field_selector),
+            transform: self.transform.unwrap_or(default_transform),
         }
     }
 }
@@ -110,6 +121,7 @@ struct InformerKey {
     namespace: Option<String>,
     label_selector: Option<String>,
     field_selector: Option<String>,
+    transform: Transform,
 }
 
 /// Why the factory could not provide an informer.
@@ -215,7 +227,7 @@ impl InformerFactory {
                 .map_err(|source| FactoryError::Selector { kind: kind_name.clone(), source })?;
         }
         let resource = self.inner.discovery.resolve(&api_version, &spec.gvk.kind).await?;
-        let key = spec.key();
+        let key = spec.key(self.inner.options.transform);
         if let Some(ns) = &key.namespace
             && !resource.namespaced
         {
@@ -262,6 +274,12 @@ impl InformerFactory {
                 name.push_str(&format!(" {label}={v}"));
             }
         }
+        if key.transform != Transform::default() {
+            name.push_str(&format!(
+                " strip-managed-fields={} strip-last-applied={}",
+                key.transform.strip_managed_fields, key.transform.strip_last_applied
+            ));
+        }
         let informer = SharedIndexInformer::new(InformerOptions { name, indexes, default_resync: None })
             .map_err(|source| FactoryError::Index { kind: kind_name.to_owned(), source })?;
         let options = self.inner.options;
@@ -274,7 +292,7 @@ impl InformerFactory {
                 field_selector: key.field_selector.clone(),
                 page_size: options.page_size,
                 backoff: options.backoff,
-                transform: options.transform,
+                transform: key.transform,
                 ..ReflectorConfig::default()
             },
         );

@@ -5,7 +5,11 @@
 //!   slow or blocked handler delays only itself; per-listener order is the informer's order;
 //! - a listener counts the "initial list" adds queued to it and not yet handled; together with
 //!   the informer's own sync state this is the registration's `has_synced`;
-//! - `Sync` notifications go only to the listeners chosen by the last `should_resync`;
+//! - `Sync` notifications go only to listeners in the syncing set (client-go's
+//!   `sharedProcessor.listeners[l] = isSyncing`): a listener enters it when added, and the set
+//!   is recomputed only when a resync check (`should_resync`) runs. With no resync period
+//!   anywhere no check ever runs, so every listener gets an update for each unchanged object
+//!   of a relist, which heals notifications missed while the watch was down;
 //! - a panicking handler is logged and the notification skipped; delivery goes on.
 
 use std::collections::HashSet;
@@ -169,7 +173,8 @@ fn run_listener(
 #[derive(Default)]
 pub(crate) struct Processor {
     listeners: RwLock<Vec<Arc<Listener>>>,
-    /// Listeners due for the current resync round.
+    /// Listeners that receive `Sync` notifications: new ones, then those due at the last
+    /// resync check.
     syncing: Mutex<HashSet<u64>>,
     next_id: AtomicU64,
     /// Woken when the set of resync periods changes.
@@ -182,7 +187,10 @@ impl Processor {
     }
 
     pub(crate) fn add(&self, listener: Arc<Listener>) {
-        self.listeners.write().push(listener);
+        let mut listeners = self.listeners.write();
+        self.syncing.lock().insert(listener.id);
+        listeners.push(listener);
+        drop(listeners);
         self.resync_changed.notify_waiters();
     }
 

@@ -9,6 +9,11 @@
 //!   and every later change reaches it as a notification;
 //! - notifications are distributed in FIFO pop order, so each listener sees each key's
 //!   changes in order;
+//! - an update whose resourceVersion did not change (a resync, or an unchanged object of a
+//!   relist) is a *sync*: it goes only to listeners in the processor's syncing set, as in
+//!   client-go. A listener starts in that set and leaves it only when a resync check runs,
+//!   so with no resync period every handler sees such an update for every unchanged object
+//!   after a relist (controller predicates such as `ResourceVersionChanged` filter them);
 //! - once stopped (explicitly or by the last [`InformerLease`](super::InformerLease) going
 //!   away) the reflector and processing loop end and every listener thread exits.
 
@@ -284,7 +289,8 @@ impl Shared {
                 Delta::Added(obj) | Delta::Updated(obj) | Delta::Replaced(obj) | Delta::Sync(obj) => {
                     match self.indexer.upsert(obj.clone()) {
                         Some(old) => {
-                            // A relisted object that did not change is a sync, not an update.
+                            // client-go's `OnUpdate`: an unchanged resourceVersion makes it a
+                            // sync, delivered to the syncing listeners only.
                             let is_sync = matches!(delta, Delta::Sync(_))
                                 || (matches!(delta, Delta::Replaced(_))
                                     && old.resource_version() == obj.resource_version());
@@ -500,10 +506,11 @@ mod tests {
         inf.stop();
     }
 
-    // A relist: unchanged objects are not re-sent, changed ones are updates, vanished ones
-    // arrive as FinalStateUnknown tombstones.
+    // A relist: changed objects are updates, vanished ones arrive as FinalStateUnknown
+    // tombstones, and (no resync check ever ran) unchanged ones are re-sent as updates with
+    // the same resourceVersion, as client-go does.
     #[tokio::test]
-    async fn relist_sends_updates_tombstones_and_skips_unchanged() {
+    async fn relist_sends_updates_tombstones_and_syncs_unchanged() {
         let inf = informer();
         let (h, mut rx) = recorder();
         inf.add_event_handler(h, None);
@@ -513,7 +520,10 @@ mod tests {
             next(&mut rx).await;
         }
         inf.fifo().replace(vec![obj("same", 1), obj("changed", 5), obj("new", 6)]);
-        let mut evs = vec![next(&mut rx).await, next(&mut rx).await, next(&mut rx).await];
+        let mut evs = Vec::new();
+        for _ in 0..4 {
+            evs.push(next(&mut rx).await);
+        }
         evs.sort_by_key(|e| format!("{e:?}"));
         assert_eq!(
             evs,
@@ -521,11 +531,50 @@ mod tests {
                 add("new", 6, false),
                 Ev::Delete("ns/gone".into(), "3".into(), true),
                 Ev::Update("ns/changed".into(), "2".into(), "5".into()),
+                Ev::Update("ns/same".into(), "1".into(), "1".into()),
             ]
         );
-        // Nothing about "same": prove it by a marker event arriving next.
         inf.fifo().add(obj("marker", 7));
         assert_eq!(next(&mut rx).await, add("marker", 7, false));
+        inf.stop();
+    }
+
+    // client-go's syncing set: listeners start in it; a resync check recomputes it, after
+    // which a listener without a resync period no longer gets relist syncs and one with a
+    // period gets them only when it was due at the last check.
+    #[tokio::test]
+    async fn relist_syncs_follow_the_syncing_set() {
+        let inf = informer();
+        let (plain, mut plain_rx) = recorder();
+        let (periodic, mut periodic_rx) = recorder();
+        inf.add_event_handler(plain, Some(Duration::ZERO));
+        inf.add_event_handler(periodic, Some(Duration::from_secs(1)));
+        // Drive by hand: the processing loop only (no resync loop).
+        let shared = inf.shared.clone();
+        tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.process_loop().await }
+        });
+        shared.started.store(true, Ordering::SeqCst);
+        inf.fifo().replace(vec![obj("a", 1)]);
+        assert_eq!(next(&mut plain_rx).await, add("a", 1, true));
+        assert_eq!(next(&mut periodic_rx).await, add("a", 1, true));
+        let same = || Ev::Update("ns/a".into(), "1".into(), "1".into());
+        // No check has run: both are in the syncing set.
+        inf.fifo().replace(vec![obj("a", 1)]);
+        assert_eq!(next(&mut plain_rx).await, same());
+        assert_eq!(next(&mut periodic_rx).await, same());
+        // A check at which the periodic listener is due: only it stays in the set.
+        assert!(shared.processor.should_resync(tokio::time::Instant::now() + Duration::from_secs(2)));
+        inf.fifo().replace(vec![obj("a", 1)]);
+        assert_eq!(next(&mut periodic_rx).await, same());
+        // A check at which nobody is due empties the set.
+        assert!(!shared.processor.should_resync(tokio::time::Instant::now()));
+        inf.fifo().replace(vec![obj("a", 1)]);
+        inf.fifo().update(obj("a", 2));
+        let changed = Ev::Update("ns/a".into(), "1".into(), "2".into());
+        assert_eq!(next(&mut plain_rx).await, changed, "no sync reached the plain listener");
+        assert_eq!(next(&mut periodic_rx).await, changed, "nor the periodic one when not due");
         inf.stop();
     }
 

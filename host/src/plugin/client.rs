@@ -9,6 +9,10 @@
 //! - Every write carries the plugin's field manager; `apply` is server-side apply.
 //! - A guest blocks in these calls (it runs on a blocking thread); the request itself runs
 //!   on the tokio runtime and is bounded by what is left of the call's deadline.
+//! - Once [`KubeServices::revoke`] ran (this replica lost its leader lease), no request is
+//!   sent any more and none in flight is waited for: each fails at once as `unavailable`,
+//!   so no write of a deposed leader reaches the cluster after the loss was noticed (running
+//!   plugin calls are interrupted too, see the runtime).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -21,6 +25,7 @@ use kube::discovery::Scope;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
 
 use super::bindings::wasmctrl::controller::client::{
     DeleteOptions, Host, PatchBody as WitPatch, Propagation,
@@ -44,6 +49,8 @@ pub struct KubeServices {
     runtime: tokio::runtime::Handle,
     kinds: Mutex<HashMap<Gvk, ResolvedKind>>,
     pub(crate) events: EventRecorder,
+    /// Cancelled for good by [`KubeServices::revoke`].
+    revoked: CancellationToken,
 }
 
 impl KubeServices {
@@ -59,7 +66,23 @@ impl KubeServices {
             client,
             runtime,
             kinds: Mutex::new(HashMap::new()),
+            revoked: CancellationToken::new(),
         })
+    }
+
+    /// Takes the plugins' cluster access away for good (the leader lease was lost): every
+    /// later request fails without being sent, requests in flight are abandoned, and
+    /// running plugin calls are interrupted at their next epoch tick.
+    pub fn revoke(&self) {
+        if !self.revoked.is_cancelled() {
+            tracing::warn!("cluster access of plugins revoked: writes are refused, calls cancelled");
+            self.revoked.cancel();
+        }
+    }
+
+    /// Whether [`revoke`](Self::revoke) ran.
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.is_cancelled()
     }
 
     pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
@@ -72,14 +95,22 @@ impl KubeServices {
         deadline: Instant,
         fut: impl Future<Output = Result<T, WitError>> + Send + 'static,
     ) -> Result<T, WitError> {
+        if self.is_revoked() {
+            return Err(revoked_error());
+        }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let until = tokio::time::Instant::from_std(deadline);
+        let revoked = self.revoked.clone();
         self.runtime.spawn(async move {
-            let result = match tokio::time::timeout_at(until, fut).await {
-                Ok(r) => r,
-                Err(_) => Err(WitError::Unavailable(
-                    "the call's deadline passed while waiting for the API server".into(),
-                )),
+            let result = tokio::select! {
+                biased;
+                _ = revoked.cancelled() => Err(revoked_error()),
+                r = tokio::time::timeout_at(until, fut) => match r {
+                    Ok(r) => r,
+                    Err(_) => Err(WitError::Unavailable(
+                        "the call's deadline passed while waiting for the API server".into(),
+                    )),
+                },
             };
             let _ = tx.send(result);
         });
@@ -127,6 +158,11 @@ impl KubeServices {
         let client = self.client.clone();
         self.block_on(deadline, async move { client.request_text(request).await.map_err(map_kube_error) })
     }
+}
+
+/// What a request gets once cluster access is revoked.
+pub(crate) fn revoked_error() -> WitError {
+    WitError::Unavailable("this replica lost its leader lease: cluster access is revoked".into())
 }
 
 /// Maps a client error onto the WIT error variants by HTTP status.

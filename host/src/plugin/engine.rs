@@ -5,8 +5,8 @@
 //!   allocator) and shared by every plugin; so is the [`Linker`] with WASI p2 and the
 //!   `wasmctrl:controller` imports.
 //! - While a [`PluginEngine`] lives, a ticker thread bumps the engine's epoch every
-//!   [`EngineConfig::epoch_tick`]; call deadlines are counted in those ticks. The thread
-//!   stops when the last handle is dropped.
+//!   [`EngineConfig::epoch_tick`]; running calls check their deadline (and cancellation)
+//!   at each tick. The thread stops when the last handle is dropped.
 //! - A compiled artifact is stored under `<cache-dir>/<sha256 of the wasm>-<engine hash>.cwasm`,
 //!   written to a temporary file and renamed, so a reader never sees half an artifact. An
 //!   artifact that fails to load (other wasmtime, corrupted) is recompiled and replaced.
@@ -199,13 +199,6 @@ impl PluginEngine {
     /// The engine's configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
-    }
-
-    /// Epoch ticks that cover `deadline` (at least one full tick is always granted).
-    pub(crate) fn deadline_ticks(&self, deadline: Duration) -> u64 {
-        let tick = self.inner.config.epoch_tick.max(Duration::from_micros(100)).as_nanos();
-        // +1: the current tick may be about to end.
-        (deadline.as_nanos().div_ceil(tick) as u64).saturating_add(1)
     }
 
     /// Compiles `wasm`, or loads it from the compile cache when an artifact for the same

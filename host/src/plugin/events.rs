@@ -9,6 +9,7 @@
 //! - Aggregation: an identical event (same object, type, reason, action, note) within
 //!   10 minutes bumps the existing event's `series` instead of creating another.
 //! - events.k8s.io/v1 is used; when the server lacks it, core/v1 Events are written.
+//! - Nothing is sent once the host's cluster access is revoked (leader lease lost).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -157,6 +158,9 @@ impl EventRecorder {
     }
 
     async fn send(kube: Arc<KubeServices>, send: Send) -> Result<(), WitError> {
+        if kube.is_revoked() {
+            return Err(super::client::revoked_error());
+        }
         let core = kube.events.core_v1.load(Ordering::Relaxed);
         let request = match (&send, core) {
             (Send::Create { namespace, event }, false) => {

@@ -8,7 +8,8 @@
 //! - [`adapter`]: [`PluginReconciler`], the plugin as the controller's `Reconciler` and as
 //!   an informer event handler; it moves calls off the tokio workers.
 //! - [`inspect`]: what a `.wasm` targets and whether it fits (`wasmctrl check`).
-//! - `cache`, `client`, `events`, `log`, `config`: the host side of each WIT import.
+//! - `cache`, `client`, `events`, `log`, `config`: the host side of each WIT import;
+//!   [`cache_union`]: one kind's cache when several informers watch it for one plugin.
 //!
 //! Invariants kept across the module: a plugin never gets a capability its TOML did not
 //! grant (WASI grants nothing; `cache`/`client` check declared kinds); a trap fails one
@@ -17,6 +18,7 @@
 pub mod adapter;
 pub(crate) mod bindings;
 pub mod cache;
+pub mod cache_union;
 pub mod client;
 mod config;
 pub mod engine;
@@ -30,6 +32,7 @@ mod state;
 
 pub use adapter::PluginReconciler;
 pub use cache::{CacheReadError, CacheReader};
+pub use cache_union::UnionCache;
 pub use client::KubeServices;
 pub use engine::{EngineConfig, LoadedComponent, PluginEngine, PoolingLimits};
 pub use inspect::{ComponentReport, inspect_component};

@@ -3,9 +3,11 @@
 //!
 //! Invariants:
 //! - Every instance ran `init(settings)` successfully before its first other call.
-//! - Each call gets the plugin's deadline (epoch ticks) and its instance's memory and
-//!   table limits; any trap or host error fails that call only, and the instance is
-//!   destroyed (wasmtime refuses to re-enter a trapped component anyway).
+//! - Each call gets the plugin's deadline and its instance's memory and table limits; any
+//!   trap or host error fails that call only, and the instance is destroyed (wasmtime
+//!   refuses to re-enter a trapped component anyway).
+//! - At every epoch tick a running call checks its deadline and whether the host's cluster
+//!   access was revoked (leader lease lost): either one interrupts it there.
 //! - Data a guest returns is measured against `max-output`; more is a sandbox violation,
 //!   reported like a trap.
 //! - Calls block: run them on blocking threads (the adapter does).
@@ -105,7 +107,6 @@ struct PluginInner {
     pool: Pool<Instance>,
     hooks: PluginHooks,
     version: String,
-    deadline_ticks: u64,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -145,7 +146,6 @@ impl Plugin {
             .map_err(|e| PluginError::Incompatible { plugin: name.clone(), reason: format!("{e:#}") })?;
         let pre = PluginPre::new(instance_pre)
             .map_err(|e| PluginError::Incompatible { plugin: name.clone(), reason: format!("{e:#}") })?;
-        let deadline_ticks = engine.deadline_ticks(spec.limits.deadline);
         // One instance per concurrent reconcile plus one for notifications (hooks, map,
         // filter), so those never wait behind a full set of reconciles.
         let pool = Pool::new(spec.concurrency + 1);
@@ -155,15 +155,8 @@ impl Plugin {
             kube: env.kube,
             metrics: engine.metrics().clone(),
         });
-        let mut inner = PluginInner {
-            engine: engine.clone(),
-            pre,
-            ctx,
-            pool,
-            hooks: PluginHooks::default(),
-            version,
-            deadline_ticks,
-        };
+        let mut inner =
+            PluginInner { engine: engine.clone(), pre, ctx, pool, hooks: PluginHooks::default(), version };
         let (first, hooks) = inner
             .instantiate()
             .map_err(|e| PluginError::Init { plugin: name.clone(), reason: e.to_string() })?;
@@ -333,7 +326,8 @@ impl PluginInner {
         let plugin = &self.ctx.spec.name;
         let mut store = Store::new(self.engine.engine(), HostState::new(self.ctx.clone()));
         store.limiter(|s| &mut s.limits);
-        store.set_epoch_deadline(self.deadline_ticks);
+        store.epoch_deadline_callback(check_at_tick);
+        store.set_epoch_deadline(1);
         store.data_mut().call = CallInfo {
             export: "init",
             request: None,
@@ -375,7 +369,7 @@ impl PluginInner {
             }
         };
         let inst = lease.get();
-        inst.store.set_epoch_deadline(self.deadline_ticks);
+        inst.store.set_epoch_deadline(1);
         let data = inst.store.data_mut();
         data.call = CallInfo { export, request, deadline };
         data.stderr.lock().clear();
@@ -395,6 +389,26 @@ impl PluginInner {
             }
         }
     }
+}
+
+/// A call interrupted because the host's cluster access was revoked.
+#[derive(Debug, thiserror::Error)]
+#[error("cancelled: this replica lost its leader lease")]
+struct Revoked;
+
+/// Runs at each epoch tick of a running call: interrupts it once its deadline has passed
+/// (reported as [`wasmtime::Trap::Interrupt`]) or its cluster access was revoked.
+fn check_at_tick(
+    store: wasmtime::StoreContextMut<'_, HostState>,
+) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+    let state = store.data();
+    if state.ctx.kube.as_ref().is_some_and(|k| k.is_revoked()) {
+        return Err(wasmtime::Error::new(Revoked));
+    }
+    if Instant::now() >= state.call.deadline {
+        return Ok(wasmtime::UpdateDeadline::Interrupt);
+    }
+    Ok(wasmtime::UpdateDeadline::Continue(1))
 }
 
 /// A one-line reason for a failed call: the trap kind in words, the guest's last stderr

@@ -47,6 +47,7 @@ impl InformerLeases for FactoryLeases {
             spec.namespace = key.namespace.clone();
             spec.label_selector = key.label_selector.clone();
             spec.field_selector = key.field_selector.clone();
+            spec.transform = Some(key.transform);
             spec.indexes = indexes.clone();
             let lease = self.0.informer(spec).await.map_err(|e| e.to_string())?;
             Ok(Arc::new(Lease { lease, namespaced: resource.namespaced }) as Arc<dyn LeasedInformer>)

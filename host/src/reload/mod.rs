@@ -23,4 +23,4 @@ pub use factory::{FactoryLeases, IndexerCache};
 pub use manager::{ManagerDeps, ManagerError, ManagerOptions, PluginManager};
 pub use rbac::{RbacManifests, RbacObject, RbacOptions, rbac_for};
 pub use status::{PluginState, PluginStatus, StatusBoard};
-pub use wiring::{InformerLeases, LeasedInformer, WatchKey};
+pub use wiring::{InformerLeases, LeasedInformer, Leases, WatchKey};

@@ -33,17 +33,19 @@ use crate::controller::predicate::{
 use crate::controller::source::EventRegistration;
 use crate::controller::{HotSwap, Request};
 use crate::informer::ResourceEventHandler;
-use crate::object::Object;
-use crate::plugin::{CacheReader, FilterInput, Gvk, PluginReconciler};
+use crate::object::{Object, Transform};
+use crate::plugin::{CacheReader, FilterInput, Gvk, PluginReconciler, UnionCache};
 use crate::queue::RateLimitingQueue;
 
-/// One informer: a kind and the scope it is watched in.
+/// One informer: a kind, the scope it is watched in and what its cache strips (informers
+/// with different transforms never share a cache).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WatchKey {
     pub kind: Gvk,
     pub namespace: Option<String>,
     pub label_selector: Option<String>,
     pub field_selector: Option<String>,
+    pub transform: Transform,
 }
 
 impl WatchKey {
@@ -53,12 +55,17 @@ impl WatchKey {
             namespace: s.namespace.clone(),
             label_selector: s.label_selector.clone(),
             field_selector: s.field_selector.clone(),
+            transform: s.transform,
         }
     }
 
-    /// How many restrictions the scope has (0: every object of the kind).
-    fn restrictions(&self) -> usize {
-        [&self.namespace, &self.label_selector, &self.field_selector].iter().filter(|r| r.is_some()).count()
+    /// Whether every object `other` watches is watched by `self` too.
+    fn covers(&self, other: &WatchKey) -> bool {
+        let within = |mine: &Option<String>, theirs: &Option<String>| mine.is_none() || mine == theirs;
+        self.kind == other.kind
+            && within(&self.namespace, &other.namespace)
+            && within(&self.label_selector, &other.label_selector)
+            && within(&self.field_selector, &other.field_selector)
     }
 }
 
@@ -73,6 +80,12 @@ impl std::fmt::Display for WatchKey {
         }
         if let Some(x) = &self.field_selector {
             write!(f, " fields={x}")?;
+        }
+        if self.transform.strip_last_applied {
+            f.write_str(" strip=last-applied")?;
+        }
+        if !self.transform.strip_managed_fields {
+            f.write_str(" keep=managed-fields")?;
         }
         Ok(())
     }
@@ -120,17 +133,19 @@ fn gvk_of(kind: &GroupVersionKind) -> Gvk {
     Gvk::new(api_version, kind.kind.clone())
 }
 
-/// The leases a plugin's TOML needs.
-pub(crate) struct Leases {
+/// The leases a plugin's TOML needs, and the caches its reads go to.
+pub struct Leases {
     pub informers: BTreeMap<WatchKey, Arc<dyn LeasedInformer>>,
 }
 
 impl Leases {
     /// Takes a lease on the informer of every source and read permission of `config`.
     pub async fn acquire(config: &PluginConfig, provider: &dyn InformerLeases) -> Result<Leases, String> {
-        let mut wanted: BTreeMap<WatchKey, BTreeMap<String, IndexSpec>> = BTreeMap::new();
+        // A plugin reads a kind through the union of its informers of that kind, so each
+        // index declared on the kind is built on every one of them.
+        let mut kind_indexes: BTreeMap<&Gvk, BTreeMap<String, IndexSpec>> = BTreeMap::new();
         for s in std::iter::once(&config.for_source).chain(&config.owns).chain(&config.watches) {
-            let indexes = wanted.entry(WatchKey::of(s)).or_default();
+            let indexes = kind_indexes.entry(&s.kind).or_default();
             for (name, spec) in &s.indexes {
                 if let Some(existing) = indexes.get(name)
                     && existing != spec
@@ -139,6 +154,10 @@ impl Leases {
                 }
                 indexes.insert(name.clone(), spec.clone());
             }
+        }
+        let mut wanted: BTreeMap<WatchKey, BTreeMap<String, IndexSpec>> = BTreeMap::new();
+        for s in std::iter::once(&config.for_source).chain(&config.owns).chain(&config.watches) {
+            wanted.insert(WatchKey::of(s), kind_indexes.get(&s.kind).cloned().unwrap_or_default());
         }
         for kind in &config.read {
             // Extra read kinds are cached where the plugin works: the `for` namespace.
@@ -155,6 +174,7 @@ impl Leases {
                         namespace: config.for_source.namespace.clone(),
                         label_selector: None,
                         field_selector: None,
+                        transform: config.transform,
                     })
                     .or_default();
             }
@@ -176,18 +196,35 @@ impl Leases {
         self.informers.get(&WatchKey::of(s))
     }
 
-    /// One cache per readable kind: the least restricted informer of that kind.
+    /// One cache per readable kind: everything the plugin declared for that kind. An
+    /// informer whose scope another one covers adds nothing and is left out; when several
+    /// remain (e.g. `[for]` and `[[watches]]` with different selectors), reads see their union.
     pub fn caches(&self) -> HashMap<Gvk, Arc<dyn CacheReader>> {
-        let mut best: HashMap<Gvk, (&WatchKey, &Arc<dyn LeasedInformer>)> = HashMap::new();
+        let mut by_kind: BTreeMap<&Gvk, Vec<(&WatchKey, &Arc<dyn LeasedInformer>)>> = BTreeMap::new();
         for (key, inf) in &self.informers {
-            match best.get(&key.kind) {
-                Some((k, _)) if k.restrictions() <= key.restrictions() => {}
-                _ => {
-                    best.insert(key.kind.clone(), (key, inf));
-                }
-            }
+            by_kind.entry(&key.kind).or_default().push((key, inf));
         }
-        best.into_iter().map(|(kind, (_, inf))| (kind, inf.cache())).collect()
+        by_kind
+            .into_iter()
+            .map(|(kind, members)| {
+                // Keep the informers no other one covers (of two equal scopes, the first).
+                let kept: Vec<Arc<dyn CacheReader>> = members
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, (key, _))| {
+                        !members.iter().enumerate().any(|(j, (other, _))| {
+                            j != *i && other.covers(key) && (!key.covers(other) || j < *i)
+                        })
+                    })
+                    .map(|(_, (_, inf))| inf.cache())
+                    .collect();
+                let cache: Arc<dyn CacheReader> = match <[_; 1]>::try_from(kept) {
+                    Ok([only]) => only,
+                    Err(kept) => Arc::new(UnionCache::new(kept)),
+                };
+                (kind.clone(), cache)
+            })
+            .collect()
     }
 
     /// Keys of every cached object of the `for` source.

@@ -13,9 +13,17 @@
 //! - 410 Gone / Expired (on open or as an ERROR event) → relist with `resourceVersion=""`;
 //! - connection errors, 5xx and 429 (honouring Retry-After) → jittered backoff, then re-watch
 //!   from the last resourceVersion; other errors → backoff, then relist;
-//! - objects are transformed (managedFields / last-applied dropped) before they are queued.
+//! - a watch event that cannot be decoded (envelope or object) ends the watch, and after a
+//!   backoff the reflector relists (client-go: the stream decoder's error ends the watch
+//!   with an internal error, and the reflector lists again), so the cache never silently
+//!   misses a change; a truncated last line when the stream ends is a normal close;
+//! - objects are decoded as leniently as the API server allows (missing or `null` optional
+//!   fields read as empty) and transformed ([`Transform`]: managedFields dropped by default)
+//!   before they are queued.
 //!
-//! Nothing from the server can make it panic: malformed objects are logged and skipped.
+//! Nothing from the server can make it panic. A list item that cannot be decoded is logged
+//! and left out of the list (failing the whole list would keep the informer from ever
+//! syncing), so an object that turns undecodable is dropped from the cache on the relist.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +86,10 @@ pub enum ReflectorError {
     /// The response could not be read or decoded.
     #[error("bad response: {0}")]
     Decode(String),
+    /// A watch event (or its object) could not be decoded: the watch ends and the
+    /// reflector relists.
+    #[error("undecodable watch event: {0}")]
+    UndecodableEvent(String),
 }
 
 impl ReflectorError {
@@ -99,6 +111,7 @@ impl ReflectorError {
         match self {
             ReflectorError::Transport(_) | ReflectorError::Decode(_) => true,
             ReflectorError::Status { code, .. } => *code == 429 || *code >= 500,
+            ReflectorError::UndecodableEvent(_) => false,
         }
     }
 
@@ -429,12 +442,14 @@ impl Reflector {
             fifo.push_all(std::mem::take(&mut changes));
         }
         if buf.iter().any(|b| !b.is_ascii_whitespace()) {
-            let result = self.handle_event(&buf, &mut changes);
-            fifo.push_all(changes);
-            if let Err(end) = result {
-                return end;
+            // The stream ended inside an event (client-go: an unexpected EOF closes the
+            // watch quietly); a complete event the server sent without a newline is kept.
+            match self.handle_event(&buf, &mut changes) {
+                Ok(()) => events += 1,
+                Err(_) => tracing::debug!(resource = %self.name(), bytes = buf.len(),
+                    "watch stream ended inside an event; re-watching"),
             }
-            events += 1;
+            fifo.push_all(changes);
         }
         WatchEnd::Closed { events }
     }
@@ -455,13 +470,17 @@ impl Reflector {
         }
         let event: WatchEvent<'_> = match serde_json::from_slice(line) {
             Ok(e) => e,
-            Err(e) => return Err(WatchEnd::Failed(ReflectorError::Decode(format!("watch event: {e}")))),
+            Err(e) => return Err(WatchEnd::Failed(ReflectorError::UndecodableEvent(e.to_string()))),
         };
         match &*event.kind {
             "ADDED" | "MODIFIED" | "DELETED" => match self.build(event.object.get().as_bytes()) {
                 Ok(obj) => self.push_change(&event.kind, obj, changes),
                 Err(error) => {
-                    tracing::warn!(resource = %self.name(), %error, "skipping malformed watch object");
+                    // Skipping it would leave the cache stale until the object changes again.
+                    return Err(WatchEnd::Failed(ReflectorError::UndecodableEvent(format!(
+                        "{} object: {error}",
+                        event.kind
+                    ))));
                 }
             },
             "BOOKMARK" => {

@@ -131,10 +131,11 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
     .context("configuring the WebAssembly engine")?;
     let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
     let identity = identity();
+    let kube = KubeServices::new(client.clone(), tokio::runtime::Handle::current(), identity.clone());
     let deps = ManagerDeps {
         engine,
         informers: Arc::new(FactoryLeases(factory)),
-        kube: Some(KubeServices::new(client.clone(), tokio::runtime::Handle::current(), identity.clone())),
+        kube: Some(kube.clone()),
         metrics,
     };
     let mut options = ManagerOptions::new(&host.plugins_dir);
@@ -158,7 +159,11 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
                 retry_period: le.retry_period,
                 ..LeaderElectionConfig::new(&le.namespace, &le.name, &identity)
             };
-            let elector = LeaderElector::new(client, config).context("configuring leader election")?;
+            // Losing the lease revokes the plugins' cluster access before anything else:
+            // no write of theirs reaches the cluster after that, running calls are cut.
+            let elector = LeaderElector::new(client, config)
+                .context("configuring leader election")?
+                .on_lost(move || kube.revoke());
             tracing::info!(lease = %format!("{}/{}", le.namespace, le.name), %identity, "campaigning for leadership");
             let mut result = Ok(());
             let elected = elector
@@ -168,12 +173,13 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
                 })
                 .await;
             match elected {
-                Err(LeaderElectionError::LeadershipLost { .. }) => {
-                    // Like controller-runtime: a replica that lost its lease exits, and is
-                    // restarted as a fresh candidate, so it never acts on a stale view.
-                    tracing::error!("leadership lost; exiting");
-                    shutdown.cancel();
-                    result.and(Err(anyhow::anyhow!("leader election lost")))
+                Err(error @ LeaderElectionError::LeadershipLost { .. }) => {
+                    // Like controller-runtime: a replica that lost its lease exits at once,
+                    // without draining (a new leader may already act), and is restarted as
+                    // a fresh candidate, so it never acts on a stale view.
+                    tracing::error!(%error, "exiting without draining");
+                    eprintln!("error: {error}");
+                    std::process::exit(1);
                 }
                 other => result.and(other.context("leader election")),
             }
