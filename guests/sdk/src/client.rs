@@ -6,9 +6,9 @@
 
 use serde::Serialize;
 
-use crate::bindings::wasmctrl::controller::client as wit;
 use crate::host::{gvk_of, into_error};
 use crate::kind::{from_json, to_json};
+use crate::sys::client as wit;
 use crate::{Error, Kind, KindExt};
 
 /// What happens to dependents of a deleted object.

@@ -8,7 +8,8 @@
 //! - [`adapter`]: [`PluginReconciler`], the plugin as the controller's `Reconciler` and as
 //!   an informer event handler; it moves calls off the tokio workers.
 //! - [`inspect`]: what a `.wasm` targets and whether it fits (`wasmctrl check`).
-//! - `cache`, `client`, `events`, `log`, `config`: the host side of each WIT import.
+//! - `cache`, `client`, `events`, `log`, `config`: the host side of each WIT import;
+//!   `callsites`: tracing callsites for guest log fields named at run time.
 //!
 //! Invariants kept across the module: a plugin never gets a capability its TOML did not
 //! grant (WASI grants nothing; `cache`/`client` check declared kinds); a trap fails one
@@ -17,6 +18,7 @@
 pub mod adapter;
 pub(crate) mod bindings;
 pub mod cache;
+mod callsites;
 pub mod client;
 mod config;
 pub mod engine;
@@ -24,6 +26,7 @@ mod events;
 pub mod inspect;
 mod log;
 pub mod pool;
+pub mod record;
 pub mod runtime;
 pub mod spec;
 mod state;
@@ -33,6 +36,7 @@ pub use cache::{CacheReadError, CacheReader};
 pub use client::KubeServices;
 pub use engine::{EngineConfig, LoadedComponent, PluginEngine, PoolingLimits};
 pub use inspect::{ComponentReport, inspect_component};
+pub use record::{CallLog, RecordedEvent, RecordedWrite};
 pub use runtime::{CallError, FilterInput, Plugin, PluginEnv, PluginHooks};
 pub use spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
 
