@@ -5,6 +5,7 @@
 //! [`cache`] (store + indexes) and are fanned out by the [`informer`] to listeners, whose
 //! keys wait in a [`queue`] until a [`controller`] worker hands them to a [`plugin`].
 //! [`config`] and [`reload`] turn a plugins directory into running controllers;
+//! [`fixture`] runs one plugin against fixture files (`wasmctrl test`);
 //! [`metrics`] and [`server`] make the whole visible.
 
 pub mod object;
@@ -26,6 +27,8 @@ pub mod plugin;
 pub mod config;
 
 pub mod reload;
+
+pub mod fixture;
 
 pub mod metrics;
 

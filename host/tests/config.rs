@@ -989,6 +989,21 @@ mod check_components {
     }
 
     #[test]
+    fn a_component_written_for_another_kind_fails_the_check_naming_both() {
+        let engine = PluginEngine::new(EngineConfig::default(), None).unwrap();
+        let validator = EngineValidator(engine);
+        let options = CheckOptions { components: Some(&validator), ..CheckOptions::default() };
+        let dir = tempfile::tempdir().unwrap();
+        let toml = "[for]\napi-version = \"v1\"\nkind = \"Service\"\n[settings]\nnamespaces = [\"a\"]\n";
+        std::fs::write(dir.path().join("mirror.toml"), toml).unwrap();
+        std::fs::write(dir.path().join("mirror.wasm"), build("configmap-mirror")).unwrap();
+        let report = check_paths(&[dir.path().to_path_buf()], &options);
+        assert!(!report.ok());
+        let text = report.render();
+        assert!(text.contains("written for v1/ConfigMap") && text.contains("[for] is v1/Service"), "{text}");
+    }
+
+    #[test]
     fn components_are_compiled_initialised_and_matched_against_the_toml() {
         let engine = PluginEngine::new(EngineConfig::default(), None).unwrap();
         let validator = EngineValidator(engine);
@@ -1001,7 +1016,7 @@ mod check_components {
         let report = check_paths(&[dir.path().to_path_buf()], &options);
         assert!(report.ok(), "{}", report.render());
         assert!(
-            report.render().contains("world wasmctrl:controller/plugin@0.1.0, init ok"),
+            report.render().contains("world wasmctrl:controller/plugin@0.2.0, init ok"),
             "{}",
             report.render()
         );

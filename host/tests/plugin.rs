@@ -171,6 +171,58 @@ fn log_import_reports_enabled_and_logs() {
     assert_eq!(ok_payload(probe(&plugin, None, "log|v1|ConfigMap|hello|world")), "false");
 }
 
+/// Collects what a subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// The JSON lines logged under the guest target.
+    fn guest_lines(&self) -> Vec<serde_json::Value> {
+        let text = String::from_utf8(self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .filter(|v| v["target"] == "wasmctrl::plugin::guest")
+            .collect()
+    }
+}
+
+#[test]
+fn guest_log_fields_are_event_fields_and_span_fields_are_not_repeated() {
+    let plugin = probe_plugin();
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt().json().with_writer(move || writer.clone()).finish();
+    tracing::subscriber::with_default(subscriber, || {
+        // Outside a reconcile span: the line says which plugin and request it is about.
+        assert_eq!(ok_payload(probe(&plugin, Some("ns"), "log|v1|ConfigMap|hello|world")), "true");
+        // Inside the controller's span, which already carries them: not repeated.
+        let span = tracing::info_span!("reconcile", controller = "probe", request = "ns/x");
+        span.in_scope(|| probe(&plugin, Some("ns"), "log|v1|ConfigMap|again|there"));
+    });
+    let lines = out.guest_lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let first = &lines[0]["fields"];
+    assert_eq!(first["message"], "hello");
+    assert_eq!(first["k"], "world", "{first}");
+    assert_eq!(first["plugin"], "probe");
+    assert_eq!(first["request"], "ns/log|v1|ConfigMap|hello|world");
+    assert!(first.get("fields").is_none(), "{first}");
+    let second = &lines[1]["fields"];
+    assert_eq!((second["message"].as_str(), second["k"].as_str()), (Some("again"), Some("there")));
+    assert!(second.get("plugin").is_none() && second.get("request").is_none(), "{second}");
+    assert_eq!(lines[1]["span"]["request"], "ns/x");
+}
+
 #[test]
 fn client_and_events_without_cluster_access_are_unavailable() {
     let plugin = probe_plugin();
@@ -199,6 +251,26 @@ fn init_error_rejects_the_plugin() {
         .err()
         .unwrap_or_else(|| panic!("init error must reject the plugin"));
     assert!(err.to_string().contains("settings rejected on purpose"), "{err}");
+}
+
+#[test]
+fn a_component_written_for_another_kind_is_rejected_naming_both() {
+    let mut s = spec("probe-kind");
+    s.settings = Bytes::from_static(br#"{"for-kind":"apps/v1/Deployment"}"#);
+    let err = Plugin::load(&shared().engine, s, &wasm("test-plugin-probe"), PluginEnv::default())
+        .err()
+        .unwrap_or_else(|| panic!("a kind mismatch must reject the plugin"));
+    let text = err.to_string();
+    assert!(
+        text.contains("written for apps/v1/Deployment") && text.contains("[for] is v1/ConfigMap"),
+        "{text}"
+    );
+
+    // The kind its TOML names loads.
+    let mut s = spec("probe-kind");
+    s.settings = Bytes::from_static(br#"{"for-kind":"v1/ConfigMap"}"#);
+    Plugin::load(&shared().engine, s, &wasm("test-plugin-probe"), PluginEnv::default())
+        .unwrap_or_else(|e| panic!("same kind: {e}"));
 }
 
 #[test]
@@ -476,9 +548,9 @@ fn an_unwritable_compile_cache_does_not_stop_loading() {
 fn inspect_reports_world_and_fit() {
     let report =
         inspect_component(&shared().engine, &wasm("test-plugin-probe")).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(report.world.as_deref(), Some("wasmctrl:controller/plugin@0.1.0"));
+    assert_eq!(report.world.as_deref(), Some("wasmctrl:controller/plugin@0.2.0"));
     assert!(report.fits.is_ok(), "{report}");
-    assert!(report.imports.iter().any(|i| i == "wasmctrl:controller/cache@0.1.0"), "{report}");
+    assert!(report.imports.iter().any(|i| i == "wasmctrl:controller/cache@0.2.0"), "{report}");
     assert!(report.to_string().contains("fits:    yes"));
 
     // A core module is not a component.

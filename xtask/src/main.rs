@@ -200,11 +200,26 @@ fn test(root: &Path, rest: &[String]) -> Result<()> {
         }
     }
     run(&mut guests)?;
+    fixtures(root)?;
     // Doc examples (nextest does not run them).
     if nextest {
         run(cargo().current_dir(root).args(["test", "--workspace", "--doc"]))?;
     }
     Ok(())
+}
+
+/// `wasmctrl test` on every example's `tests/fixtures`, with the components just built.
+fn fixtures(root: &Path) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.current_dir(root).args(["run", "--quiet", "--package", "wasmctrl", "--", "test"]);
+    let examples = root.join("guests/examples");
+    for entry in std::fs::read_dir(&examples).with_context(|| format!("reading {}", examples.display()))? {
+        let dir = entry?.path().join("tests/fixtures");
+        if dir.is_dir() {
+            cmd.arg(dir);
+        }
+    }
+    run(&mut cmd)
 }
 
 fn lint(root: &Path) -> Result<()> {

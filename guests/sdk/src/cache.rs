@@ -3,9 +3,9 @@
 //! Only kinds the plugin's TOML declares (`for`, `owns`, `watches`, `permissions.read`)
 //! are cached; anything else fails with [`Error::Forbidden`].
 
-use crate::bindings::wasmctrl::controller::cache as wit;
 use crate::host::{gvk_of, into_error};
 use crate::kind::from_json;
+use crate::sys::cache as wit;
 use crate::{Error, Gvk, Kind, RawObject};
 
 /// The cached object, or `None` when the cache has no such object.

@@ -2,7 +2,7 @@
 
 use serde::de::DeserializeOwned;
 
-use crate::bindings::wasmctrl::controller::config as wit;
+use crate::sys::config as wit;
 use crate::{Error, Settings};
 
 /// The plugin's name (its TOML's `name`, by default the file stem).

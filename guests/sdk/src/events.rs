@@ -2,9 +2,9 @@
 //! deduplicates and rate-limits them, so recording the same event on every reconcile is
 //! cheap, but recording only on a change reads better.
 
-use crate::bindings::wasmctrl::controller::events as wit;
 use crate::bindings::wasmctrl::controller::types as wit_types;
 use crate::host::{gvk_of, into_error};
+use crate::sys::events as wit;
 use crate::{Error, Kind, KindExt};
 
 /// Whether an event is routine or a problem.

@@ -9,16 +9,18 @@
 //! | module | what |
 //! | --- | --- |
 //! | [`cache`] | typed reads from the host's informer caches: `get`, `list` (label selector), `by_index` |
-//! | [`client`] | writes and live reads: `create`, `replace`, `apply` (server-side), `patch_merge`/`patch_json`/`patch_strategic`, `update_status`, `patch_status_merge`, `delete` |
+//! | [`client`] | writes and live reads: `create`, `replace`, `apply` (server-side, [`client::ApplyParams`]), `patch_merge`/`patch_json`/`patch_strategic`, `update_status`, `patch_status_merge`, `delete` |
 //! | [`events`] | Kubernetes Events: `normal`, `warning` |
-//! | [`log`] | structured logs: `info!("msg"; key = value)`, … |
+//! | [`log`] | structured logs: `info!("msg"; key = value)`, … (each key a field of the host's log) |
 //! | [`config`] | the plugin's name and `[settings]` |
 //! | [`owner`], [`finalizer`], [`conditions`], [`diff`], [`time`] | pure helpers for owner references, finalizers, status conditions, "is a write needed?" checks and time |
+//! | `testing` (native builds only) | a fake host: run a plugin's whole `reconcile` under `cargo test` |
 //!
 //! Types: [`Kind`] maps a Rust type to `apiVersion`/`kind` (every k8s-openapi type has
 //! it; CRDs use [`impl_kind!`]); [`Error`] mirrors the WIT `error` variant; a
-//! [`Plugin`] returns `Result<`[`Action`]`, `[`ReconcileError`]`>`, and `?` turns an
-//! [`Error`] into a [`ReconcileError`] (retryable unless the input itself was invalid).
+//! [`Plugin`] names its kind as [`Plugin::For`], receives a [`Target`] of it and returns
+//! `Result<`[`Action`]`, `[`ReconcileError`]`>`; `?` turns an [`Error`] into a
+//! [`ReconcileError`] (retryable unless the input itself was invalid).
 //!
 //! ## A complete plugin
 //!
@@ -30,7 +32,7 @@
 //! edition = "2024"
 //!
 //! [lib]
-//! crate-type = ["cdylib"]
+//! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
 //! wasmctrl-guest = { path = "../../sdk" }
@@ -56,23 +58,22 @@
 //! }
 //!
 //! impl Plugin for Hello {
-//!     fn init(settings: Settings) -> Result<Self, String> {
-//!         settings.parse().map_err(|e| e.to_string())
+//!     type For = ConfigMap;
+//!
+//!     fn init(settings: Settings) -> Result<Self, InitError> {
+//!         Ok(settings.parse()?)
 //!     }
 //!
-//!     fn reconcile(&self, request: Request) -> Result<Action, ReconcileError> {
-//!         let ns = request.namespace.as_deref();
-//!         // Gone since it was queued: nothing to do.
-//!         let Some(cm) = cache::get::<ConfigMap>(ns, &request.name)? else {
-//!             return Ok(Action::Done);
-//!         };
+//!     fn reconcile(&self, target: Target<ConfigMap>) -> Result<Action, ReconcileError> {
+//!         // Deleted since it was queued: nothing to do.
+//!         let Target::Present(cm) = target else { return Ok(Action::Done) };
 //!         if cm.data.as_ref().and_then(|d| d.get("greeting")) == Some(&self.greeting) {
 //!             return Ok(Action::Done);
 //!         }
 //!         let patch = serde_json::json!({ "data": { "greeting": self.greeting } });
-//!         client::patch_merge::<ConfigMap>(ns, &request.name, &patch).context("stamping greeting")?;
+//!         client::patch_merge::<ConfigMap>(cm.namespace(), cm.name(), &patch).context("stamping greeting")?;
 //!         events::normal(&cm, "Greeted", "Patch", &format!("set greeting={}", self.greeting))?;
-//!         log::info!("greeted {}", request; greeting = self.greeting);
+//!         log::info!("greeted {}", cm.key(); greeting = self.greeting);
 //!         Ok(Action::Done)
 //!     }
 //! }
@@ -94,25 +95,27 @@
 //! ```
 //!
 //! Build with `cargo build --release --target wasm32-wasip2`; the `.wasm` in
-//! `target/wasm32-wasip2/release/` is the component.
+//! `target/wasm32-wasip2/release/` is the component. At `init` the SDK reports `For`
+//! (`v1/ConfigMap`) to the host, which refuses the component if its TOML's `[for]` names
+//! another kind.
 //!
 //! ## Hooks
 //!
-//! Besides `reconcile`, a plugin may override [`Plugin::on_add`], [`on_update`](Plugin::on_update),
-//! [`on_delete`](Plugin::on_delete), [`map`](Plugin::map) (required for `[[watches]]`)
-//! and [`filter`](Plugin::filter) (for `filter = true` predicates), and must list them in
-//! [`Plugin::HOOKS`]: the host only calls declared hooks.
+//! Besides `reconcile`, a plugin may implement [`OnAdd`], [`OnUpdate`], [`OnDelete`],
+//! [`Map`] (required for `[[watches]]`) and [`Filter`] (for `filter = true` predicates).
+//! [`export_plugin!`] declares exactly the implemented ones to the host, which calls only
+//! those: there is nothing else to keep in sync.
 //!
 //! ## Time
 //!
-//! The WIT world grants no clock; see [`time`] for how `lastTransitionTime` gets a value.
+//! See [`time`] for how `lastTransitionTime` gets a value (std's clock, which the host
+//! grants like the rest of what std links).
 //!
 //! ## Testing natively
 //!
-//! Everything except the calls into the host is plain Rust and runs under `cargo test` on
-//! the build machine (the import functions themselves only exist inside a Wasm instance).
-//! Keep decisions in pure functions that take the objects read from the cache, and call
-//! `cache`/`client` around them.
+//! In native builds (`cargo test`) the host calls are answered by `testing::TestHost`,
+//! an in-memory fake with a cache, an API server that records every write, Events, logs
+//! and injectable failures, so a test runs the plugin's whole `reconcile`.
 
 #![warn(missing_docs)]
 
@@ -123,9 +126,11 @@ pub use k8s_openapi;
 pub use serde_json;
 
 mod error;
+mod export;
 mod host;
 mod kind;
 mod plugin;
+mod sys;
 
 pub mod cache;
 pub mod client;
@@ -138,15 +143,22 @@ pub mod log;
 pub mod owner;
 pub mod time;
 
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
+
 pub use error::{Error, ReconcileError, ResultExt};
 pub use kind::{Gvk, Kind, KindExt, RawObject, from_json, to_json};
-pub use plugin::{Action, FilterEvent, Hooks, Plugin, Request, Settings};
+pub use plugin::{
+    Action, Filter, FilterEvent, Hooks, InitError, Map, OnAdd, OnDelete, OnUpdate, Plugin, Request, Settings,
+    Target,
+};
 
 /// The names most plugins need: `use wasmctrl_guest::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Action, Error, FilterEvent, Gvk, Hooks, Kind, KindExt, Plugin, RawObject, ReconcileError, Request,
-        ResultExt, Settings, cache, client, conditions, config, diff, events, finalizer, log, owner,
+        Action, Error, Filter, FilterEvent, Gvk, InitError, Kind, KindExt, Map, OnAdd, OnDelete, OnUpdate,
+        Plugin, RawObject, ReconcileError, Request, ResultExt, Settings, Target, cache, client, conditions,
+        config, diff, events, finalizer, log, owner,
     };
 }
 
@@ -175,6 +187,10 @@ pub mod __private {
         ReconcileResult,
     };
     pub use crate::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as WitRequest};
-    pub use crate::plugin::{Slot, filter, init, map, on_add, on_delete, on_update, reconcile};
+    pub use crate::export::{
+        Exported, HasFilter, HasMap, HasOnAdd, HasOnDelete, HasOnUpdate, HookTable, NoFilter, NoMap, NoOnAdd,
+        NoOnDelete, NoOnUpdate, Probe, Slot, filter_slot, init_slot, map_slot, on_add_slot, on_delete_slot,
+        on_update_slot, reconcile_slot,
+    };
     pub use wit_bindgen;
 }

@@ -12,7 +12,7 @@
 //! The macros check [`enabled`] first, so a message below the host's level costs one
 //! call and no formatting.
 
-use crate::bindings::wasmctrl::controller::log as wit;
+use crate::sys::log as wit;
 
 /// Severity of a log line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

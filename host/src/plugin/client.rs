@@ -6,7 +6,8 @@
 //!   before any request is sent. Bodies larger than `max-output` are refused as `invalid`.
 //! - Bodies go to the API server as the guest wrote them and responses come back as the
 //!   server sent them (no serde round trip), so unknown fields survive.
-//! - Every write carries the plugin's field manager; `apply` is server-side apply.
+//! - Every write carries the plugin's field manager; `apply` is server-side apply and may
+//!   name another manager (1–128 printable ASCII characters, as the API server requires).
 //! - A guest blocks in these calls (it runs on a blocking thread); the request itself runs
 //!   on the tokio runtime and is bounded by what is left of the call's deadline.
 //! - Once [`KubeServices::revoke`] ran (this replica lost its leader lease), no request is
@@ -28,10 +29,11 @@ use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::bindings::wasmctrl::controller::client::{
-    DeleteOptions, Host, PatchBody as WitPatch, Propagation,
+    ApplyOptions as WitApplyOptions, DeleteOptions, Host, PatchBody as WitPatch, Propagation,
 };
 use super::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
 use super::events::EventRecorder;
+use super::record::{CallLog, RecordedWrite, body_value};
 use super::spec::Gvk;
 use super::state::HostState;
 
@@ -51,6 +53,8 @@ pub struct KubeServices {
     pub(crate) events: EventRecorder,
     /// Cancelled for good by [`KubeServices::revoke`].
     revoked: CancellationToken,
+    /// Where writes and Events are recorded (fixture runs only).
+    pub(crate) call_log: Option<Arc<CallLog>>,
 }
 
 impl KubeServices {
@@ -67,6 +71,25 @@ impl KubeServices {
             runtime,
             kinds: Mutex::new(HashMap::new()),
             revoked: CancellationToken::new(),
+            call_log: None,
+        })
+    }
+
+    /// As [`KubeServices::new`], also recording every write and Event plugins make into
+    /// `log` (for `wasmctrl test`).
+    pub fn recording(
+        client: kube::Client,
+        runtime: tokio::runtime::Handle,
+        reporting_instance: impl Into<String>,
+        log: Arc<CallLog>,
+    ) -> Arc<Self> {
+        Arc::new(KubeServices {
+            events: EventRecorder::new(reporting_instance.into()),
+            client,
+            runtime,
+            kinds: Mutex::new(HashMap::new()),
+            revoked: CancellationToken::new(),
+            call_log: Some(log),
         })
     }
 
@@ -241,6 +264,16 @@ fn validate_segment(what: &str, s: &str) -> Result<(), WitError> {
     Ok(())
 }
 
+/// The API server accepts field managers of at most 128 printable characters.
+fn validate_field_manager(m: &str) -> Result<&str, WitError> {
+    if m.is_empty() || m.len() > 128 || !m.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return Err(WitError::Invalid(format!(
+            "field manager {m:?} must be 1 to 128 printable ASCII characters"
+        )));
+    }
+    Ok(m)
+}
+
 fn raw_json(bytes: &[u8], what: &str) -> Result<Box<RawValue>, WitError> {
     let text =
         std::str::from_utf8(bytes).map_err(|e| WitError::Invalid(format!("{what} is not UTF-8: {e}")))?;
@@ -253,6 +286,36 @@ fn build_error(e: kube::core::request::Error) -> WitError {
 }
 
 impl HostState {
+    /// The call log, when this host records calls.
+    pub(crate) fn call_log(&self) -> Option<Arc<CallLog>> {
+        self.ctx.kube.as_ref().and_then(|k| k.call_log.clone())
+    }
+
+    /// Records a write whose target is read from its body.
+    fn record_body_write(
+        &self,
+        verb: &'static str,
+        body: &[u8],
+        result: &Result<Vec<u8>, WitError>,
+        options: serde_json::Value,
+    ) {
+        let Some(log) = self.call_log() else { return };
+        let (kind, namespace, name) = match target_of(body) {
+            Ok(t) => (t.kind, t.namespace, t.name),
+            Err(_) => (Gvk::new("", ""), None, String::new()),
+        };
+        log.push_write(RecordedWrite {
+            verb,
+            kind,
+            namespace,
+            name,
+            body: Some(body_value(body)),
+            patch_type: None,
+            options,
+            error: result.as_ref().err().map(|e| format!("{e:?}")),
+        });
+    }
+
     fn kube(&self) -> Result<Arc<super::client::KubeServices>, WitError> {
         self.ctx
             .kube
@@ -329,23 +392,51 @@ impl HostState {
         op: &'static str,
     ) -> Result<Vec<u8>, WitError> {
         let kind = Gvk { api_version: kind.api_version, kind: kind.kind };
-        validate_segment("name", &name)?;
-        let (body, content_type) = match patch {
-            WitPatch::Merge(b) => (b, "application/merge-patch+json"),
-            WitPatch::Json(b) => (b, "application/json-patch+json"),
-            WitPatch::Strategic(b) => (b, "application/strategic-merge-patch+json"),
+        let (body, content_type, patch_type) = match patch {
+            WitPatch::Merge(b) => (b, "application/merge-patch+json", "merge"),
+            WitPatch::Json(b) => (b, "application/json-patch+json", "json"),
+            WitPatch::Strategic(b) => (b, "application/strategic-merge-patch+json", "strategic"),
         };
+        let recorded = self.call_log().map(|log| (log, body.clone()));
+        let result = self.send_patch(&kind, namespace.as_deref(), &name, body, content_type, subresource, op);
+        if let Some((log, body)) = recorded {
+            log.push_write(RecordedWrite {
+                verb: if subresource.is_some() { "patch-status" } else { "patch" },
+                kind,
+                namespace,
+                name,
+                body: Some(body_value(&body)),
+                patch_type: Some(patch_type),
+                options: serde_json::json!({}),
+                error: result.as_ref().err().map(|e| format!("{e:?}")),
+            });
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send_patch(
+        &self,
+        kind: &Gvk,
+        namespace: Option<&str>,
+        name: &str,
+        body: Vec<u8>,
+        content_type: &'static str,
+        subresource: Option<&str>,
+        op: &'static str,
+    ) -> Result<Vec<u8>, WitError> {
+        validate_segment("name", name)?;
         self.ctx.check_input_size(body.len(), "the patch")?;
         let raw = raw_json(&body, "the patch")?;
-        let (kube, req, _) = self.collection(&kind, namespace.as_deref(), true, op)?;
+        let (kube, req, _) = self.collection(kind, namespace, true, op)?;
         let pp =
             PatchParams { field_manager: Some(self.ctx.spec.field_manager.clone()), ..Default::default() };
         // kube builds merge patches; the body is the same bytes for every patch type, only
         // the content type tells the server how to read it.
         let patch = Patch::Merge(raw);
         let mut http = match subresource {
-            Some(sub) => req.patch_subresource(sub, &name, &pp, &patch),
-            None => req.patch(&name, &pp, &patch),
+            Some(sub) => req.patch_subresource(sub, name, &pp, &patch),
+            None => req.patch(name, &pp, &patch),
         }
         .map_err(build_error)?;
         http.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
@@ -371,11 +462,22 @@ impl Host for HostState {
     }
 
     fn create(&mut self, object: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
-        Ok(self.body_call(object, "client.create", |req, _, pp, body| req.create(pp, body)))
+        let sent = self.call_log().map(|_| object.clone());
+        let result = self.body_call(object, "client.create", |req, _, pp, body| req.create(pp, body));
+        if let Some(body) = sent {
+            self.record_body_write("create", &body, &result, serde_json::json!({}));
+        }
+        Ok(result)
     }
 
     fn replace(&mut self, object: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
-        Ok(self.body_call(object, "client.replace", |req, t, pp, body| req.replace(&t.name, pp, body)))
+        let sent = self.call_log().map(|_| object.clone());
+        let result =
+            self.body_call(object, "client.replace", |req, t, pp, body| req.replace(&t.name, pp, body));
+        if let Some(body) = sent {
+            self.record_body_write("replace", &body, &result, serde_json::json!({}));
+        }
+        Ok(result)
     }
 
     fn patch(
@@ -388,7 +490,11 @@ impl Host for HostState {
         Ok(self.patch_call(kind, namespace, name, patch, None, "client.patch"))
     }
 
-    fn apply(&mut self, object: Vec<u8>, force: bool) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+    fn apply(
+        &mut self,
+        object: Vec<u8>,
+        options: WitApplyOptions,
+    ) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
         let result = (|| {
             self.ctx.check_input_size(object.len(), "the object")?;
             let target = target_of(&object)?;
@@ -396,18 +502,41 @@ impl Host for HostState {
             let raw = raw_json(&object, "the object")?;
             let (kube, req, _) =
                 self.collection(&target.kind, target.namespace.as_deref(), true, "client.apply")?;
-            let mut pp = PatchParams::apply(&self.ctx.spec.field_manager);
-            pp.force = force;
+            let manager = match options.field_manager.as_deref() {
+                Some(m) => validate_field_manager(m)?,
+                None => &self.ctx.spec.field_manager,
+            };
+            let mut pp = PatchParams::apply(manager);
+            pp.force = options.force;
+            pp.dry_run = options.dry_run;
             let http = req.patch(&target.name, &pp, &Patch::Apply(raw)).map_err(build_error)?;
             kube.send(self.call.deadline, http).map(String::into_bytes)
         })();
+        if self.call_log().is_some() {
+            let mut opts = serde_json::Map::new();
+            if options.force {
+                opts.insert("force".into(), true.into());
+            }
+            if options.dry_run {
+                opts.insert("dry-run".into(), true.into());
+            }
+            if let Some(m) = &options.field_manager {
+                opts.insert("field-manager".into(), m.clone().into());
+            }
+            self.record_body_write("apply", &object, &result, serde_json::Value::Object(opts));
+        }
         Ok(result)
     }
 
     fn update_status(&mut self, object: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
-        Ok(self.body_call(object, "client.update-status", |req, t, pp, body| {
+        let sent = self.call_log().map(|_| object.clone());
+        let result = self.body_call(object, "client.update-status", |req, t, pp, body| {
             req.replace_subresource("status", &t.name, pp, body)
-        }))
+        });
+        if let Some(body) = sent {
+            self.record_body_write("update-status", &body, &result, serde_json::json!({}));
+        }
+        Ok(result)
     }
 
     fn patch_status(
@@ -428,6 +557,15 @@ impl Host for HostState {
         options: DeleteOptions,
     ) -> wasmtime::Result<Result<(), WitError>> {
         let kind = Gvk { api_version: kind.api_version, kind: kind.kind };
+        let recorded_options = (
+            options.uid.clone(),
+            options.resource_version.clone(),
+            options.propagation.map(|p| match p {
+                Propagation::Background => "Background",
+                Propagation::Foreground => "Foreground",
+                Propagation::Orphan => "Orphan",
+            }),
+        );
         let result = (|| {
             validate_segment("name", &name)?;
             let (kube, req, _) = self.collection(&kind, namespace.as_deref(), true, "client.delete")?;
@@ -445,6 +583,28 @@ impl Host for HostState {
             let http = req.delete(&name, &dp).map_err(build_error)?;
             kube.send(self.call.deadline, http).map(|_| ())
         })();
+        if let Some(log) = self.call_log() {
+            let mut opts = serde_json::Map::new();
+            if let Some(uid) = recorded_options.0 {
+                opts.insert("uid".into(), uid.into());
+            }
+            if let Some(rv) = recorded_options.1 {
+                opts.insert("resource-version".into(), rv.into());
+            }
+            if let Some(p) = recorded_options.2 {
+                opts.insert("propagation".into(), p.into());
+            }
+            log.push_write(RecordedWrite {
+                verb: "delete",
+                kind,
+                namespace,
+                name,
+                body: None,
+                patch_type: None,
+                options: serde_json::Value::Object(opts),
+                error: result.as_ref().err().map(|e| format!("{e:?}")),
+            });
+        }
         Ok(result)
     }
 }

@@ -236,6 +236,23 @@ impl Host for HostState {
             }
             event.note.truncate(end);
         }
+        if let Some(log) = self.call_log() {
+            log.push_event(super::record::RecordedEvent {
+                kind: super::spec::Gvk::new(
+                    event.regarding.kind.api_version.clone(),
+                    event.regarding.kind.kind.clone(),
+                ),
+                namespace: event.regarding.namespace.clone(),
+                name: event.regarding.name.clone(),
+                event_type: match event.type_ {
+                    super::bindings::wasmctrl::controller::events::EventType::Normal => "Normal",
+                    super::bindings::wasmctrl::controller::events::EventType::Warning => "Warning",
+                },
+                reason: event.reason.clone(),
+                action: event.action.clone(),
+                note: event.note.clone(),
+            });
+        }
         let kube = match self.ctx.kube.clone() {
             Some(k) => k,
             None => {

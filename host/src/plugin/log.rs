@@ -1,13 +1,28 @@
 //! Host side of the `log` import: guest log lines become `tracing` events under the
-//! target `wasmctrl::plugin::guest`, tagged with the plugin, the export and the request.
+//! target `wasmctrl::plugin::guest`, each guest field a field of the event.
 //!
-//! Invariant: a message longer than the plugin's `max-output` is truncated, so a guest
-//! cannot make the host format unbounded text.
+//! Invariants:
+//! - A message or field value longer than the plugin's `max-output` is truncated, so a
+//!   guest cannot make the host format unbounded text; at most [`MAX_FIELDS`] fields become
+//!   event fields.
+//! - Context is not repeated: `plugin` and `request` are added only when the current span
+//!   (the controller's `reconcile` span carries `controller` and `request`) does not already
+//!   say them; `export` only outside `reconcile`.
+//! - Guest fields whose names cannot be event fields (unusable characters, a name the host
+//!   uses, a duplicate, over [`MAX_FIELDS`], or the callsite bounds of [`super::callsites`]
+//!   reached) are kept, rendered together as one `fields` string.
 
 use super::bindings::wasmctrl::controller::log::{Host, Level};
+use super::callsites;
 use super::state::HostState;
 
-const TARGET: &str = "wasmctrl::plugin::guest";
+pub(crate) const TARGET: &str = "wasmctrl::plugin::guest";
+
+/// Guest fields that become event fields, at most.
+pub(crate) const MAX_FIELDS: usize = 24;
+
+/// Names the host sets itself.
+const RESERVED: [&str; 5] = ["message", "plugin", "request", "export", "fields"];
 
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
@@ -19,6 +34,21 @@ fn truncate(mut s: String, max: usize) -> String {
         s.push_str("… (truncated)");
     }
     s
+}
+
+fn tracing_level(level: Level) -> tracing::Level {
+    match level {
+        Level::Trace => tracing::Level::TRACE,
+        Level::Debug => tracing::Level::DEBUG,
+        Level::Info => tracing::Level::INFO,
+        Level::Warn => tracing::Level::WARN,
+        Level::Error => tracing::Level::ERROR,
+    }
+}
+
+/// Whether the current span has a field named `name`.
+fn span_has(name: &str) -> bool {
+    tracing::Span::current().metadata().is_some_and(|m| m.fields().field(name).is_some())
 }
 
 impl Host for HostState {
@@ -35,18 +65,68 @@ impl Host for HostState {
     fn log(&mut self, level: Level, message: String, fields: Vec<(String, String)>) -> wasmtime::Result<()> {
         let max = self.ctx.spec.limits.max_output;
         let message = truncate(message, max);
-        let plugin = self.plugin_name();
-        let request = self.call.request.as_deref().unwrap_or("");
-        let export = self.call.export;
-        // Guest fields are dynamic, tracing's are static: render them as one `k=v` list.
-        let fields =
-            truncate(fields.iter().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join(" "), max);
-        match level {
-            Level::Trace => tracing::trace!(target: TARGET, plugin, export, request, fields, "{message}"),
-            Level::Debug => tracing::debug!(target: TARGET, plugin, export, request, fields, "{message}"),
-            Level::Info => tracing::info!(target: TARGET, plugin, export, request, fields, "{message}"),
-            Level::Warn => tracing::warn!(target: TARGET, plugin, export, request, fields, "{message}"),
-            Level::Error => tracing::error!(target: TARGET, plugin, export, request, fields, "{message}"),
+        let mut names: Vec<&str> = vec!["message"];
+        let mut values: Vec<String> = vec![message];
+        if !span_has("controller") && !span_has("plugin") {
+            names.push("plugin");
+            values.push(self.plugin_name().to_owned());
+        }
+        if let Some(request) = &self.call.request
+            && !span_has("request")
+        {
+            names.push("request");
+            values.push(request.clone());
+        }
+        if self.call.export != "reconcile" {
+            names.push("export");
+            values.push(self.call.export.to_owned());
+        }
+        let context = names.len();
+        // Each guest field on its own, unless it cannot be one.
+        let mut rest = Vec::new();
+        for (k, v) in &fields {
+            let own = names.len() - context < MAX_FIELDS
+                && callsites::usable_name(k)
+                && !RESERVED.contains(&k.as_str())
+                && !names[context..].contains(&k.as_str());
+            if own {
+                names.push(k);
+                values.push(truncate(v.clone(), max));
+            } else {
+                rest.push(format!("{k}={v:?}"));
+            }
+        }
+        if !rest.is_empty() {
+            names.push("fields");
+            values.push(truncate(rest.join(" "), max));
+        }
+        let level = tracing_level(level);
+        if let Some(meta) = callsites::intern(level, &names) {
+            let values: Vec<&str> = values.iter().map(String::as_str).collect();
+            callsites::emit(meta, &values);
+        } else {
+            // A bound of the callsite interner is reached: the shape every line had before
+            // guest fields became event fields.
+            let all =
+                truncate(fields.iter().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join(" "), max);
+            let (message, plugin, request) =
+                (&values[0], self.plugin_name(), self.call.request.as_deref().unwrap_or(""));
+            let export = self.call.export;
+            match level {
+                tracing::Level::TRACE => {
+                    tracing::trace!(target: TARGET, plugin, export, request, fields = all, "{message}")
+                }
+                tracing::Level::DEBUG => {
+                    tracing::debug!(target: TARGET, plugin, export, request, fields = all, "{message}")
+                }
+                tracing::Level::INFO => {
+                    tracing::info!(target: TARGET, plugin, export, request, fields = all, "{message}")
+                }
+                tracing::Level::WARN => {
+                    tracing::warn!(target: TARGET, plugin, export, request, fields = all, "{message}")
+                }
+                _ => tracing::error!(target: TARGET, plugin, export, request, fields = all, "{message}"),
+            }
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 //! - [`inspect`]: what a `.wasm` targets and whether it fits (`wasmctrl check`).
 //! - `cache`, `client`, `events`, `log`, `config`: the host side of each WIT import;
 //!   [`cache_union`]: one kind's cache when several informers watch it for one plugin.
+//!   `callsites`: tracing callsites for guest log fields named at run time.
 //!
 //! Invariants kept across the module: a plugin never gets a capability its TOML did not
 //! grant (WASI grants nothing; `cache`/`client` check declared kinds); a trap fails one
@@ -19,6 +20,7 @@ pub mod adapter;
 pub(crate) mod bindings;
 pub mod cache;
 pub mod cache_union;
+mod callsites;
 pub mod client;
 mod config;
 pub mod engine;
@@ -26,6 +28,7 @@ mod events;
 pub mod inspect;
 mod log;
 pub mod pool;
+pub mod record;
 pub mod runtime;
 pub mod spec;
 mod state;
@@ -36,6 +39,7 @@ pub use cache_union::UnionCache;
 pub use client::KubeServices;
 pub use engine::{EngineConfig, LoadedComponent, PluginEngine, PoolingLimits};
 pub use inspect::{ComponentReport, inspect_component};
+pub use record::{CallLog, RecordedEvent, RecordedWrite};
 pub use runtime::{CallError, FilterInput, Plugin, PluginEnv, PluginHooks};
 pub use spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
 
@@ -52,4 +56,10 @@ pub enum PluginError {
     Incompatible { plugin: String, reason: String },
     #[error("plugin {plugin}: starting an instance failed: {reason}")]
     Init { plugin: String, reason: String },
+    /// The component was written for another kind than its TOML's `[for]`.
+    #[error(
+        "plugin {plugin} was written for {written_for} (its init reports it) but its TOML's [for] is {toml}: \
+         point [for] at {written_for}, or build the plugin for {toml}"
+    )]
+    KindMismatch { plugin: String, written_for: Gvk, toml: Gvk },
 }

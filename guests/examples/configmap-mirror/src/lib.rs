@@ -301,19 +301,20 @@ fn is_copy_of(copy: &ConfigMap, source: &ConfigMap) -> bool {
 }
 
 impl Plugin for Mirror {
-    const HOOKS: Hooks = Hooks::MAP;
+    type For = ConfigMap;
 
-    fn init(settings: Settings) -> Result<Self, String> {
-        let settings: MirrorSettings = settings.parse().map_err(|e| e.to_string())?;
+    fn init(settings: Settings) -> Result<Self, InitError> {
+        let settings: MirrorSettings = settings.parse()?;
         if settings.namespaces.is_empty() {
             return Err("[settings] namespaces must list at least one namespace".into());
         }
         Ok(Mirror { settings })
     }
 
-    fn reconcile(&self, request: Request) -> Result<Action, ReconcileError> {
-        let Some(cm) = cache::get::<ConfigMap>(request.namespace.as_deref(), &request.name)? else {
-            return self.reconcile_missing(&request);
+    fn reconcile(&self, target: Target<ConfigMap>) -> Result<Action, ReconcileError> {
+        let cm = match target {
+            Target::Present(cm) => cm,
+            Target::Gone(request) => return self.reconcile_missing(&request),
         };
         if let Some(source_key) = cm.annotation(SOURCE_ANNOTATION) {
             return if cm.label(MANAGED_BY_LABEL) == Some(MANAGED_BY) {
@@ -329,7 +330,9 @@ impl Plugin for Mirror {
         let source = finalizer::ensure_added(&cm, FINALIZER).context("adding finalizer")?;
         self.sync(&source)
     }
+}
 
+impl Map for Mirror {
     /// A Namespace appeared or changed: every source that targets it needs a pass.
     fn map(&self, kind: &Gvk, object: RawObject) -> Vec<Request> {
         if !kind.is::<Namespace>() {
@@ -356,6 +359,9 @@ wasmctrl_guest::export_plugin!(Mirror);
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+    use std::time::Duration;
+    use wasmctrl_guest::serde_json::json;
+    use wasmctrl_guest::testing::{Failure, Op, TestHost, Write};
 
     fn source(ns: &str, name: &str, data: &[(&str, &str)]) -> ConfigMap {
         ConfigMap {
@@ -421,5 +427,114 @@ mod tests {
         assert!(Mirror::init(Settings::from_json(br#"{"namespaces":[]}"#.to_vec())).is_err());
         assert!(Mirror::init(Settings::from_json(br#"{"namespaces":["a"],"typo":1}"#.to_vec())).is_err());
         assert!(Mirror::init(Settings::from_json(br#"{"namespaces":["a"]}"#.to_vec())).is_ok());
+    }
+
+    /// A host with the plugin's TOML: settings and the `by-source` index.
+    fn host() -> TestHost {
+        let host = TestHost::new();
+        host.set_settings(json!({"namespaces": ["team-a", "team-b"]}));
+        host.add_index::<ConfigMap>(BY_SOURCE_INDEX, |cm| {
+            cm.annotation(SOURCE_ANNOTATION).map(str::to_owned).into_iter().collect()
+        });
+        host
+    }
+
+    fn namespace(name: &str) -> Namespace {
+        Namespace {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reconcile_adds_the_finalizer_copies_and_then_settles() {
+        let host = host();
+        host.add(&namespace("team-a")).unwrap();
+        host.add(&source("default", "app-config", &[("color", "blue")])).unwrap();
+        let plugin = host.init::<Mirror>().unwrap();
+        let request = Request::new(Some("default"), "app-config");
+
+        // team-b does not exist yet: one copy, a Warning, and a safety-net requeue.
+        assert_eq!(plugin.reconcile(request.clone()), Ok(Action::RequeueAfter(Duration::from_secs(300))));
+        let writes = host.take_writes();
+        let verbs: Vec<(&str, String)> = writes.iter().map(|w| (w.verb(), w.key())).collect();
+        assert_eq!(verbs, [("patch", "default/app-config".into()), ("create", "team-a/app-config".into())]);
+        let copy: ConfigMap = writes[1].object().unwrap();
+        assert_eq!(copy.annotation(SOURCE_ANNOTATION), Some("default/app-config"));
+        let stored: ConfigMap = host.server_get(Some("default"), "app-config").unwrap();
+        assert!(finalizer::has(&stored, FINALIZER));
+        let reasons: Vec<String> = host.take_events().into_iter().map(|e| e.reason).collect();
+        assert_eq!(reasons, ["Mirrored", "NamespaceMissing"]);
+        let log = host.logs().into_iter().find(|l| l.message == "mirrored default/app-config").unwrap();
+        assert_eq!(log.field("created"), Some("team-a"));
+        assert_eq!(log.field("missing_namespaces"), Some("team-b"));
+
+        // The namespace appears; once the cache caught up, the next pass creates the
+        // second copy and nothing else.
+        host.add(&namespace("team-b")).unwrap();
+        host.sync_cache();
+        assert_eq!(plugin.reconcile(request.clone()), Ok(Action::Done));
+        let verbs: Vec<(&str, String)> = host.take_writes().iter().map(|w| (w.verb(), w.key())).collect();
+        assert_eq!(verbs, [("create", "team-b/app-config".into())]);
+        host.sync_cache();
+        assert_eq!(plugin.reconcile(request), Ok(Action::Done));
+        assert!(host.writes().is_empty(), "{:?}", host.writes());
+    }
+
+    #[test]
+    fn a_vanished_source_takes_its_copies_with_it() {
+        let host = host();
+        host.add(&namespace("team-a")).unwrap();
+        let mut copy = desired_copy(&source("default", "app-config", &[]), "team-a");
+        copy.metadata.uid = Some("copy-uid".into());
+        host.add(&copy).unwrap();
+        let plugin = host.init::<Mirror>().unwrap();
+
+        // The source is not in the cache: the plugin gets `Target::Gone`.
+        assert_eq!(plugin.reconcile(Request::new(Some("default"), "app-config")), Ok(Action::Done));
+        let writes = host.writes();
+        assert!(
+            matches!(&writes[..], [Write::Delete { name, namespace: Some(ns), options, .. }]
+                if name == "app-config" && ns == "team-a" && options.uid.as_deref() == Some("copy-uid")),
+            "{writes:?}"
+        );
+        assert!(host.server_get::<ConfigMap>(Some("team-a"), "app-config").is_none());
+    }
+
+    #[test]
+    fn host_failures_surface_as_reconcile_errors() {
+        let host = host();
+        host.add(&namespace("team-a")).unwrap();
+        host.add(&namespace("team-b")).unwrap();
+        host.add(&source("default", "app-config", &[("color", "blue")])).unwrap();
+        let plugin = host.init::<Mirror>().unwrap();
+        let request = Request::new(Some("default"), "app-config");
+
+        // The API server is unavailable for creates: retry later, with context.
+        host.fail(Failure::new(Op::Create, Error::Unavailable("etcd is down".into())).once());
+        let err = plugin.reconcile(request.clone()).unwrap_err();
+        assert!(err.is_retryable());
+        assert!(err.message().contains("etcd is down"), "{err}");
+
+        // Someone else's ConfigMap of the same name in team-a is never overwritten.
+        host.sync_cache();
+        host.take_writes();
+        let foreign = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("app-config".into()),
+                namespace: Some("team-a".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        host.remove::<ConfigMap>(Some("team-a"), "app-config");
+        host.add(&foreign).unwrap();
+        assert_eq!(plugin.reconcile(request), Ok(Action::Done));
+        let events = host.events();
+        assert!(
+            events.iter().any(|e| e.reason == "NameConflict" && e.note.contains("team-a/app-config")),
+            "{events:?}"
+        );
+        assert!(host.writes().iter().all(|w| w.key() != "team-a/app-config"), "{:?}", host.writes());
     }
 }

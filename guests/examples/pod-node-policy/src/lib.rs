@@ -106,18 +106,22 @@ pub struct PodNodePolicy {
 }
 
 impl Plugin for PodNodePolicy {
-    const HOOKS: Hooks = Hooks::MAP;
+    type For = Pod;
 
-    fn init(settings: Settings) -> Result<Self, String> {
-        Ok(PodNodePolicy { settings: settings.parse().map_err(|e| e.to_string())? })
+    fn init(settings: Settings) -> Result<Self, InitError> {
+        Ok(PodNodePolicy { settings: settings.parse()? })
     }
 
-    fn reconcile(&self, request: Request) -> Result<Action, ReconcileError> {
-        let ns = request.namespace.as_deref();
-        let Some(pod) = cache::get::<Pod>(ns, &request.name)? else {
-            log::debug!("pod {} is gone", request);
-            return Ok(Action::Done);
+    fn reconcile(&self, target: Target<Pod>) -> Result<Action, ReconcileError> {
+        let pod = match target {
+            Target::Present(pod) => pod,
+            Target::Gone(request) => {
+                log::debug!("pod {} is gone", request);
+                return Ok(Action::Done);
+            }
         };
+        let request = Request::for_object(&pod);
+        let ns = request.namespace.as_deref();
         if ns.is_some_and(|ns| self.settings.exempt_namespaces.iter().any(|e| e == ns))
             || pod.is_being_deleted()
         {
@@ -159,7 +163,9 @@ impl Plugin for PodNodePolicy {
             changed = want != have);
         Ok(Action::Done)
     }
+}
 
+impl Map for PodNodePolicy {
     /// A Node changed: re-check every Pod bound to it (found through the `by-node` index).
     fn map(&self, kind: &Gvk, object: RawObject) -> Vec<Request> {
         if !kind.is::<Node>() {
@@ -191,8 +197,10 @@ wasmctrl_guest::export_plugin!(PodNodePolicy);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasmctrl_guest::events::EventType;
     use wasmctrl_guest::k8s_openapi::api::core::v1::PodSpec;
     use wasmctrl_guest::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use wasmctrl_guest::testing::{Patch, TestHost, Write};
 
     fn pod(labels: &[(&str, &str)], node: Option<&str>, selector: &[(&str, &str)]) -> Pod {
         Pod {
@@ -275,5 +283,65 @@ mod tests {
         let s: PolicySettings = Settings::from_json(b"{}".to_vec()).parse().unwrap();
         assert_eq!(s, PolicySettings::default());
         assert!(PodNodePolicy::init(Settings::from_json(br#"{"required-label":["x"]}"#.to_vec())).is_err());
+    }
+
+    /// A host with the TOML's `by-node` index.
+    fn host() -> TestHost {
+        let host = TestHost::new();
+        host.add_index::<Pod>(BY_NODE_INDEX, |p| {
+            p.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
+        });
+        host
+    }
+
+    #[test]
+    fn reconcile_annotates_once_and_maps_node_changes_to_its_pods() {
+        let host = host();
+        let mut n = node(&[("disktype", "ssd")]);
+        n.metadata.name = Some("node-1".into());
+        host.add(&n).unwrap();
+        let mut good = pod(&[("team", "a")], Some("node-1"), &[("disktype", "ssd")]);
+        good.metadata.name = Some("good".into());
+        let mut bad = pod(&[], Some("node-1"), &[]);
+        bad.metadata.name = Some("bad".into());
+        host.add(&good).unwrap();
+        host.add(&bad).unwrap();
+        let plugin = host.init::<PodNodePolicy>().unwrap();
+
+        assert_eq!(plugin.reconcile_object(&good), Ok(Action::Done));
+        assert!(host.writes().is_empty());
+        assert_eq!(plugin.reconcile_object(&bad), Ok(Action::Done));
+        let writes = host.take_writes();
+        let Some(Write::Patch { name, patch: Patch::Merge(body), .. }) = writes.first() else {
+            panic!("{writes:?}")
+        };
+        assert_eq!(name, "bad");
+        assert_eq!(body["metadata"]["annotations"][VIOLATIONS_ANNOTATION], "MissingRequiredLabel(team)");
+        let events = host.take_events();
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].event_type, events[0].reason.as_str()),
+            (EventType::Warning, "MissingRequiredLabel")
+        );
+
+        // Unchanged verdict: no write, no Event.
+        host.sync_cache();
+        assert_eq!(plugin.reconcile_object(&bad), Ok(Action::Done));
+        assert!(host.writes().is_empty() && host.events().is_empty());
+
+        // A Node change re-checks the Pods bound to it.
+        let mut mapped = plugin.map(&n).unwrap();
+        mapped.sort();
+        let names: Vec<String> = mapped.iter().map(Request::key).collect();
+        assert_eq!(names, ["team-a/bad", "team-a/good"]);
+    }
+
+    #[test]
+    fn gone_pods_are_ignored() {
+        let host = host();
+        let plugin = host.init::<PodNodePolicy>().unwrap();
+        assert_eq!(plugin.reconcile(Request::new(Some("default"), "nope")), Ok(Action::Done));
+        assert!(host.writes().is_empty());
+        assert_eq!(plugin.hooks(), wasmctrl_guest::Hooks::MAP);
     }
 }

@@ -294,7 +294,11 @@ fn apply_child<K: Kind + Clone>(site: &Website, desired: K) -> Result<ChildOutco
     let existing = cache::get::<K>(desired.namespace(), desired.name())?;
     let outcome = plan_child(site, existing.as_ref(), &desired)?;
     if outcome == ChildOutcome::Applied {
-        client::apply(&desired, true).context(format_args!("applying {} {}", K::KIND, desired.key()))?;
+        client::apply(&desired, &client::ApplyParams::force()).context(format_args!(
+            "applying {} {}",
+            K::KIND,
+            desired.key()
+        ))?;
     }
     Ok(outcome)
 }
@@ -378,15 +382,20 @@ impl WebsiteOperator {
 }
 
 impl Plugin for WebsiteOperator {
-    fn init(_settings: Settings) -> Result<Self, String> {
+    type For = Website;
+
+    fn init(_settings: Settings) -> Result<Self, InitError> {
         Ok(WebsiteOperator)
     }
 
-    fn reconcile(&self, request: Request) -> Result<Action, ReconcileError> {
-        let Some(site) = cache::get::<Website>(request.namespace.as_deref(), &request.name)? else {
-            // Gone: its children were deleted by the finalizer (or go by garbage collection).
-            log::debug!("website {} is gone", request);
-            return Ok(Action::Done);
+    fn reconcile(&self, target: Target<Website>) -> Result<Action, ReconcileError> {
+        let site = match target {
+            Target::Present(site) => site,
+            Target::Gone(request) => {
+                // Its children were deleted by the finalizer (or go by garbage collection).
+                log::debug!("website {} is gone", request);
+                return Ok(Action::Done);
+            }
         };
         finalizer::handle(site, FINALIZER, |event| match event {
             finalizer::Event::Apply(site) => self.apply(site),
@@ -524,5 +533,53 @@ mod tests {
         let status = desired_status(&site(), &[("Service", ChildOutcome::Conflict)], None, &at(1));
         let ready = conditions::find(&status.conditions, "Ready").unwrap();
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "ChildConflict"));
+    }
+
+    #[test]
+    fn full_reconcile_applies_children_then_settles_and_cleans_up() {
+        use wasmctrl_guest::testing::TestHost;
+        let host = TestHost::new();
+        let mut s = site();
+        s.metadata.uid = None;
+        host.add(&s).unwrap();
+        let plugin = host.init::<WebsiteOperator>().unwrap();
+        let request = Request::new(Some("team-a"), "blog");
+
+        assert_eq!(plugin.reconcile(request.clone()), Ok(Action::Done));
+        let writes = host.take_writes();
+        let verbs: Vec<(&str, String)> = writes.iter().map(|w| (w.verb(), w.key())).collect();
+        assert_eq!(
+            verbs,
+            [
+                ("patch", "team-a/blog".into()),
+                ("apply", "team-a/blog-content".into()),
+                ("apply", "team-a/blog".into()),
+                ("apply", "team-a/blog".into()),
+                ("update-status", "team-a/blog".into()),
+            ]
+        );
+        let deployment: Deployment = host.server_get(Some("team-a"), "blog").unwrap();
+        let stored: Website = host.server_get(Some("team-a"), "blog").unwrap();
+        assert!(owner::is_controlled_by(&deployment, &stored));
+        assert_eq!(deployment.spec.replicas, Some(2));
+        assert!(stored.status.is_some());
+
+        // The cache caught up: nothing left to write.
+        host.sync_cache();
+        assert_eq!(plugin.reconcile(request.clone()), Ok(Action::Done));
+        assert!(host.take_writes().is_empty());
+
+        // Deleted (held by the finalizer): children go, then the finalizer.
+        let stored: Website = host.server_get(Some("team-a"), "blog").unwrap();
+        client::delete::<Website>(Some("team-a"), "blog").unwrap();
+        host.take_writes();
+        host.sync_cache();
+        assert!(stored.metadata.finalizers.is_some());
+        assert_eq!(plugin.reconcile(request), Ok(Action::Done));
+        let verbs: Vec<&str> = host.take_writes().iter().map(|w| w.verb()).collect();
+        assert_eq!(verbs, ["delete", "delete", "delete", "patch"]);
+        assert!(host.server_get::<Website>(Some("team-a"), "blog").is_none());
+        assert!(host.server_get::<Deployment>(Some("team-a"), "blog").is_none());
+        assert_eq!(host.events().last().map(|e| e.reason.clone()), Some("Deleted".into()));
     }
 }

@@ -1,5 +1,6 @@
-//! The `wasmctrl` command line: run the host, check a setup offline, print the RBAC the
-//! plugins need, or run the embedded dev cluster alone.
+//! The `wasmctrl` command line: run the host, check a setup offline, test a plugin against
+//! fixtures, scaffold a plugin, print the RBAC the plugins need, or run the embedded dev
+//! cluster alone.
 
 use std::path::PathBuf;
 
@@ -7,6 +8,8 @@ use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod cli;
+mod new;
+mod test;
 
 /// A Kubernetes controller host whose controllers are WebAssembly plugins.
 #[derive(Parser, Debug)]
@@ -40,6 +43,13 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Run plugins' real components against fixture files (a YAML world, steps,
+    /// expected writes, Events and results) on a fresh embedded API server. Exits
+    /// non-zero when any expectation fails.
+    Test(test::TestArgs),
+    /// Scaffold a plugin crate (Cargo.toml, src/lib.rs, NAME.toml, a fixture) that builds
+    /// with `cargo build --release --target wasm32-wasip2`.
+    New(new::NewArgs),
     /// Print the RBAC (ClusterRole or Role, and its binding) that the host's service
     /// account needs for the configured plugins, as YAML.
     Rbac(cli::RbacArgs),
@@ -54,6 +64,8 @@ fn main() -> std::process::ExitCode {
     let result: Result<std::process::ExitCode> = match cli.command {
         Command::Run(args) => cli::run(args),
         Command::Check { paths } => cli::check(&paths),
+        Command::Test(args) => test::test(args),
+        Command::New(args) => new::new(args),
         Command::Rbac(args) => cli::rbac(args),
         Command::DevCluster(args) => cli::dev_cluster(args),
     };

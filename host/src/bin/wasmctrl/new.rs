@@ -1,0 +1,424 @@
+//! `wasmctrl new NAME --kind <apiVersion/Kind>`: scaffolds a plugin crate that builds with
+//! `cargo build --release --target wasm32-wasip2`, with its TOML, a native test on the SDK's
+//! test host and a `wasmctrl test` fixture.
+//!
+//! Invariants: nothing is overwritten (an existing directory is an error); the crate is its
+//! own workspace, so it builds wherever it is put; a built-in kind maps to its k8s-openapi
+//! type, any other group to a CRD struct (and a CRD manifest for the fixture's world).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use wasmctrl::config::{BuiltinKinds, KindResolver};
+use wasmctrl::plugin::Gvk;
+
+/// `wasmctrl new`.
+#[derive(Args, Debug)]
+pub struct NewArgs {
+    /// The plugin's name: lowercase letters, digits and `-` (it names the crate, the TOML
+    /// and the field manager).
+    pub name: String,
+    /// The kind the plugin reconciles, as `apiVersion/Kind` (`v1/ConfigMap`,
+    /// `apps/v1/Deployment`, `example.com/v1/Widget` for a CRD).
+    #[arg(long)]
+    pub kind: String,
+    /// Where to create the crate (default: `./NAME`).
+    #[arg(long)]
+    pub path: Option<PathBuf>,
+    /// The SDK crate (`guests/sdk` of a wasmctrl checkout) the plugin depends on by path.
+    /// Default: the checkout this binary was built from.
+    #[arg(long)]
+    pub sdk: Option<PathBuf>,
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && s.as_bytes()[0].is_ascii_lowercase()
+}
+
+/// `my-plugin` → `MyPlugin`.
+fn camel(name: &str) -> String {
+    name.split('-')
+        .map(|part| {
+            let mut c = part.chars();
+            match c.next() {
+                Some(f) => f.to_ascii_uppercase().to_string() + c.as_str(),
+                None => String::new(),
+            }
+        })
+        .collect()
+}
+
+/// The k8s-openapi module of a built-in API group: `""` → `core`, `apps` → `apps`,
+/// `rbac.authorization.k8s.io` → `rbac`.
+fn openapi_module(group: &str) -> String {
+    match group {
+        "" => "core".to_owned(),
+        g => g.split('.').next().unwrap_or(g).to_owned(),
+    }
+}
+
+/// The kind as the generated code names it.
+struct KindInfo {
+    gvk: Gvk,
+    /// `use` line for the Rust type (built-in), or the CRD struct definition.
+    rust: String,
+    namespaced: bool,
+    /// A CRD manifest serving the kind (CRDs only).
+    crd: Option<String>,
+}
+
+fn kind_info(text: &str) -> Result<KindInfo> {
+    let Some(gvk) = Gvk::parse(text) else {
+        bail!("--kind {text:?}: expected apiVersion/Kind, e.g. v1/ConfigMap or example.com/v1/Widget");
+    };
+    if !gvk.kind.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+        || !gvk.kind.chars().all(|c| c.is_ascii_alphanumeric())
+    {
+        bail!("--kind {text:?}: the kind must be CamelCase, e.g. ConfigMap");
+    }
+    match BuiltinKinds.resolve(&gvk) {
+        Ok(resolved) => {
+            let module = openapi_module(gvk.group());
+            let rust = if module == "apiextensions" {
+                format!(
+                    "use wasmctrl_guest::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::{}::{};",
+                    gvk.version(),
+                    gvk.kind
+                )
+            } else {
+                format!("use wasmctrl_guest::k8s_openapi::api::{module}::{}::{};", gvk.version(), gvk.kind)
+            };
+            Ok(KindInfo { gvk, rust, namespaced: resolved.namespaced, crd: None })
+        }
+        Err(wasmctrl::config::KindLookupError::Unknown) => {
+            if !gvk.group().contains('.') {
+                bail!(
+                    "--kind {text:?}: a custom resource's group must be a domain, e.g. example.com/v1/{}",
+                    gvk.kind
+                );
+            }
+            let plural = format!("{}s", gvk.kind.to_ascii_lowercase());
+            let rust = format!(
+                r#"use serde::{{Deserialize, Serialize}};
+use wasmctrl_guest::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// A `{kind}` (custom resource `{plural}.{group}`). Replace `spec` and `status` with typed
+/// structs as the resource takes shape.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct {kind} {{
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: wasmctrl_guest::serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<wasmctrl_guest::serde_json::Value>,
+}}
+
+wasmctrl_guest::impl_kind!({kind}, "{api_version}", "{kind}");"#,
+                kind = gvk.kind,
+                group = gvk.group(),
+                api_version = gvk.api_version,
+            );
+            let crd = format!(
+                r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: {plural}.{group}
+spec:
+  group: {group}
+  scope: Namespaced
+  names: {{plural: {plural}, singular: {singular}, kind: {kind}}}
+  versions:
+    - name: {version}
+      served: true
+      storage: true
+      subresources: {{status: {{}}}}
+      schema:
+        openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}
+"#,
+                group = gvk.group(),
+                singular = gvk.kind.to_ascii_lowercase(),
+                kind = gvk.kind,
+                version = gvk.version(),
+            );
+            Ok(KindInfo { gvk, rust, namespaced: true, crd: Some(crd) })
+        }
+        Err(wasmctrl::config::KindLookupError::UnknownKind { known_kinds }) => {
+            bail!(
+                "--kind {text:?}: {} has no kind {}; it has {}",
+                gvk.api_version,
+                gvk.kind,
+                known_kinds.join(", ")
+            )
+        }
+        Err(wasmctrl::config::KindLookupError::UnknownApiVersion { known_versions }) => bail!(
+            "--kind {text:?}: {} is not a served version{}",
+            gvk.api_version,
+            if known_versions.is_empty() {
+                String::new()
+            } else {
+                format!("; try {}", known_versions.join(", "))
+            }
+        ),
+        Err(wasmctrl::config::KindLookupError::Unavailable(e)) => bail!("--kind {text:?}: {e}"),
+    }
+}
+
+/// The SDK this binary's checkout has.
+fn default_sdk() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests/sdk")
+}
+
+pub fn new(args: NewArgs) -> Result<ExitCode> {
+    if !is_dns_label(&args.name) {
+        bail!(
+            "plugin name {:?}: use lowercase letters, digits and `-` (at most 63, starting with a letter)",
+            args.name
+        );
+    }
+    let kind = kind_info(&args.kind)?;
+    let dir = args.path.clone().unwrap_or_else(|| PathBuf::from(&args.name));
+    if dir.exists() {
+        bail!("{} already exists; choose another --path", dir.display());
+    }
+    let sdk = args.sdk.clone().unwrap_or_else(default_sdk);
+    let sdk = std::fs::canonicalize(&sdk).with_context(|| {
+        format!("the SDK crate is not at {} (pass --sdk PATH/TO/wasmctrl/guests/sdk)", sdk.display())
+    })?;
+    if !sdk.join("Cargo.toml").is_file() {
+        bail!("{} has no Cargo.toml: pass --sdk PATH/TO/wasmctrl/guests/sdk", sdk.display());
+    }
+    let files = render(&args.name, &kind, &sdk);
+    for (rel, text) in &files {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let lib = args.name.replace('-', "_");
+    println!("created plugin crate {} ({} reconciles {})", dir.display(), args.name, kind.gvk);
+    println!();
+    println!("  cd {}", dir.display());
+    println!("  cargo test                                         # native tests on the SDK's test host");
+    println!(
+        "  cargo build --release --target wasm32-wasip2       # → target/wasm32-wasip2/release/{lib}.wasm"
+    );
+    println!(
+        "  wasmctrl test tests/fixtures                       # the real component against the fixtures"
+    );
+    println!(
+        "  cp target/wasm32-wasip2/release/{lib}.wasm PLUGINS_DIR/{}.wasm && cp {}.toml PLUGINS_DIR/",
+        args.name, args.name
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The files of the crate, relative to its directory.
+fn render(name: &str, kind: &KindInfo, sdk: &Path) -> Vec<(String, String)> {
+    let ty = camel(name);
+    let lib = name.replace('-', "_");
+    let k = &kind.gvk.kind;
+    let serde_dep =
+        if kind.crd.is_some() { "serde = { version = \"1\", features = [\"derive\"] }\n" } else { "" };
+    let cargo = format!(
+        r#"[package]
+name = "{name}"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[lib]
+# cdylib: the WebAssembly component; rlib: native `cargo test`.
+crate-type = ["cdylib", "rlib"]
+
+[dependencies]
+wasmctrl-guest = {{ path = "{sdk}" }}
+{serde_dep}
+[profile.release]
+opt-level = "s"
+lto = true
+strip = true
+codegen-units = 1
+
+# Its own workspace, wherever it is put.
+[workspace]
+"#,
+        sdk = sdk.display(),
+    );
+    let (ns_field, ns_yaml, key) = if kind.namespaced {
+        (
+            "\n                namespace: Some(\"default\".into()),",
+            "\n    namespace: default",
+            "default/example",
+        )
+    } else {
+        ("", "", "example")
+    };
+    let lib_rs = format!(
+        r#"//! `{name}`: reconciles `{gvk}` objects. Generated by `wasmctrl new`: replace the body
+//! of `reconcile` with what your controller does.
+//!
+//! As generated, it marks every object it has seen with the annotation [`SEEN_BY`] (one
+//! merge patch, only when missing), records a `Normal` Event and logs.
+
+{rust}
+use wasmctrl_guest::prelude::*;
+use wasmctrl_guest::serde_json::json;
+
+/// The annotation this plugin sets.
+pub const SEEN_BY: &str = "wasmctrl.example.com/seen-by";
+
+/// The plugin.
+pub struct {ty};
+
+impl Plugin for {ty} {{
+    type For = {k};
+
+    fn init(_settings: Settings) -> Result<Self, InitError> {{
+        Ok({ty})
+    }}
+
+    fn reconcile(&self, target: Target<{k}>) -> Result<Action, ReconcileError> {{
+        let Target::Present(object) = target else {{
+            return Ok(Action::Done); // deleted: nothing left to do
+        }};
+        if object.annotation(SEEN_BY) == Some("{name}") {{
+            return Ok(Action::Done); // already done: no write
+        }}
+        let patch = json!({{ "metadata": {{ "annotations": {{ SEEN_BY: "{name}" }} }} }});
+        client::patch_merge::<{k}>(object.namespace(), object.name(), &patch).context("annotating")?;
+        events::normal(&object, "Seen", "Annotate", "{name} reconciled this object")?;
+        log::info!("annotated {{}}", object.key(); annotation = SEEN_BY);
+        Ok(Action::Done)
+    }}
+}}
+
+wasmctrl_guest::export_plugin!({ty});
+
+#[cfg(test)]
+mod tests {{
+    use super::*;
+    use wasmctrl_guest::testing::{{TestHost, Write}};
+
+    fn example() -> {k} {{
+        let mut object = {k}::default();
+        object.metadata = wasmctrl_guest::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {{
+                name: Some("example".into()),{ns_field}
+                ..Default::default()
+            }};
+        object
+    }}
+
+    #[test]
+    fn annotates_once() {{
+        let host = TestHost::new();
+        host.add(&example()).unwrap();
+        let plugin = host.init::<{ty}>().unwrap();
+        let request = Request::for_object(&example());
+
+        assert_eq!(plugin.reconcile(request.clone()), Ok(Action::Done));
+        let writes = host.take_writes();
+        assert!(matches!(&writes[..], [Write::Patch {{ name, .. }}] if name == "example"), "{{writes:?}}");
+        assert_eq!(host.events()[0].reason, "Seen");
+
+        // Once the cache has caught up, a second pass writes nothing.
+        host.sync_cache();
+        assert_eq!(plugin.reconcile(request), Ok(Action::Done));
+        assert!(host.writes().is_empty());
+    }}
+}}
+"#,
+        gvk = kind.gvk,
+        rust = kind.rust,
+    );
+    let toml = format!(
+        r#"# {name}: the plugin's TOML. Put it next to {name}.wasm in the host's plugins directory.
+[for]
+api-version = "{api_version}"
+kind = "{k}"
+
+[permissions]
+write = ["{gvk}"]
+"#,
+        api_version = kind.gvk.api_version,
+        gvk = kind.gvk,
+    );
+    let crd_doc = kind
+        .crd
+        .as_ref()
+        .map(|c| format!("  - {}\n", c.trim_end().replace('\n', "\n    ")))
+        .unwrap_or_default();
+    let fixture = format!(
+        r#"# `wasmctrl test tests/fixtures`: the built component against a fresh embedded API server.
+plugin: ../../{name}.toml
+wasm: ../../target/wasm32-wasip2/release/{lib}.wasm
+world:
+{crd_doc}  - apiVersion: {api_version}
+    kind: {k}
+    metadata:
+      name: example{ns_yaml_indented}
+steps:
+  - reconcile: {key}
+    expect:
+      result: done
+      writes:
+        - verb: patch
+          kind: {gvk}
+          key: {key}
+          body: {{metadata: {{annotations: {{wasmctrl.example.com/seen-by: {name}}}}}}}
+      events:
+        - {{type: Normal, reason: Seen, regarding: {gvk} {key}}}
+  - name: the second pass writes nothing
+    reconcile: {key}
+    expect:
+      result: done
+      writes: []
+"#,
+        api_version = kind.gvk.api_version,
+        gvk = kind.gvk,
+        ns_yaml_indented = ns_yaml.replace('\n', "\n  "),
+    );
+    let mut files = vec![
+        ("Cargo.toml".to_owned(), cargo),
+        ("src/lib.rs".to_owned(), lib_rs),
+        (format!("{name}.toml"), toml),
+        ("tests/fixtures/basic.yaml".to_owned(), fixture),
+        (".gitignore".to_owned(), "/target\n".to_owned()),
+    ];
+    if let Some(crd) = &kind.crd {
+        files.push(("crd.yaml".to_owned(), crd.clone()));
+    }
+    files
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_map_to_types() {
+        let cm = kind_info("v1/ConfigMap").unwrap();
+        assert_eq!(cm.rust, "use wasmctrl_guest::k8s_openapi::api::core::v1::ConfigMap;");
+        assert!(cm.namespaced && cm.crd.is_none());
+        let d = kind_info("apps/v1/Deployment").unwrap();
+        assert_eq!(d.rust, "use wasmctrl_guest::k8s_openapi::api::apps::v1::Deployment;");
+        let ns = kind_info("v1/Namespace").unwrap();
+        assert!(!ns.namespaced);
+        let w = kind_info("example.com/v1/Widget").unwrap();
+        assert!(w.rust.contains("pub struct Widget"));
+        assert!(w.crd.unwrap().contains("name: widgets.example.com"));
+        assert!(kind_info("v1/NoSuchKind").is_err());
+        assert!(kind_info("ConfigMap").is_err());
+        assert!(kind_info("widgets/v1/Widget").is_err());
+        assert_eq!(camel("my-first-plugin"), "MyFirstPlugin");
+        assert!(is_dns_label("stamp-2") && !is_dns_label("Stamp") && !is_dns_label("-a"));
+    }
+}
