@@ -4,13 +4,16 @@
 //!   the embedded dev cluster seeded with `examples/seed`.
 //! - `cargo xtask test`  — build the guest plugins, then run every test of both workspaces.
 //! - `cargo xtask build-guests` — build `guests/` for wasm32-wasip2 and copy the example
-//!   plugins next to their TOMLs in `examples/plugins/`.
+//!   plugins next to their TOMLs in `examples/plugins/`; then the TypeScript and Python
+//!   guests (`guests/ts`, `guests/python`) when Node and Python are installed.
 //! - `cargo xtask ci`    — what `.ci/run` checks: formatting, clippy, then `test`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+
+mod guest_langs;
 
 const WASM_TARGET: &str = "wasm32-wasip2";
 
@@ -123,7 +126,7 @@ fn build_guests(root: &Path) -> Result<()> {
             }
         }
     }
-    Ok(())
+    guest_langs::build(root, run)
 }
 
 fn demo(root: &Path, rest: &[String]) -> Result<()> {
