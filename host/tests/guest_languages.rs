@@ -389,7 +389,9 @@ fn misbehaving_guests_fail_only_their_call(lang: Lang) {
     let guest = load(lang, &plugin, &name, Duration::from_secs(2), 96 << 20);
 
     // An exception is an error of that reconcile, retried; the instance stays.
-    match misbehave_beside_bystander(lang, &guest, "throw") {
+    let thrown = misbehave_beside_bystander(lang, &guest, "throw");
+    eprintln!("{lang:?}: an exception ended with {thrown:?}");
+    match thrown {
         Err(ReconcileError::Retryable(msg)) => {
             assert!(msg.contains("TypeError") || msg.contains("KeyError"), "{lang:?}: {msg}")
         }
@@ -407,7 +409,9 @@ fn misbehaving_guests_fail_only_their_call(lang: Lang) {
     assert_eq!(guest.reconcile_blocking(&req("fine")), Ok(Action::Done), "{lang:?}: a fresh instance works");
 
     // Allocating without bound hits the memory cap.
-    match misbehave_beside_bystander(lang, &guest, "alloc") {
+    let allocated = misbehave_beside_bystander(lang, &guest, "alloc");
+    eprintln!("{lang:?}: unbounded allocation ended with {allocated:?}");
+    match allocated {
         Err(ReconcileError::Panic(reason)) => {
             assert!(reason.contains("memory") || reason.contains("deadline"), "{lang:?}: {reason}")
         }
@@ -424,7 +428,9 @@ fn misbehaving_guests_fail_only_their_call(lang: Lang) {
         br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"default"}}"#,
     ))
     .unwrap_or_else(|e| panic!("{e}"));
-    match guest.map_blocking(&configmap(), object.json()) {
+    let mapped = guest.map_blocking(&configmap(), object.json());
+    eprintln!("{lang:?}: a throwing map ended with {mapped:?}");
+    match mapped {
         Err(CallError::Trap { export: "map", .. }) => {}
         other => panic!("{lang:?}: a throwing map gave {other:?}"),
     }
