@@ -122,7 +122,9 @@ fn steady_state_env() -> PluginEnv {
     }
     let namespaces = Indexer::new();
     for ns in ["default", "team-a", "team-b"] {
-        namespaces.upsert(object(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})));
+        namespaces.upsert(object(
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        ));
     }
     let mut caches: HashMap<Gvk, Arc<dyn CacheReader>> = HashMap::new();
     caches.insert(configmap_gvk(), Arc::new(configmaps));
@@ -256,7 +258,8 @@ fn main() {
         let cached_load = median(
             (0..5)
                 .map(|_| {
-                    let loaded = engine.load_component(&wasm).unwrap_or_else(|e| panic!("{}: {e}", lang.name));
+                    let loaded =
+                        engine.load_component(&wasm).unwrap_or_else(|e| panic!("{}: {e}", lang.name));
                     assert!(loaded.from_cache, "{}: the second load must come from the cache", lang.name);
                     loaded.elapsed
                 })
@@ -264,9 +267,20 @@ fn main() {
         );
         let memory_mib = min_memory_mib(&engine, &first.component);
 
-        let plugin = Plugin::from_component(&engine, mirror_spec(256 << 20), &first.component, first.hash.clone(), steady_state_env())
-            .unwrap_or_else(|e| panic!("{}: {e}", lang.name));
-        assert_eq!(plugin.reconcile_blocking(&source_request()), Ok(Action::Done), "{}: steady-state reconcile", lang.name);
+        let plugin = Plugin::from_component(
+            &engine,
+            mirror_spec(256 << 20),
+            &first.component,
+            first.hash.clone(),
+            steady_state_env(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", lang.name));
+        assert_eq!(
+            plugin.reconcile_blocking(&source_request()),
+            Ok(Action::Done),
+            "{}: steady-state reconcile",
+            lang.name
+        );
         let reconcile = measure(rounds, iters, || {
             let r = plugin.reconcile_blocking(&source_request());
             debug_assert_eq!(r, Ok(Action::Done));
@@ -294,7 +308,16 @@ fn main() {
             let r = noop_plugin.reconcile_blocking(&noop_request);
             debug_assert_eq!(r, Ok(Action::Done));
         });
-        rows.push(Row { name: lang.name, size: wasm.len(), compile, cached_load, instance, memory_mib, noop, reconcile });
+        rows.push(Row {
+            name: lang.name,
+            size: wasm.len(),
+            compile,
+            cached_load,
+            instance,
+            memory_mib,
+            noop,
+            reconcile,
+        });
     }
 
     let Some(rust) = rows.iter().find(|r| r.name == "Rust") else {

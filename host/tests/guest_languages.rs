@@ -66,7 +66,9 @@ impl Lang {
         };
         let ok = std::process::Command::new(cmd).args(args).output().is_ok_and(|o| o.status.success());
         if !ok {
-            eprintln!("skipping {test}: `{cmd}` is not installed, so `cargo xtask build-guests` built no {self:?} guests");
+            eprintln!(
+                "skipping {test}: `{cmd}` is not installed, so `cargo xtask build-guests` built no {self:?} guests"
+            );
         }
         ok
     }
@@ -127,8 +129,15 @@ impl Demo {
         .expect("engine");
         let deps = ManagerDeps {
             engine,
-            informers: Arc::new(FactoryLeases(InformerFactory::new(client.clone(), FactoryOptions::default()))),
-            kube: Some(KubeServices::new(client.clone(), tokio::runtime::Handle::current(), "wasmctrl-languages")),
+            informers: Arc::new(FactoryLeases(InformerFactory::new(
+                client.clone(),
+                FactoryOptions::default(),
+            ))),
+            kube: Some(KubeServices::new(
+                client.clone(),
+                tokio::runtime::Handle::current(),
+                "wasmctrl-languages",
+            )),
             metrics,
         };
         let shutdown = CancellationToken::new();
@@ -190,14 +199,18 @@ async fn mirror_follows_expected(plugin: &str) {
         }
         for team in ["team-a", "team-b"] {
             let copy = get(&ns(team), "app-config").await?.ok_or(format!("no copy in {team}"))?;
-            if copy.data != source.data || copy.binary_data != source.binary_data || copy.immutable != source.immutable {
+            if copy.data != source.data
+                || copy.binary_data != source.binary_data
+                || copy.immutable != source.immutable
+            {
                 return Err(format!("{team} copy has {:?}", copy.data));
             }
             let labels = copy.metadata.labels.clone().unwrap_or_default();
             let annotations = copy.metadata.annotations.clone().unwrap_or_default();
             if labels.get("app.kubernetes.io/managed-by").map(String::as_str) != Some("configmap-mirror")
                 || labels.contains_key("mirror")
-                || annotations.get("mirror.example.com/source").map(String::as_str) != Some("default/app-config")
+                || annotations.get("mirror.example.com/source").map(String::as_str)
+                    != Some("default/app-config")
                 || copy.metadata.owner_references.is_some()
                 || copy.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty())
             {
@@ -225,7 +238,9 @@ async fn mirror_follows_expected(plugin: &str) {
             e.data["reason"] == "Mirrored"
                 && e.data["action"] == "Sync"
                 && e.data["regarding"]["name"] == "app-config"
-                && e.data["note"].as_str().is_some_and(|n| n.starts_with("copies created in [team-a, team-b]"))
+                && e.data["note"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("copies created in [team-a, team-b]"))
         });
         if found { Ok(()) } else { Err(format!("{} events, none Mirrored", list.items.len())) }
     })
@@ -252,7 +267,11 @@ async fn mirror_follows_expected(plugin: &str) {
 
     // An edited copy is put back.
     ns("team-a")
-        .patch("app-config", &PatchParams::default(), &Patch::Merge(serde_json::json!({"data": {"log-level": "x"}})))
+        .patch(
+            "app-config",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"log-level": "x"}})),
+        )
         .await
         .unwrap();
     eventually("the edited copy is put back", || async {
@@ -271,7 +290,11 @@ async fn mirror_follows_expected(plugin: &str) {
 
     // Removing the label deletes the copies and the finalizer; the source stays.
     ns("default")
-        .patch("app-config", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"labels": {"mirror": null}}})))
+        .patch(
+            "app-config",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"mirror": null}}})),
+        )
         .await
         .unwrap();
     eventually("unlabelled: copies gone, finalizer gone", || async {
@@ -290,7 +313,11 @@ async fn mirror_follows_expected(plugin: &str) {
 
     // Labelled again, then deleted: copies come back, then everything goes.
     ns("default")
-        .patch("app-config", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"labels": {"mirror": "true"}}})))
+        .patch(
+            "app-config",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"mirror": "true"}}})),
+        )
         .await
         .unwrap();
     eventually("labelled again: copies back", copies_match).await;
@@ -357,7 +384,8 @@ fn load(lang: Lang, plugin: &str, name: &str, deadline: Duration, memory: usize)
     let mut spec = PluginSpec::new(name, configmap());
     spec.limits.deadline = deadline;
     spec.limits.memory = memory;
-    Plugin::load(&shared().engine, spec, &lang.wasm(plugin), env()).unwrap_or_else(|e| panic!("loading {plugin}: {e}"))
+    Plugin::load(&shared().engine, spec, &lang.wasm(plugin), env())
+        .unwrap_or_else(|e| panic!("loading {plugin}: {e}"))
 }
 
 /// The same language's misbehaving plugin in a healthy role: `fine` returns `done`.
@@ -421,7 +449,11 @@ fn misbehaving_guests_fail_only_their_call(lang: Lang) {
         }
         other => panic!("{lang:?}: an allocating reconcile gave {other:?}"),
     }
-    assert_eq!(guest.reconcile_blocking(&req("fine")), Ok(Action::Done), "{lang:?}: recovered after the allocation");
+    assert_eq!(
+        guest.reconcile_blocking(&req("fine")),
+        Ok(Action::Done),
+        "{lang:?}: recovered after the allocation"
+    );
 
     // A hook that throws traps only its call.
     let object = Object::from_json(Bytes::from_static(
@@ -434,7 +466,11 @@ fn misbehaving_guests_fail_only_their_call(lang: Lang) {
         Err(CallError::Trap { export: "map", .. }) => {}
         other => panic!("{lang:?}: a throwing map gave {other:?}"),
     }
-    assert_eq!(guest.reconcile_blocking(&req("fine")), Ok(Action::Done), "{lang:?}: recovered after the hook");
+    assert_eq!(
+        guest.reconcile_blocking(&req("fine")),
+        Ok(Action::Done),
+        "{lang:?}: recovered after the hook"
+    );
 }
 
 #[test]

@@ -65,12 +65,16 @@ impl Language {
     fn check(self) -> std::result::Result<(), String> {
         let probes: &[(&str, &[&str])] = match self {
             Language::Ts => &[("node", &["--version"]), ("npm", &["--version"])],
-            Language::Python => &[(python(), &["-c", "import sys, venv; assert sys.version_info >= (3, 10)"])],
+            Language::Python => {
+                &[(python(), &["-c", "import sys, venv; assert sys.version_info >= (3, 10)"])]
+            }
         };
         for (cmd, args) in probes {
             match Command::new(cmd).args(*args).output() {
                 Ok(out) if out.status.success() => {}
-                Ok(_) => return Err(format!("`{cmd}` is too old or unusable (Node 20+, Python 3.10+ with venv)")),
+                Ok(_) => {
+                    return Err(format!("`{cmd}` is too old or unusable (Node 20+, Python 3.10+ with venv)"));
+                }
                 Err(_) => return Err(format!("`{cmd}` not found (the tests of these guests skip)")),
             }
         }
@@ -110,9 +114,13 @@ fn install_ts(root: &Path, dir: &Path, run: fn(&mut Command) -> Result<()>) -> R
     // checks their integrity hashes. (`npm ci` would too, but current npm refuses this
     // lock file over platform-specific optional packages the registry does not carry.)
     // No install scripts run: every tool used ships its binary inside its package.
-    run(Command::new("npm")
-        .current_dir(dir)
-        .args(["install", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"]))?;
+    run(Command::new("npm").current_dir(dir).args([
+        "install",
+        "--ignore-scripts",
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+    ]))?;
     if read(&dir.join("package-lock.json"))? != read(&lock)? {
         bail!(
             "npm changed the lock file while installing the TypeScript toolchain: guests/ts/package-lock.json is out of date with package.json (regenerate it with `npm install` in guests/ts)"
@@ -131,12 +139,20 @@ fn install_python(root: &Path, dir: &Path, run: fn(&mut Command) -> Result<()>) 
         return Ok(dir.to_owned());
     }
     if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("removing the old virtualenv {}", dir.display()))?;
+        std::fs::remove_dir_all(dir)
+            .with_context(|| format!("removing the old virtualenv {}", dir.display()))?;
     }
     run(Command::new(python()).args(["-m", "venv"]).arg(dir))?;
     let pip = if cfg!(windows) { dir.join("Scripts/pip") } else { dir.join("bin/pip") };
     run(Command::new(pip)
-        .args(["install", "--quiet", "--disable-pip-version-check", "--require-hashes", "--only-binary=:all:", "-r"])
+        .args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--require-hashes",
+            "--only-binary=:all:",
+            "-r",
+        ])
         .arg(&requirements))?;
     std::fs::write(&marker, pinned).with_context(|| format!("writing {}", marker.display()))?;
     Ok(dir.to_owned())
