@@ -1001,7 +1001,7 @@ mod check_components {
         let report = check_paths(&[dir.path().to_path_buf()], &options);
         assert!(report.ok(), "{}", report.render());
         assert!(
-            report.render().contains("world wasmctrl:controller/plugin@0.1.0, init ok"),
+            report.render().contains("world wasmctrl:controller/plugin@0.2.0, init ok"),
             "{}",
             report.render()
         );

@@ -61,11 +61,49 @@ pub fn replace<K: Kind>(object: &K) -> Result<K, Error> {
     from_json(&wit::replace(&to_json(object)?).map_err(into_error)?)
 }
 
-/// Server-side apply of `object` (usually partial: only the fields this plugin manages)
-/// with the plugin's field manager. `force` takes over fields owned by other managers
-/// instead of failing with [`Error::Conflict`].
-pub fn apply<K: Kind>(object: &K, force: bool) -> Result<K, Error> {
-    from_json(&wit::apply(&to_json(object)?, force).map_err(into_error)?)
+/// How [`apply`] is made: `ApplyParams::default()` applies with the plugin's field manager,
+/// fails with [`Error::Conflict`] on fields another manager owns, and persists the result.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApplyParams {
+    /// Take over fields owned by other managers instead of failing with [`Error::Conflict`].
+    pub force: bool,
+    /// Validate and return the result without persisting it (`dryRun=All`).
+    pub dry_run: bool,
+    /// Apply as this field manager instead of the plugin's own (`wasmctrl-<name>` by default).
+    pub field_manager: Option<String>,
+}
+
+impl ApplyParams {
+    /// Forced apply with the plugin's field manager: the usual choice of a controller,
+    /// which owns the fields it applies.
+    pub fn force() -> Self {
+        ApplyParams { force: true, ..ApplyParams::default() }
+    }
+
+    /// The same parameters, as a dry run.
+    pub fn dry_run(mut self) -> Self {
+        self.dry_run = true;
+        self
+    }
+
+    /// The same parameters, applied as `manager`.
+    pub fn field_manager(mut self, manager: impl Into<String>) -> Self {
+        self.field_manager = Some(manager.into());
+        self
+    }
+
+    fn to_wit(&self) -> wit::ApplyOptions {
+        wit::ApplyOptions {
+            force: self.force,
+            dry_run: self.dry_run,
+            field_manager: self.field_manager.clone(),
+        }
+    }
+}
+
+/// Server-side apply of `object` (usually partial: only the fields this plugin manages).
+pub fn apply<K: Kind>(object: &K, params: &ApplyParams) -> Result<K, Error> {
+    from_json(&wit::apply(&to_json(object)?, &params.to_wit()).map_err(into_error)?)
 }
 
 /// Applies an RFC 7386 JSON merge patch to the object's main resource.

@@ -241,7 +241,7 @@ macro_rules! export_plugin {
                 }
             }
 
-            // The component export names (`wasmctrl:controller/reconciler@0.1.0#init`) are not
+            // The component export names (`wasmctrl:controller/reconciler@0.2.0#init`) are not
             // valid symbols for native linkers, so native builds (unit tests of a plugin
             // crate) skip the export and keep the rest.
             #[cfg(target_arch = "wasm32")]
@@ -281,7 +281,7 @@ pub(crate) fn request_to_wit(request: Request) -> wit_types::Request {
 pub fn init<P: Plugin>(slot: &'static SlotKey<P>, settings: Vec<u8>) -> Result<wit::PluginInfo, String> {
     let plugin = P::init(Settings::from_json(settings))?;
     slot.with(|s| *s.0.borrow_mut() = Some(Rc::new(plugin)));
-    Ok(wit::PluginInfo { hooks: P::HOOKS.to_wit() })
+    Ok(wit::PluginInfo { hooks: P::HOOKS.to_wit(), for_kind: None })
 }
 
 #[doc(hidden)]
@@ -296,7 +296,7 @@ pub fn reconcile<P: Plugin>(
         Ok(Action::Done) => Ok(wit::ReconcileResult::Done),
         Ok(Action::Requeue) => Ok(wit::ReconcileResult::Requeue),
         Ok(Action::RequeueAfter(after)) => {
-            Ok(wit::ReconcileResult::RequeueAfter(u64::try_from(after.as_millis()).unwrap_or(u64::MAX)))
+            Ok(wit::ReconcileResult::RequeueAfterMs(u64::try_from(after.as_millis()).unwrap_or(u64::MAX)))
         }
         Err(ReconcileError::Retryable(m)) => Err(wit::ReconcileError::Retryable(m)),
         Err(ReconcileError::Terminal(m)) => Err(wit::ReconcileError::Terminal(m)),
@@ -511,7 +511,7 @@ mod tests {
         assert_eq!(info.hooks, wit::Hooks::MAP);
         assert!(matches!(reconcile(&SLOT, req("x")), Ok(wit::ReconcileResult::Done)));
         assert!(matches!(reconcile(&SLOT, req("again")), Ok(wit::ReconcileResult::Requeue)));
-        assert!(matches!(reconcile(&SLOT, req("later")), Ok(wit::ReconcileResult::RequeueAfter(250))));
+        assert!(matches!(reconcile(&SLOT, req("later")), Ok(wit::ReconcileResult::RequeueAfterMs(250))));
         assert!(matches!(reconcile(&SLOT, req("bad")), Err(wit::ReconcileError::Terminal(m)) if m == "bad"));
         let mapped = map(
             &SLOT,

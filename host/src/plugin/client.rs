@@ -6,7 +6,8 @@
 //!   before any request is sent. Bodies larger than `max-output` are refused as `invalid`.
 //! - Bodies go to the API server as the guest wrote them and responses come back as the
 //!   server sent them (no serde round trip), so unknown fields survive.
-//! - Every write carries the plugin's field manager; `apply` is server-side apply.
+//! - Every write carries the plugin's field manager; `apply` is server-side apply and may
+//!   name another manager (1–128 printable ASCII characters, as the API server requires).
 //! - A guest blocks in these calls (it runs on a blocking thread); the request itself runs
 //!   on the tokio runtime and is bounded by what is left of the call's deadline.
 
@@ -23,7 +24,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::bindings::wasmctrl::controller::client::{
-    DeleteOptions, Host, PatchBody as WitPatch, Propagation,
+    ApplyOptions as WitApplyOptions, DeleteOptions, Host, PatchBody as WitPatch, Propagation,
 };
 use super::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
 use super::events::EventRecorder;
@@ -205,6 +206,16 @@ fn validate_segment(what: &str, s: &str) -> Result<(), WitError> {
     Ok(())
 }
 
+/// The API server accepts field managers of at most 128 printable characters.
+fn validate_field_manager(m: &str) -> Result<&str, WitError> {
+    if m.is_empty() || m.len() > 128 || !m.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return Err(WitError::Invalid(format!(
+            "field manager {m:?} must be 1 to 128 printable ASCII characters"
+        )));
+    }
+    Ok(m)
+}
+
 fn raw_json(bytes: &[u8], what: &str) -> Result<Box<RawValue>, WitError> {
     let text =
         std::str::from_utf8(bytes).map_err(|e| WitError::Invalid(format!("{what} is not UTF-8: {e}")))?;
@@ -352,7 +363,11 @@ impl Host for HostState {
         Ok(self.patch_call(kind, namespace, name, patch, None, "client.patch"))
     }
 
-    fn apply(&mut self, object: Vec<u8>, force: bool) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+    fn apply(
+        &mut self,
+        object: Vec<u8>,
+        options: WitApplyOptions,
+    ) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
         let result = (|| {
             self.ctx.check_input_size(object.len(), "the object")?;
             let target = target_of(&object)?;
@@ -360,8 +375,13 @@ impl Host for HostState {
             let raw = raw_json(&object, "the object")?;
             let (kube, req, _) =
                 self.collection(&target.kind, target.namespace.as_deref(), true, "client.apply")?;
-            let mut pp = PatchParams::apply(&self.ctx.spec.field_manager);
-            pp.force = force;
+            let manager = match options.field_manager.as_deref() {
+                Some(m) => validate_field_manager(m)?,
+                None => &self.ctx.spec.field_manager,
+            };
+            let mut pp = PatchParams::apply(manager);
+            pp.force = options.force;
+            pp.dry_run = options.dry_run;
             let http = req.patch(&target.name, &pp, &Patch::Apply(raw)).map_err(build_error)?;
             kube.send(self.call.deadline, http).map(String::into_bytes)
         })();

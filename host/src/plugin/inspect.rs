@@ -21,7 +21,7 @@ pub struct ComponentReport {
     /// Hex SHA-256 of the file (the version the host reports for it).
     pub hash: String,
     /// The world the component targets, as far as its exports tell
-    /// (`wasmctrl:controller/plugin@0.1.0`), if recognised.
+    /// (`wasmctrl:controller/plugin@0.2.0`), if recognised.
     pub world: Option<String>,
     /// Interfaces the component imports.
     pub imports: Vec<String>,
@@ -64,7 +64,7 @@ impl fmt::Display for ComponentReport {
             writeln!(f, "  {e}")?;
         }
         match &self.fits {
-            Ok(()) => write!(f, "fits:    yes (wasmctrl:controller/plugin@0.1.0)"),
+            Ok(()) => write!(f, "fits:    yes (wasmctrl:controller/plugin@0.2.0)"),
             Err(why) => write!(f, "fits:    no: {why}"),
         }
     }

@@ -49,4 +49,10 @@ pub enum PluginError {
     Incompatible { plugin: String, reason: String },
     #[error("plugin {plugin}: starting an instance failed: {reason}")]
     Init { plugin: String, reason: String },
+    /// The component was written for another kind than its TOML's `[for]`.
+    #[error(
+        "plugin {plugin} was written for {written_for} (its init reports it) but its TOML's [for] is {toml}: \
+         point [for] at {written_for}, or build the plugin for {toml}"
+    )]
+    KindMismatch { plugin: String, written_for: Gvk, toml: Gvk },
 }

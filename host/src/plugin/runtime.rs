@@ -3,6 +3,8 @@
 //!
 //! Invariants:
 //! - Every instance ran `init(settings)` successfully before its first other call.
+//! - A plugin whose `init` reports a `for-kind` other than its spec's `for_kind` is not
+//!   loaded ([`PluginError::KindMismatch`]).
 //! - Each call gets the plugin's deadline (epoch ticks) and its instance's memory and
 //!   table limits; any trap or host error fails that call only, and the instance is
 //!   destroyed (wasmtime refuses to re-enter a trapped component anyway).
@@ -60,6 +62,13 @@ impl From<Hooks> for PluginHooks {
             filter: h.contains(Hooks::FILTER),
         }
     }
+}
+
+/// What a plugin's `init` reported about itself.
+struct InitInfo {
+    hooks: PluginHooks,
+    /// The kind the plugin was written for, when it says.
+    for_kind: Option<Gvk>,
 }
 
 /// Why a call into a plugin failed.
@@ -164,9 +173,19 @@ impl Plugin {
             version,
             deadline_ticks,
         };
-        let (first, hooks) = inner
+        let (first, info) = inner
             .instantiate()
             .map_err(|e| PluginError::Init { plugin: name.clone(), reason: e.to_string() })?;
+        if let Some(written_for) = info.for_kind
+            && written_for != inner.ctx.spec.for_kind
+        {
+            return Err(PluginError::KindMismatch {
+                plugin: name,
+                written_for,
+                toml: inner.ctx.spec.for_kind.clone(),
+            });
+        }
+        let hooks = info.hooks;
         inner.hooks = hooks;
         inner.pool.put_new(first);
         tracing::info!(plugin = %name, version = %inner.version, ?hooks, "plugin loaded");
@@ -217,7 +236,7 @@ impl Plugin {
         match result {
             Ok(ReconcileResult::Done) => Ok(Action::Done),
             Ok(ReconcileResult::Requeue) => Ok(Action::Requeue),
-            Ok(ReconcileResult::RequeueAfter(ms)) => Ok(Action::RequeueAfter(Duration::from_millis(ms))),
+            Ok(ReconcileResult::RequeueAfterMs(ms)) => Ok(Action::RequeueAfter(Duration::from_millis(ms))),
             Err(WitReconcileError::Retryable(m)) => Err(ReconcileError::Retryable(m)),
             Err(WitReconcileError::Terminal(m)) => Err(ReconcileError::Terminal(m)),
         }
@@ -328,8 +347,8 @@ fn check_output(size: usize, max: usize) -> wasmtime::Result<()> {
 }
 
 impl PluginInner {
-    /// A new instance with `init` run on it.
-    fn instantiate(&self) -> Result<(Instance, PluginHooks), CallError> {
+    /// A new instance with `init` run on it, and what its `init` reported.
+    fn instantiate(&self) -> Result<(Instance, InitInfo), CallError> {
         let plugin = &self.ctx.spec.name;
         let mut store = Store::new(self.engine.engine(), HostState::new(self.ctx.clone()));
         store.limiter(|s| &mut s.limits);
@@ -356,7 +375,8 @@ impl PluginInner {
                 reason: describe_error(&e, &store, &self.ctx),
             })?;
         let info = init.map_err(|reason| CallError::Init { plugin: plugin.clone(), reason })?;
-        Ok((Instance { store, bindings }, info.hooks.into()))
+        let for_kind = info.for_kind.map(|g| Gvk::new(g.api_version, g.kind));
+        Ok((Instance { store, bindings }, InitInfo { hooks: info.hooks.into(), for_kind }))
     }
 
     /// Runs `f` on a pooled instance under the sandbox's limits.

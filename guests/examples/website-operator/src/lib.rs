@@ -294,7 +294,11 @@ fn apply_child<K: Kind + Clone>(site: &Website, desired: K) -> Result<ChildOutco
     let existing = cache::get::<K>(desired.namespace(), desired.name())?;
     let outcome = plan_child(site, existing.as_ref(), &desired)?;
     if outcome == ChildOutcome::Applied {
-        client::apply(&desired, true).context(format_args!("applying {} {}", K::KIND, desired.key()))?;
+        client::apply(&desired, &client::ApplyParams::force()).context(format_args!(
+            "applying {} {}",
+            K::KIND,
+            desired.key()
+        ))?;
     }
     Ok(outcome)
 }

@@ -27,7 +27,7 @@ fn touch_imports() -> bool {
 
 impl Guest for Plugin {
     fn init(_settings: Vec<u8>) -> Result<PluginInfo, String> {
-        Ok(PluginInfo { hooks: Hooks::empty() })
+        Ok(PluginInfo { hooks: Hooks::empty(), for_kind: None })
     }
     fn reconcile(request: Request) -> Result<ReconcileResult, ReconcileError> {
         if request.name == "misbehave" {

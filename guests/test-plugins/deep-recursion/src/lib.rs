@@ -29,7 +29,7 @@ fn descend(depth: u64) -> u64 {
 
 impl Guest for Plugin {
     fn init(_settings: Vec<u8>) -> Result<PluginInfo, String> {
-        Ok(PluginInfo { hooks: Hooks::empty() })
+        Ok(PluginInfo { hooks: Hooks::empty(), for_kind: None })
     }
     fn reconcile(request: Request) -> Result<ReconcileResult, ReconcileError> {
         if request.name == "misbehave" {

@@ -90,7 +90,16 @@ fn run(op: &str, kind: Gvk, ns: Option<&str>, arg: &str, arg2: &str) -> String {
         "client-get" => text(client::get(&kind, ns, arg)),
         "client-create" => text(client::create(arg.as_bytes())),
         "client-replace" => text(client::replace(arg.as_bytes())),
-        "client-apply" => text(client::apply(arg.as_bytes(), arg2 == "force")),
+        "client-apply" => {
+            // arg2: comma-separated `force`, `dry-run`, `manager=NAME`.
+            let flags: Vec<&str> = arg2.split(',').collect();
+            let options = client::ApplyOptions {
+                force: flags.contains(&"force"),
+                dry_run: flags.contains(&"dry-run"),
+                field_manager: flags.iter().find_map(|f| f.strip_prefix("manager=")).map(str::to_owned),
+            };
+            text(client::apply(arg.as_bytes(), &options))
+        }
         "client-update-status" => text(client::update_status(arg.as_bytes())),
         "client-patch" => text(client::patch(&kind, ns, arg, &patch(arg2))),
         "client-patch-status" => text(client::patch_status(&kind, ns, arg, &patch(arg2))),
@@ -144,10 +153,17 @@ impl Guest for Plugin {
         if settings == b"{\"reject\":true}" {
             return Err("settings rejected on purpose".into());
         }
+        // `{"for-kind":"apiVersion/Kind"}` makes init report that kind (the host's kind check).
+        let for_kind = serde_json::from_slice::<serde_json::Value>(&settings).ok().and_then(|v| {
+            v["for-kind"]
+                .as_str()
+                .and_then(|k| k.rsplit_once('/'))
+                .map(|(a, k)| Gvk { api_version: a.to_owned(), kind: k.to_owned() })
+        });
         if let Ok(mut s) = SETTINGS.lock() {
             *s = settings;
         }
-        Ok(PluginInfo { hooks: Hooks::all() })
+        Ok(PluginInfo { hooks: Hooks::all(), for_kind })
     }
 
     fn reconcile(request: Request) -> Result<ReconcileResult, ReconcileError> {
@@ -160,7 +176,7 @@ impl Guest for Plugin {
             panic!("probe panicked on request");
         }
         if op == "requeue-after" {
-            return Ok(ReconcileResult::RequeueAfter(1500));
+            return Ok(ReconcileResult::RequeueAfterMs(1500));
         }
         let kind = Gvk {
             api_version: parts.next().unwrap_or("v1").to_owned(),

@@ -56,7 +56,7 @@ fn sync(request: &Request) -> Result<(), String> {
                 "data": { "stamp": STAMP, "value": value },
             });
             let body = serde_json::to_vec(&out).map_err(|e| e.to_string())?;
-            client::apply(&body, true).map(|_| ()).map_err(|e| describe(&e))
+            client::apply(&body, &client::ApplyOptions { force: true, dry_run: false, field_manager: None }).map(|_| ()).map_err(|e| describe(&e))
         }
     }
 }
@@ -66,7 +66,7 @@ impl Guest for Stamp {
         if FAIL_INIT {
             return Err(format!("build {STAMP} refuses to start"));
         }
-        Ok(PluginInfo { hooks: Hooks::empty() })
+        Ok(PluginInfo { hooks: Hooks::empty(), for_kind: None })
     }
 
     fn reconcile(request: Request) -> Result<ReconcileResult, ReconcileError> {

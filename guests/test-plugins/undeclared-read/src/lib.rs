@@ -29,7 +29,7 @@ fn outcome<T>(r: Result<T, wasmctrl::controller::types::Error>) -> String {
 
 impl Guest for Plugin {
     fn init(_settings: Vec<u8>) -> Result<PluginInfo, String> {
-        Ok(PluginInfo { hooks: Hooks::empty() })
+        Ok(PluginInfo { hooks: Hooks::empty(), for_kind: None })
     }
     fn reconcile(request: Request) -> Result<ReconcileResult, ReconcileError> {
         let kind = Gvk { api_version: request.namespace.unwrap_or_default(), kind: request.name };

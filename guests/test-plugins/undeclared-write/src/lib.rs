@@ -28,7 +28,7 @@ fn outcome<T>(r: Result<T, wasmctrl::controller::types::Error>) -> &'static str 
 
 impl Guest for Plugin {
     fn init(_settings: Vec<u8>) -> Result<PluginInfo, String> {
-        Ok(PluginInfo { hooks: Hooks::empty() })
+        Ok(PluginInfo { hooks: Hooks::empty(), for_kind: None })
     }
     fn reconcile(_request: Request) -> Result<ReconcileResult, ReconcileError> {
         use wasmctrl::controller::client::{self, DeleteOptions, PatchBody as Patch};
@@ -37,7 +37,10 @@ impl Guest for Plugin {
         let outcomes = [
             outcome(client::create(secret)),
             outcome(client::replace(secret)),
-            outcome(client::apply(secret, true)),
+            outcome(client::apply(
+                secret,
+                &client::ApplyOptions { force: true, dry_run: false, field_manager: None },
+            )),
             outcome(client::update_status(secret)),
             outcome(client::patch(&deploy, Some("default"), "d", &Patch::Merge(b"{}".to_vec()))),
             outcome(client::patch_status(&deploy, Some("default"), "d", &Patch::Merge(b"{}".to_vec()))),
