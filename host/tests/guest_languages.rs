@@ -58,19 +58,23 @@ impl Lang {
         repo().join("guests/target").join(dir)
     }
 
-    /// Whether the toolchain build-guests needs is installed; prints why a test skips when not.
+    /// Whether the toolchain build-guests needs is installed (the same probes as
+    /// `xtask/src/guest_langs.rs`); prints why a test skips when not.
     fn available(self, test: &str) -> bool {
-        let (cmd, args): (&str, &[&str]) = match self {
-            Lang::Ts => ("node", &["--version"]),
-            Lang::Python => ("python3", &["--version"]),
+        let probes: &[(&str, &[&str])] = match self {
+            Lang::Ts => &[("node", &["--version"]), ("npm", &["--version"])],
+            Lang::Python => &[("python3", &["-c", "import sys, venv; assert sys.version_info >= (3, 10)"])],
         };
-        let ok = std::process::Command::new(cmd).args(args).output().is_ok_and(|o| o.status.success());
-        if !ok {
-            eprintln!(
-                "skipping {test}: `{cmd}` is not installed, so `cargo xtask build-guests` built no {self:?} guests"
-            );
+        for (cmd, args) in probes {
+            let ok = std::process::Command::new(cmd).args(*args).output().is_ok_and(|o| o.status.success());
+            if !ok {
+                eprintln!(
+                    "skipping {test}: `{cmd}` is missing or too old, so `cargo xtask build-guests` built no {self:?} guests"
+                );
+                return false;
+            }
         }
-        ok
+        true
     }
 
     fn wasm(self, plugin: &str) -> Vec<u8> {
