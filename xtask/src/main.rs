@@ -9,7 +9,8 @@
 //! - `cargo xtask real-cluster [--kubeconfig PATH]` — build and run the real API server
 //!   (etcd, kube-apiserver, GC and namespace controllers) until Ctrl-C.
 //! - `cargo xtask build-guests` — build `guests/` for wasm32-wasip2 and copy the example
-//!   plugins next to their TOMLs in `examples/plugins/`.
+//!   plugins next to their TOMLs in `examples/plugins/`; then the TypeScript and Python
+//!   guests (`guests/ts`, `guests/python`) when Node and Python are installed.
 //! - `cargo xtask ci`    — what `.ci/run` checks: formatting, clippy, then `test`.
 //! - `cargo xtask bench [anchors]` — every benchmark, or only the table next to kube-rs,
 //!   client-go and controller-runtime (see `bench.rs`).
@@ -22,6 +23,8 @@ use anyhow::{Context, Result, bail};
 use wasmctrl_testkit::realserver::{self, BACKEND_ENV, KUBECONFIG_ENV, RealServer};
 
 mod bench;
+
+mod guest_langs;
 
 const WASM_TARGET: &str = "wasm32-wasip2";
 
@@ -149,7 +152,7 @@ fn build_guests(root: &Path) -> Result<()> {
             }
         }
     }
-    Ok(())
+    guest_langs::build(root, run)
 }
 
 fn demo(root: &Path, rest: &[String]) -> Result<()> {

@@ -1,0 +1,27 @@
+"""A new wasmctrl plugin in Python. Copy this directory (see ../README.md), rename the
+class, set ``for_kind``, and write ``reconcile``. This one stamps every ConfigMap it is
+given with ``data.stamped = "yes"``.
+"""
+
+from wasmctrl_guest import CONFIG_MAP, Action, Request, cache, client, export_plugin, log
+
+
+class Stamp:
+    # The kind this plugin was written for; must equal the TOML's [for].
+    for_kind = CONFIG_MAP
+
+    def __init__(self, settings: dict) -> None:
+        # Raising here rejects the plugin version with the message.
+        self.value = settings.get("value", "yes")
+
+    def reconcile(self, request: Request) -> Action:
+        cm = cache.get(CONFIG_MAP, request.namespace, request.name)
+        if cm is None or cm.get("data", {}).get("stamped") == self.value:
+            return Action.DONE  # deleted since it was queued, or already stamped
+        client.patch(CONFIG_MAP, request.namespace, request.name, {"data": {"stamped": self.value}})
+        log.info(f"stamped {request.namespace}/{request.name}", value=self.value)
+        return Action.DONE
+
+
+# componentize-py exports the class named after the WIT interface.
+Reconciler = export_plugin(Stamp)

@@ -1,0 +1,103 @@
+// Builds every TypeScript guest into a WebAssembly component.
+//
+// Usage: node guests/ts/build.mjs --tools DIR --out DIR
+//   --tools  a directory holding node_modules installed from guests/ts/package-lock.json
+//            (`cargo xtask build-guests` runs `npm ci` there, outside the clone)
+//   --out    where <plugin>.wasm files go
+//   --wit    the WIT package (default: wit/ of the repository)
+//
+// Steps: `jco guest-types` writes the WIT's TypeScript declarations into generated/;
+// `tsc` type-checks the SDK and every plugin; for each plugin directory (examples/*,
+// test-plugins/*, template) esbuild bundles src/index.ts with the SDK into one ES module
+// and componentize-js turns it into a component of the `plugin` world, with WASI HTTP
+// disabled. A plugin is rebuilt only when its inputs (its sources, the SDK, wit/, the
+// lock file) changed since the stamp next to its .wasm was written.
+import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
+import { dirname, join, relative, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = resolve(here, "../..");
+
+function arg(name, fallback) {
+  const i = process.argv.indexOf(name);
+  if (i < 0 || i + 1 >= process.argv.length) {
+    if (fallback !== undefined) return fallback;
+    throw new Error(`missing ${name} DIR (usage: node build.mjs --tools DIR --out DIR [--wit DIR])`);
+  }
+  return resolve(process.argv[i + 1]);
+}
+
+const tools = arg("--tools");
+const out = arg("--out");
+const wit = arg("--wit", join(root, "wit"));
+const bin = (name) => join(tools, "node_modules", ".bin", name);
+
+function run(cmd, args) {
+  console.error(`ts-guests: ${cmd} ${args.join(" ")}`);
+  try {
+    execFileSync(cmd, args, { stdio: "inherit", cwd: here });
+  } catch (e) {
+    console.error(`ts-guests: ${cmd} failed (${e.status === null ? e.signal : `exit ${e.status}`})`);
+    process.exit(1);
+  }
+}
+
+function files(dir) {
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
+    const p = join(dir, e.name);
+    return e.isDirectory() ? (e.name === "node_modules" ? [] : files(p)) : [p];
+  });
+}
+
+function digest(paths) {
+  const h = createHash("sha256");
+  for (const p of paths.sort()) {
+    h.update(relative(root, p));
+    h.update(readFileSync(p));
+  }
+  return h.digest("hex");
+}
+
+const plugins = [
+  ...readdirSync(join(here, "examples")).map((d) => ({ dir: join(here, "examples", d), name: `${d}-ts` })),
+  ...readdirSync(join(here, "test-plugins")).map((d) => ({
+    dir: join(here, "test-plugins", d),
+    name: `test-plugin-ts-${d}`,
+  })),
+  { dir: join(here, "template"), name: "template-ts" },
+].filter((p) => statSync(p.dir).isDirectory() && existsSync(join(p.dir, "src", "index.ts")));
+
+mkdirSync(out, { recursive: true });
+run(bin("jco"), ["guest-types", wit, "--world-name", "plugin", "--out-dir", join(here, "generated"), "--quiet"]);
+run(bin("tsc"), ["--project", join(here, "tsconfig.json")]);
+
+const shared = [...files(join(here, "sdk", "src")), ...files(wit), join(here, "package-lock.json"), join(here, "build.mjs")];
+for (const p of plugins) {
+  const wasm = join(out, `${p.name}.wasm`);
+  const stampFile = join(out, `${p.name}.stamp`);
+  const stamp = digest([...shared, ...files(join(p.dir, "src"))]);
+  if (existsSync(wasm) && existsSync(stampFile) && readFileSync(stampFile, "utf8") === stamp) {
+    console.error(`ts-guests: ${p.name} is up to date`);
+    continue;
+  }
+  const bundle = join(out, `${p.name}.js`);
+  run(bin("esbuild"), [
+    join(p.dir, "src", "index.ts"),
+    "--bundle",
+    "--format=esm",
+    "--platform=neutral",
+    "--target=es2022",
+    `--alias:wasmctrl-guest=${join(here, "sdk", "src", "index.ts")}`,
+    "--external:wasmctrl:*",
+    `--outfile=${bundle}`,
+    "--log-level=warning",
+  ]);
+  const tmp = join(out, `.${p.name}.wasm.tmp`);
+  run(bin("componentize-js"), [bundle, "--wit", wit, "--world-name", "plugin", "--disable", "http", "fetch-event", "--out", tmp]);
+  renameSync(tmp, wasm);
+  writeFileSync(stampFile, stamp);
+}

@@ -1,0 +1,42 @@
+/**
+ * The wasmctrl guest SDK for TypeScript/JavaScript plugins (built with componentize-js).
+ *
+ * ```ts
+ * import { Action, cache, client, exportPlugin, kinds, log, type Request } from "wasmctrl-guest";
+ *
+ * class Stamp {
+ *   static forKind = kinds.ConfigMap;
+ *   constructor(_settings: {}) {}
+ *   reconcile(request: Request): Action {
+ *     const cm = cache.get(kinds.ConfigMap, request.namespace, request.name);
+ *     if (cm === undefined || cm.data?.stamped) return Action.done;
+ *     client.patch(kinds.ConfigMap, request.namespace, request.name, { data: { stamped: "yes" } });
+ *     log.info(`stamped ${request.name}`);
+ *     return Action.done;
+ *   }
+ * }
+ * export const reconciler = exportPlugin(Stamp);
+ * ```
+ */
+export * as cache from "./cache.js";
+export * as client from "./client.js";
+export * as config from "./config.js";
+export * as events from "./events.js";
+export * as finalizers from "./finalizers.js";
+export * as log from "./log.js";
+export * as kinds from "./objects.js";
+export { HostError, RetryableError, TerminalError, ignoreNotFound, withContext } from "./errors.js";
+export type { HostErrorKind } from "./errors.js";
+export { Action, exportPlugin } from "./plugin.js";
+export type { FilterInput, Plugin, PluginClass, ReconcilerExport } from "./plugin.js";
+export type { ConfigMap, Kind, KubeObject, Namespace, ObjectMeta, OwnerReference, Secret } from "./objects.js";
+export {
+  annotation,
+  isBeingDeleted,
+  isKind,
+  keyOf,
+  kind,
+  label,
+  requestFor,
+} from "./objects.js";
+export type { Gvk, Request } from "wasmctrl:controller/types@0.2.0";

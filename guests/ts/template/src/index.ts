@@ -1,0 +1,35 @@
+/**
+ * A new wasmctrl plugin in TypeScript. Copy this directory (see ../README.md), rename the
+ * class, set `forKind`, and write `reconcile`. This one stamps every ConfigMap it is given
+ * with `data.stamped = "yes"`.
+ */
+import { Action, cache, client, exportPlugin, kinds, log, type Request } from "wasmctrl-guest";
+
+/** `[settings]` of the plugin TOML. */
+interface Settings {
+  /** The value written into `data.stamped` (default "yes"). */
+  value?: string;
+}
+
+class Stamp {
+  /** The kind this plugin was written for; must equal the TOML's `[for]`. */
+  static forKind = kinds.ConfigMap;
+  private readonly value: string;
+
+  /** Throwing here rejects the plugin version with the message. */
+  constructor(settings: Settings) {
+    this.value = settings.value ?? "yes";
+  }
+
+  reconcile(request: Request): Action {
+    const cm = cache.get(kinds.ConfigMap, request.namespace, request.name);
+    if (cm === undefined || cm.data?.stamped === this.value) {
+      return Action.done; // deleted since it was queued, or already stamped
+    }
+    client.patch(kinds.ConfigMap, request.namespace, request.name, { data: { stamped: this.value } });
+    log.info(`stamped ${request.namespace}/${request.name}`, { value: this.value });
+    return Action.done;
+  }
+}
+
+export const reconciler = exportPlugin(Stamp);
