@@ -658,7 +658,8 @@ async fn apply_cm(api: &Api<ConfigMap>, name: &str, value: &str) -> String {
         "metadata": { "name": name },
         "data": { "value": value },
     });
-    let cm = api.patch(name, &PatchParams::apply("handoff").force(), &Patch::Apply(&cm)).await.expect("apply");
+    let cm =
+        api.patch(name, &PatchParams::apply("handoff").force(), &Patch::Apply(&cm)).await.expect("apply");
     cm.metadata.resource_version.unwrap_or_default()
 }
 
@@ -696,7 +697,9 @@ async fn until_reconciled_gone(plugin: &str, key: &str, after: usize, what: &str
     let seen = AtomicUsizeCounter::default();
     until_line(plugin, "reconcile-start", what, |l| {
         seen.bump();
-        seen.get() > after && l.field("key").as_deref() == Some(key) && l.field("rv").as_deref() == Some("not-found")
+        seen.get() > after
+            && l.field("key").as_deref() == Some(key)
+            && l.field("rv").as_deref() == Some("not-found")
     })
     .await;
 }
@@ -902,9 +905,12 @@ async fn hook_calls_of_two_versions_never_overlap_and_each_event_goes_to_one() {
         assert_eq!(calls.len(), 1, "update {key}@{rv} hooked by {calls:?}");
     }
     // (3) b's synthetic adds (one per object) come before its first live event.
-    let b_calls: Vec<&GuestLog> =
-        log.iter().filter(|l| l.message == "hook-start" && l.field("stamp").as_deref() == Some("b")).collect();
-    let first_live = b_calls.iter().position(|l| l.field("event").as_deref() != Some("add")).unwrap_or(b_calls.len());
+    let b_calls: Vec<&GuestLog> = log
+        .iter()
+        .filter(|l| l.message == "hook-start" && l.field("stamp").as_deref() == Some("b"))
+        .collect();
+    let first_live =
+        b_calls.iter().position(|l| l.field("event").as_deref() != Some("add")).unwrap_or(b_calls.len());
     let synthetic: std::collections::BTreeSet<String> =
         b_calls[..first_live].iter().filter_map(|l| l.field("key")).collect();
     assert_eq!(synthetic.len(), 6, "b's synthetic adds before its live events: {synthetic:?}");
@@ -918,7 +924,12 @@ fn check_no_concurrent_reconcile_by_version(plugin: &str) {
     let mut in_flight: HashMap<String, String> = HashMap::new();
     for log in logs.iter().filter(|l| l.plugin == plugin) {
         let Some(key) = log.field("key") else { continue };
-        let who = format!("{}/{}/{}", log.version, log.field("stamp").unwrap_or_default(), log.field("edit").unwrap_or_default());
+        let who = format!(
+            "{}/{}/{}",
+            log.version,
+            log.field("stamp").unwrap_or_default(),
+            log.field("edit").unwrap_or_default()
+        );
         match log.message.as_str() {
             "reconcile-start" => {
                 if let Some(other) = in_flight.insert(key.clone(), who.clone()) {
@@ -931,4 +942,72 @@ fn check_no_concurrent_reconcile_by_version(plugin: &str) {
             _ => {}
         }
     }
+}
+
+/// `GET path` on the host's HTTP endpoint: (status code, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("response");
+    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (code, body)
+}
+
+/// `/readyz`: 200 while every plugin has a running version; 503 naming each plugin that has
+/// none; a rejected reload of a running plugin is listed but keeps the host ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_ready_while_every_plugin_has_a_running_version() {
+    let ns = "handoff-readyz";
+    let host = Host::start(ns, false).await;
+    let a = build("witness-a");
+    let token = CancellationToken::new();
+    let (addr, _server) = wasmctrl::server::serve(
+        "127.0.0.1:0".parse().expect("address"),
+        host.metrics.clone(),
+        Arc::new(host.manager().status()),
+        token.clone(),
+    )
+    .await
+    .expect("serve");
+    assert_eq!(http_get(addr, "/readyz").await.0, 200, "no plugin: ready");
+
+    host.install("good.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.install("good.wasm", &a);
+    host.install("broken.toml", witness_toml(ns, "", "", "fail-init = true").as_bytes());
+    host.install("broken.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("good", &a).await;
+    let (code, body) = http_get(addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("plugin broken: no running version: failed:"), "{body}");
+    assert!(body.contains("witness a is told to refuse to start"), "{body}");
+    assert!(!body.contains("plugin good"), "{body}");
+
+    // Fixed: every plugin runs.
+    host.install("broken.toml", witness_toml(ns, "", "", "fail-init = false").as_bytes());
+    host.manager().rescan().await;
+    host.until_version("broken", &a).await;
+    let (code, body) = http_get(addr, "/readyz").await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+
+    // A rejected reload keeps the running version, and the host ready.
+    host.install("good.wasm", b"\0asm garbage");
+    host.manager().rescan().await;
+    let (code, body) = http_get(addr, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("plugin good: reload rejected, still running version"), "{body}");
+
+    // A plugin waiting for its .wasm has no running version.
+    host.install("later.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.manager().rescan().await;
+    let (code, body) = http_get(addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("plugin later: no running version: waiting for its .wasm"), "{body}");
+    token.cancel();
+    host.stop().await;
 }

@@ -1,5 +1,6 @@
 //! Host side of the `log` import: guest log lines become `tracing` events under the
-//! target `wasmctrl::plugin::guest`, tagged with the plugin, the export and the request.
+//! target `wasmctrl::plugin::guest`, tagged with the plugin, its version, the export and the
+//! request.
 //!
 //! Invariant: a message longer than the plugin's `max-output` is truncated, so a guest
 //! cannot make the host format unbounded text.
@@ -36,17 +37,28 @@ impl Host for HostState {
         let max = self.ctx.spec.limits.max_output;
         let message = truncate(message, max);
         let plugin = self.plugin_name();
+        let version = self.plugin_version();
         let request = self.call.request.as_deref().unwrap_or("");
         let export = self.call.export;
         // Guest fields are dynamic, tracing's are static: render them as one `k=v` list.
         let fields =
             truncate(fields.iter().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join(" "), max);
         match level {
-            Level::Trace => tracing::trace!(target: TARGET, plugin, export, request, fields, "{message}"),
-            Level::Debug => tracing::debug!(target: TARGET, plugin, export, request, fields, "{message}"),
-            Level::Info => tracing::info!(target: TARGET, plugin, export, request, fields, "{message}"),
-            Level::Warn => tracing::warn!(target: TARGET, plugin, export, request, fields, "{message}"),
-            Level::Error => tracing::error!(target: TARGET, plugin, export, request, fields, "{message}"),
+            Level::Trace => {
+                tracing::trace!(target: TARGET, plugin, version, export, request, fields, "{message}")
+            }
+            Level::Debug => {
+                tracing::debug!(target: TARGET, plugin, version, export, request, fields, "{message}")
+            }
+            Level::Info => {
+                tracing::info!(target: TARGET, plugin, version, export, request, fields, "{message}")
+            }
+            Level::Warn => {
+                tracing::warn!(target: TARGET, plugin, version, export, request, fields, "{message}")
+            }
+            Level::Error => {
+                tracing::error!(target: TARGET, plugin, version, export, request, fields, "{message}")
+            }
         }
         Ok(())
     }

@@ -90,6 +90,23 @@ impl From<CallError> for ReconcileError {
 pub(crate) struct Instance {
     store: Store<HostState>,
     bindings: PluginBindings,
+    _live: LiveInstance,
+}
+
+/// Counts an instance in `wasmctrl_plugin_live_instances` while it exists.
+struct LiveInstance(prometheus_client::metrics::gauge::Gauge);
+
+impl LiveInstance {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        LiveInstance(gauge.clone())
+    }
+}
+
+impl Drop for LiveInstance {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// A plugin ready to be called; cheap to clone.
@@ -151,6 +168,7 @@ impl Plugin {
         let pool = Pool::new(spec.concurrency + 1);
         let ctx = Arc::new(PluginContext {
             spec,
+            version: short_version(&version).to_owned(),
             caches: env.caches,
             kube: env.kube,
             metrics: engine.metrics().clone(),
@@ -181,6 +199,11 @@ impl Plugin {
     /// The hex SHA-256 of the plugin's `.wasm`.
     pub fn version(&self) -> &str {
         &self.inner.version
+    }
+
+    /// The version as `/plugins` and every log line of the plugin show it (12 hex digits).
+    pub fn short_version(&self) -> &str {
+        &self.inner.ctx.version
     }
 
     /// The spec the plugin runs with (limits normalized).
@@ -356,7 +379,8 @@ impl PluginInner {
                 reason: describe_error(&e, &store, &self.ctx),
             })?;
         let info = init.map_err(|reason| CallError::Init { plugin: plugin.clone(), reason })?;
-        Ok((Instance { store, bindings }, info.hooks.into()))
+        let live = LiveInstance::new(&self.engine.metrics().live_instances);
+        Ok((Instance { store, bindings, _live: live }, info.hooks.into()))
     }
 
     /// Runs `f` on a pooled instance under the sandbox's limits.
@@ -390,11 +414,16 @@ impl PluginInner {
                     .traps
                     .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: export.into() })
                     .inc();
-                tracing::warn!(plugin = %plugin, export, %reason, "plugin call trapped; instance discarded");
+                tracing::warn!(plugin = %plugin, version = %self.ctx.version, export, %reason, "plugin call trapped; instance discarded");
                 Err(CallError::Trap { plugin, export, reason })
             }
         }
     }
+}
+
+/// The first 12 hex digits of a content hash (what `reload::version_of` gives).
+fn short_version(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
 }
 
 /// A one-line reason for a failed call: the trap kind in words, the guest's last stderr
