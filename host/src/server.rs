@@ -3,6 +3,9 @@
 //!
 //! The server reads state through [`StatusSource`], so it knows nothing of how plugins are
 //! managed; it never blocks on the managers (each probe is one cheap snapshot).
+//!
+//! `/readyz` answers 200 (`ok`) when the source says ready and 503 (`not ready`) otherwise;
+//! either way the body lists the source's details, one per line.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +23,7 @@ use crate::metrics::Metrics;
 /// Whether the host is ready, and why not.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Readiness {
-    /// True when every plugin's informers have synced and its workers run.
+    /// True when every plugin has a running version (see the plugins' status board).
     pub ready: bool,
     /// One line per thing that is not ready (or a rejected reload), for humans.
     pub details: Vec<String>,

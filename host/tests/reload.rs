@@ -47,6 +47,8 @@ fn build(name: &str) -> Vec<u8> {
 #[derive(Clone, Debug)]
 struct GuestLog {
     plugin: String,
+    /// The plugin version the host tags the line with.
+    version: String,
     message: String,
     fields: String,
 }
@@ -103,6 +105,7 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
         event.record(&mut f);
         let log = GuestLog {
             plugin: f.0.remove("plugin").unwrap_or_default(),
+            version: f.0.remove("version").unwrap_or_default(),
             message: f.0.remove("message").unwrap_or_default(),
             fields: f.0.remove("fields").unwrap_or_default(),
         };
@@ -135,10 +138,15 @@ fn engine(metrics: &Metrics) -> PluginEngine {
         .clone()
 }
 
+/// The cluster the tests run against (one place to change the backend).
+async fn dev_cluster() -> DevCluster {
+    DevCluster::start(DevClusterConfig::plain_http()).await.expect("dev cluster starts")
+}
+
 impl Host {
     async fn start(namespace: &str, watch: bool) -> Host {
         guest_logs();
-        let cluster = DevCluster::start(DevClusterConfig::plain_http()).await.expect("dev cluster starts");
+        let cluster = dev_cluster().await;
         cluster
             .apply_yaml(&format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n"))
             .expect("namespace");
@@ -624,5 +632,382 @@ async fn plugins_come_and_go_with_their_files() {
     apply_src(&api, "src-2", "two").await;
     let (_, out) = cluster_state(&api).await;
     assert!(!out.contains_key("2"));
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Hand-off: every reload passes on what the previous version had not finished.
+//
+// These use the witness plugin (`guests/test-plugins/witness-{a,b}`), which changes nothing
+// and logs every call it gets: `reconcile-start`/`reconcile-end` with the key and the
+// resourceVersion its cache had (`not-found` once deleted), `hook-start`/`hook-end` with
+// the event. Its `[settings]` make chosen calls slow, which is how these tests hold a
+// notification in a buffer, or a key in flight, at the moment of the reload.
+
+/// A witness TOML: `top` goes before `[for]` (concurrency, resync, ...), `predicates` into
+/// `[for.predicates]`, `settings` into `[settings]`.
+fn witness_toml(namespace: &str, top: &str, predicates: &str, settings: &str) -> String {
+    format!(
+        "deadline = \"20s\"\n{top}\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{namespace}\"\n[for.predicates]\n{predicates}\n[settings]\n{settings}\n"
+    )
+}
+
+async fn apply_cm(api: &Api<ConfigMap>, name: &str, value: &str) -> String {
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": name },
+        "data": { "value": value },
+    });
+    let cm =
+        api.patch(name, &PatchParams::apply("handoff").force(), &Patch::Apply(&cm)).await.expect("apply");
+    cm.metadata.resource_version.unwrap_or_default()
+}
+
+/// The guest log lines of `plugin` with `message`, oldest first.
+fn lines(plugin: &str, message: &str) -> Vec<GuestLog> {
+    guest_logs().lock().iter().filter(|l| l.plugin == plugin && l.message == message).cloned().collect()
+}
+
+/// Waits until `plugin` logged a line `message` matching `pred`; `what` explains a timeout.
+async fn until_line(plugin: &str, message: &str, what: &str, pred: impl Fn(&GuestLog) -> bool) -> GuestLog {
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Some(l) = lines(plugin, message).into_iter().find(|l| pred(l)) {
+                return l;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| {
+        let recent: Vec<String> = guest_logs()
+            .lock()
+            .iter()
+            .filter(|l| l.plugin == plugin)
+            .rev()
+            .take(30)
+            .map(|l| format!("{} {} {}", l.version, l.message, l.fields))
+            .collect();
+        panic!("{what}: never happened; last lines of {plugin} (newest first): {recent:?}")
+    })
+}
+
+/// Waits until `key` is reconciled, after everything logged so far, and sees it gone.
+async fn until_reconciled_gone(plugin: &str, key: &str, after: usize, what: &str) {
+    let seen = AtomicUsizeCounter::default();
+    until_line(plugin, "reconcile-start", what, |l| {
+        seen.bump();
+        seen.get() > after
+            && l.field("key").as_deref() == Some(key)
+            && l.field("rv").as_deref() == Some("not-found")
+    })
+    .await;
+}
+
+/// Counts the lines a predicate looked at (the log index of a match).
+#[derive(Default)]
+struct AtomicUsizeCounter(std::sync::atomic::AtomicUsize);
+
+impl AtomicUsizeCounter {
+    fn bump(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn get(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Issue scenario 1: a plugin with `concurrency = 1` is inside a slow reconcile; its TOML
+/// changes `concurrency`, which restarts its controller; during the drain a ConfigMap is
+/// deleted. The delete is reconciled afterwards (and sees the object gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn controller_restart_during_a_drain_hands_over_a_delete() {
+    let ns = "handoff-restart";
+    let host = Host::start(ns, true).await;
+    let a = build("witness-a");
+    let settings = "slow = \"slow\"\nslow-ms = 4000\n";
+    host.install("restart.toml", witness_toml(ns, "concurrency = 1", "", settings).as_bytes());
+    host.install("restart.wasm", &a);
+    host.until_version("restart", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("restart", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+    let rv = apply_cm(&api, "slow", "1").await;
+    let slow = format!("{ns}/slow");
+    until_line("restart", "reconcile-start", "slow's reconcile", |l| {
+        l.field("key").as_deref() == Some(&slow) && l.field("rv").as_deref() == Some(&rv)
+    })
+    .await;
+
+    // Restart (concurrency 1 → 2) while `slow` is still being reconciled.
+    let toml = witness_toml(ns, "concurrency = 2", "", &format!("{settings}edit = 1\n"));
+    host.install("restart.toml", toml.as_bytes());
+    host.until("the restart to begin", |h| {
+        h.status("restart").is_some_and(|s| s.reloads >= 2 || s.state == PluginState::Stopping)
+    })
+    .await;
+    assert!(
+        !lines("restart", "reconcile-end").iter().any(|l| l.field("key").as_deref() == Some(&slow)),
+        "the slow reconcile ended before the delete: the test did not delete during the drain"
+    );
+    let mark = guest_logs().lock().len();
+    delete_src(&api, "victim").await;
+    until_reconciled_gone("restart", &victim, mark, "victim reconciled after its delete").await;
+    check_no_concurrent_reconcile_by_version("restart");
+    host.stop().await;
+}
+
+/// Issue scenario 2: the handler registration of a plugin with a `filter` is replaced (its
+/// `resync` changed) while a delete is still buffered behind a slow `filter` call. The
+/// buffered delete reaches the successor and is reconciled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replaced_registration_hands_its_buffer_to_its_successor() {
+    let ns = "handoff-replace";
+    let host = Host::start(ns, true).await;
+    let a = build("witness-a");
+    let settings = "slow-filter = \"blocker\"\nslow-ms = 5000\n";
+    host.install("replace.toml", witness_toml(ns, "resync = \"0s\"", "filter = true", settings).as_bytes());
+    host.install("replace.wasm", &a);
+    host.until_version("replace", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("replace", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+
+    // Hold the handler in `filter`, queue victim's delete behind it, then replace the handler.
+    apply_cm(&api, "blocker", "1").await;
+    until_line("replace", "filter-sleep", "the filter to hold the handler", |_| true).await;
+    let mark = guest_logs().lock().len();
+    delete_src(&api, "victim").await;
+    let toml = witness_toml(ns, "resync = \"10m\"", "filter = true", &format!("{settings}edit = 1\n"));
+    host.install("replace.toml", toml.as_bytes());
+    host.until("the TOML edit to load", |h| h.status("replace").is_some_and(|s| s.reloads >= 2)).await;
+    until_reconciled_gone("replace", &victim, mark, "victim reconciled after its buffered delete").await;
+    host.stop().await;
+}
+
+/// Issue scenario 3: a new version arrives while the first one is still syncing its
+/// handlers (held in a slow `filter` over its initial list). Objects created and deleted
+/// meanwhile are reconciled, by the new version, and workers start only once the version
+/// that runs has synced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_swap_during_the_first_versions_initial_sync_hands_everything_over() {
+    let ns = "handoff-initial";
+    let host = Host::start(ns, true).await;
+    let (a, b) = (build("witness-a"), build("witness-b"));
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "blocker", "1").await;
+    // Long enough for b to be compiled and loaded while a still syncs.
+    let settings = "slow-filter = \"blocker\"\nslow-ms = 8000\n";
+    host.install("initial.toml", witness_toml(ns, "", "filter = true", settings).as_bytes());
+    host.install("initial.wasm", &a);
+    // Version a is syncing: its handler sits in `filter` for blocker's initial add.
+    until_line("initial", "filter-sleep", "a's handler to sync", |_| true).await;
+    apply_cm(&api, "victim", "1").await;
+    delete_src(&api, "victim").await;
+    host.install("initial.wasm", &b);
+    host.until_version("initial", &b).await;
+    let victim = format!("{ns}/victim");
+    until_reconciled_gone("initial", &victim, 0, "victim reconciled after its delete").await;
+    let blocker = format!("{ns}/blocker");
+    until_line("initial", "reconcile-end", "blocker reconciled by b", |l| {
+        l.field("key").as_deref() == Some(&blocker) && l.field("stamp").as_deref() == Some("b")
+    })
+    .await;
+    check_no_concurrent_reconcile_by_version("initial");
+    host.stop().await;
+}
+
+/// Issue scenario 4: while the old version's hook dispatcher still has calls to deliver
+/// (held in a slow `on-update`), a new version is swapped in. Hook calls of the two versions
+/// never overlap; each watch event's hook call goes to exactly one version; the new
+/// version's synthetic adds come before its live events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hook_calls_of_two_versions_never_overlap_and_each_event_goes_to_one() {
+    let ns = "handoff-hooks";
+    let host = Host::start(ns, true).await;
+    let (a, b) = (build("witness-a"), build("witness-b"));
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    for i in 0..5 {
+        apply_cm(&api, &format!("h-{i}"), "0").await;
+    }
+    apply_cm(&api, "blocker", "0").await;
+    let settings = "hooks = true\nslow-hook = \"blocker\"\nslow-ms = 6000\n";
+    host.install("hooks.toml", witness_toml(ns, "", "", settings).as_bytes());
+    host.install("hooks.wasm", &a);
+    host.until_version("hooks", &a).await;
+    // Wait for a's initial adds to be through (blocker's sleeps once).
+    let blocker = format!("{ns}/blocker");
+    until_line("hooks", "hook-end", "a's initial add of blocker", |l| {
+        l.field("key").as_deref() == Some(&blocker)
+    })
+    .await;
+
+    // Hold a's dispatcher in blocker's update, queue more events behind it, swap.
+    let blocker_rv = apply_cm(&api, "blocker", "1").await;
+    until_line("hooks", "hook-start", "a's slow hook", |l| l.field("rv").as_deref() == Some(&blocker_rv))
+        .await;
+    let mut live = Vec::new();
+    for i in 0..5 {
+        live.push((format!("{ns}/h-{i}"), apply_cm(&api, &format!("h-{i}"), "1").await));
+    }
+    host.install("hooks.wasm", &b);
+    host.until_version("hooks", &b).await;
+    // Events after the swap.
+    for i in 0..5 {
+        live.push((format!("{ns}/h-{i}"), apply_cm(&api, &format!("h-{i}"), "2").await));
+    }
+    for (key, rv) in &live {
+        until_line("hooks", "hook-end", "every update hooked", |l| {
+            l.field("key").as_deref() == Some(key) && l.field("rv").as_deref() == Some(rv)
+        })
+        .await;
+    }
+    // Let anything still queued come out before judging.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log: Vec<GuestLog> = guest_logs()
+        .lock()
+        .iter()
+        .filter(|l| l.plugin == "hooks" && l.message.starts_with("hook-"))
+        .cloned()
+        .collect();
+    // (1) No overlap: a hook of one version never starts while another version's runs.
+    let mut running: Option<(String, String)> = None;
+    for l in &log {
+        let who = (l.version.clone(), l.field("stamp").unwrap_or_default());
+        match l.message.as_str() {
+            "hook-start" => {
+                assert!(running.is_none(), "hook of {who:?} started while {running:?} was running a hook");
+                running = Some(who);
+            }
+            _ => running = None,
+        }
+    }
+    // (2) Each update event was hooked by exactly one version.
+    for (key, rv) in &live {
+        let calls: Vec<String> = log
+            .iter()
+            .filter(|l| {
+                l.message == "hook-start"
+                    && l.field("event").as_deref() == Some("update")
+                    && l.field("key").as_deref() == Some(key)
+                    && l.field("rv").as_deref() == Some(rv)
+            })
+            .map(|l| l.field("stamp").unwrap_or_default())
+            .collect();
+        assert_eq!(calls.len(), 1, "update {key}@{rv} hooked by {calls:?}");
+    }
+    // (3) b's synthetic adds (one per object) come before its first live event.
+    let b_calls: Vec<&GuestLog> = log
+        .iter()
+        .filter(|l| l.message == "hook-start" && l.field("stamp").as_deref() == Some("b"))
+        .collect();
+    let first_live =
+        b_calls.iter().position(|l| l.field("event").as_deref() != Some("add")).unwrap_or(b_calls.len());
+    let synthetic: std::collections::BTreeSet<String> =
+        b_calls[..first_live].iter().filter_map(|l| l.field("key")).collect();
+    assert_eq!(synthetic.len(), 6, "b's synthetic adds before its live events: {synthetic:?}");
+    host.stop().await;
+}
+
+/// As [`check_no_concurrent_reconcile`], for the witness (two calls at once of one key,
+/// whatever their versions, is a failure).
+fn check_no_concurrent_reconcile_by_version(plugin: &str) {
+    let logs = guest_logs().lock().clone();
+    let mut in_flight: HashMap<String, String> = HashMap::new();
+    for log in logs.iter().filter(|l| l.plugin == plugin) {
+        let Some(key) = log.field("key") else { continue };
+        let who = format!(
+            "{}/{}/{}",
+            log.version,
+            log.field("stamp").unwrap_or_default(),
+            log.field("edit").unwrap_or_default()
+        );
+        match log.message.as_str() {
+            "reconcile-start" => {
+                if let Some(other) = in_flight.insert(key.clone(), who.clone()) {
+                    panic!("{key} reconciled by {who} while {other} was still reconciling it");
+                }
+            }
+            "reconcile-end" => {
+                in_flight.remove(&key);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `GET path` on the host's HTTP endpoint: (status code, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("response");
+    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (code, body)
+}
+
+/// `/readyz`: 200 while every plugin has a running version; 503 naming each plugin that has
+/// none; a rejected reload of a running plugin is listed but keeps the host ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_ready_while_every_plugin_has_a_running_version() {
+    let ns = "handoff-readyz";
+    let host = Host::start(ns, false).await;
+    let a = build("witness-a");
+    let token = CancellationToken::new();
+    let (addr, _server) = wasmctrl::server::serve(
+        "127.0.0.1:0".parse().expect("address"),
+        host.metrics.clone(),
+        Arc::new(host.manager().status()),
+        token.clone(),
+    )
+    .await
+    .expect("serve");
+    assert_eq!(http_get(addr, "/readyz").await.0, 200, "no plugin: ready");
+
+    host.install("good.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.install("good.wasm", &a);
+    host.install("broken.toml", witness_toml(ns, "", "", "fail-init = true").as_bytes());
+    host.install("broken.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("good", &a).await;
+    let (code, body) = http_get(addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("plugin broken: no running version: failed:"), "{body}");
+    assert!(body.contains("witness a is told to refuse to start"), "{body}");
+    assert!(!body.contains("plugin good"), "{body}");
+
+    // Fixed: every plugin runs.
+    host.install("broken.toml", witness_toml(ns, "", "", "fail-init = false").as_bytes());
+    host.manager().rescan().await;
+    host.until_version("broken", &a).await;
+    let (code, body) = http_get(addr, "/readyz").await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+
+    // A rejected reload keeps the running version, and the host ready.
+    host.install("good.wasm", b"\0asm garbage");
+    host.manager().rescan().await;
+    let (code, body) = http_get(addr, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("plugin good: reload rejected, still running version"), "{body}");
+
+    // A plugin waiting for its .wasm has no running version.
+    host.install("later.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.manager().rescan().await;
+    let (code, body) = http_get(addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("plugin later: no running version: waiting for its .wasm"), "{body}");
+    token.cancel();
     host.stop().await;
 }

@@ -217,6 +217,11 @@ impl InformerFactory {
         self.inner.entries.lock().len()
     }
 
+    /// Number of handlers registered on the running informers, all together.
+    pub fn handler_count(&self) -> usize {
+        self.inner.entries.lock().values().map(|e| e.informer.handler_count()).sum()
+    }
+
     /// A lease on the informer for `spec`, started if it was not running. Must be called
     /// within a tokio runtime.
     pub async fn informer(&self, spec: InformerSpec) -> Result<InformerLease, FactoryError> {

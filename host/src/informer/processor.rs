@@ -1,8 +1,8 @@
 //! The shared processor: fans an informer's notifications out to its listeners.
 //!
 //! Invariants:
-//! - each listener has its own unbounded buffer (a channel) drained by its own thread, so a
-//!   slow or blocked handler delays only itself; per-listener order is the informer's order;
+//! - each listener has its own unbounded buffer drained by its own thread, so a slow or
+//!   blocked handler delays only itself; per-listener order is the informer's order;
 //! - a listener counts the "initial list" adds queued to it and not yet handled; together with
 //!   the informer's own sync state this is the registration's `has_synced`;
 //! - `Sync` notifications go only to listeners in the syncing set (client-go's
@@ -10,16 +10,20 @@
 //!   is recomputed only when a resync check (`should_resync`) runs. With no resync period
 //!   anywhere no check ever runs, so every listener gets an update for each unchanged object
 //!   of a relist, which heals notifications missed while the watch was down;
-//! - a panicking handler is logged and the notification skipped; delivery goes on.
+//! - a panicking handler is logged and the notification skipped; delivery goes on;
+//! - a listener leaves in one of three ways, none of which loses a notification it was
+//!   given unless asked to: *stopped* (its buffer is dropped: removal, informer stop),
+//!   *drained* (it delivers what its buffer holds, then ends), or *taken over* (its buffer is
+//!   handed, in order, to a successor; see [`Listener::take_buffer`]). Once its thread has
+//!   ended it calls its handler no more, which [`Listener::finished`] waits for.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -44,14 +48,48 @@ pub(crate) struct SyncState {
     pub(crate) changed: Notify,
 }
 
+/// What a listener's thread does with its buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Delivers, and waits for more.
+    Open,
+    /// Delivers what is buffered, then ends.
+    Draining,
+    /// Ends after the call in progress (the buffer was dropped or taken).
+    Closed,
+}
+
+/// A listener's buffer. Hand-written rather than a channel: a successor must be able to
+/// take what is still undelivered, which a channel's receiver (owned by the thread) cannot
+/// give back.
+struct Buffer {
+    queue: VecDeque<Notification>,
+    mode: Mode,
+}
+
+/// Set once the listener's thread has ended (or never started).
+#[derive(Default)]
+struct Exit {
+    done: AtomicBool,
+    notify: Notify,
+}
+
+impl Exit {
+    fn set(&self) {
+        self.done.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+}
+
 pub(crate) struct Listener {
     pub(crate) id: u64,
     name: Arc<str>,
-    tx: Mutex<Option<mpsc::Sender<Vec<Notification>>>>,
+    buffer: Arc<(Mutex<Buffer>, Condvar)>,
     pub(crate) resync: Option<Duration>,
     next_resync: Mutex<Option<Instant>>,
     pending_initial: Arc<AtomicUsize>,
     removed: Arc<AtomicBool>,
+    exit: Arc<Exit>,
     /// The listener thread could not be started: it will never deliver nor sync.
     dead: bool,
 }
@@ -64,18 +102,24 @@ impl Listener {
         resync: Option<Duration>,
         sync: Arc<SyncState>,
     ) -> Arc<Listener> {
-        let (tx, rx) = mpsc::channel::<Vec<Notification>>();
+        let buffer =
+            Arc::new((Mutex::new(Buffer { queue: VecDeque::new(), mode: Mode::Open }), Condvar::new()));
         let pending_initial = Arc::new(AtomicUsize::new(0));
         let removed = Arc::new(AtomicBool::new(false));
+        let exit = Arc::new(Exit::default());
         let runtime = tokio::runtime::Handle::try_current().ok();
         let thread = {
             let pending = pending_initial.clone();
-            let removed = removed.clone();
+            let buffer = buffer.clone();
+            let exit = exit.clone();
             let name = informer_name.clone();
             std::thread::Builder::new().name(format!("listener-{id}")).spawn(move || {
                 // Handlers may use tokio (spawn, channels): give them the informer's runtime.
                 let _guard = runtime.as_ref().map(|h| h.enter());
-                run_listener(&name, id, handler, rx, &pending, &removed, &sync);
+                run_listener(&name, id, handler, &buffer, &pending, &sync);
+                drop(_guard);
+                exit.set();
+                sync.changed.notify_waiters();
             })
         };
         let dead = match thread {
@@ -83,6 +127,7 @@ impl Listener {
             Err(error) => {
                 tracing::error!(informer = %informer_name, listener = id, %error,
                     "cannot start listener thread; handler will receive nothing");
+                exit.set();
                 true
             }
         };
@@ -90,28 +135,31 @@ impl Listener {
         Arc::new(Listener {
             id,
             name: informer_name,
-            tx: Mutex::new(if dead { None } else { Some(tx) }),
+            buffer,
             resync,
             next_resync: Mutex::new(resync.map(|d| Instant::now() + d)),
             pending_initial,
             removed,
+            exit,
             dead,
         })
     }
 
     /// Hands a batch to the listener thread with a single wake-up.
     pub(crate) fn send_batch(&self, batch: Vec<Notification>) {
-        if batch.is_empty() {
+        if batch.is_empty() || self.dead {
             return;
         }
         let initial = batch.iter().filter(|n| matches!(n, Notification::Add(_, true))).count();
-        let tx = self.tx.lock();
-        let Some(tx) = tx.as_ref() else { return };
-        self.pending_initial.fetch_add(initial, Ordering::SeqCst);
-        if tx.send(batch).is_err() {
-            // The thread is gone (removed): nothing will ever decrement these.
-            self.pending_initial.fetch_sub(initial, Ordering::SeqCst);
+        let (lock, cond) = &*self.buffer;
+        let mut b = lock.lock();
+        if b.mode != Mode::Open {
+            return;
         }
+        self.pending_initial.fetch_add(initial, Ordering::SeqCst);
+        b.queue.extend(batch);
+        drop(b);
+        cond.notify_one();
     }
 
     /// All initial-list notifications handed to this listener have been handled.
@@ -119,14 +167,89 @@ impl Listener {
         !self.dead && self.pending_initial.load(Ordering::SeqCst) == 0
     }
 
+    /// Stops the listener: what its buffer holds is dropped.
     pub(crate) fn stop(&self) {
-        self.removed.store(true, Ordering::SeqCst);
-        self.tx.lock().take();
+        self.close();
         tracing::debug!(informer = %self.name, listener = self.id, "listener stopped");
+    }
+
+    /// Stops taking notifications; the thread delivers what is buffered, then ends.
+    pub(crate) fn drain(&self) {
+        self.removed.store(true, Ordering::SeqCst);
+        let (lock, cond) = &*self.buffer;
+        let mut b = lock.lock();
+        if b.mode == Mode::Open {
+            b.mode = Mode::Draining;
+        }
+        drop(b);
+        cond.notify_all();
+        tracing::debug!(informer = %self.name, listener = self.id, "listener draining");
+    }
+
+    /// Stops the listener and returns, in order, what it had not delivered yet (a call in
+    /// progress finishes; nothing else is delivered).
+    pub(crate) fn take_buffer(&self) -> Vec<Notification> {
+        let taken = self.close();
+        tracing::debug!(informer = %self.name, listener = self.id, handed_over = taken.len(), "listener taken over");
+        taken
+    }
+
+    fn close(&self) -> Vec<Notification> {
+        self.removed.store(true, Ordering::SeqCst);
+        let (lock, cond) = &*self.buffer;
+        let mut b = lock.lock();
+        b.mode = Mode::Closed;
+        let taken: Vec<Notification> = b.queue.drain(..).collect();
+        drop(b);
+        cond.notify_all();
+        let initial = taken.iter().filter(|n| matches!(n, Notification::Add(_, true))).count();
+        // Nothing will handle these here any more.
+        self.pending_initial.fetch_sub(initial, Ordering::SeqCst);
+        taken
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
         self.removed.load(Ordering::SeqCst)
+    }
+
+    /// Whether the thread has ended: the handler is called no more.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.exit.done.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the thread has ended (after [`stop`](Self::stop), [`drain`](Self::drain)
+    /// or [`take_buffer`](Self::take_buffer)).
+    pub(crate) fn finished(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let exit = self.exit.clone();
+        async move {
+            loop {
+                let notified = exit.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if exit.done.load(Ordering::SeqCst) {
+                    return;
+                }
+                notified.await;
+            }
+        }
+    }
+}
+
+/// The next notification to deliver, or `None` when the listener is to end.
+fn next(buffer: &(Mutex<Buffer>, Condvar)) -> Option<Notification> {
+    let (lock, cond) = buffer;
+    let mut b = lock.lock();
+    loop {
+        match b.mode {
+            Mode::Closed => return None,
+            Mode::Draining => return b.queue.pop_front(),
+            Mode::Open => {
+                if let Some(n) = b.queue.pop_front() {
+                    return Some(n);
+                }
+                cond.wait(&mut b);
+            }
+        }
     }
 }
 
@@ -134,15 +257,11 @@ fn run_listener(
     informer: &str,
     id: u64,
     handler: Arc<dyn ResourceEventHandler>,
-    rx: mpsc::Receiver<Vec<Notification>>,
+    buffer: &(Mutex<Buffer>, Condvar),
     pending_initial: &AtomicUsize,
-    removed: &AtomicBool,
     sync: &SyncState,
 ) {
-    for n in rx.into_iter().flatten() {
-        if removed.load(Ordering::SeqCst) {
-            break;
-        }
+    while let Some(n) = next(buffer) {
         let initial = matches!(n, Notification::Add(_, true));
         let outcome = catch_unwind(AssertUnwindSafe(|| match &n {
             Notification::Add(obj, in_initial_list) => handler.on_add(obj, *in_initial_list),
@@ -195,17 +314,20 @@ impl Processor {
     }
 
     pub(crate) fn remove(&self, id: u64) -> bool {
-        let mut listeners = self.listeners.write();
-        let before = listeners.len();
-        listeners.retain(|l| {
-            if l.id == id {
+        match self.take(id) {
+            Some(l) => {
                 l.stop();
-                false
-            } else {
                 true
             }
-        });
-        before != listeners.len()
+            None => false,
+        }
+    }
+
+    /// Unlinks a listener without stopping it (the caller decides how it leaves).
+    pub(crate) fn take(&self, id: u64) -> Option<Arc<Listener>> {
+        let mut listeners = self.listeners.write();
+        let at = listeners.iter().position(|l| l.id == id)?;
+        Some(listeners.remove(at))
     }
 
     pub(crate) fn stop_all(&self) {

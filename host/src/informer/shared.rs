@@ -15,7 +15,12 @@
 //!   so with no resync period every handler sees such an update for every unchanged object
 //!   after a relist (controller predicates such as `ResourceVersionChanged` filter them);
 //! - once stopped (explicitly or by the last [`InformerLease`](super::InformerLease) going
-//!   away) the reflector and processing loop end and every listener thread exits.
+//!   away) the reflector and processing loop end and every listener thread exits;
+//! - a handler can leave without losing what it was sent: [`HandlerRegistration::remove_draining`]
+//!   delivers its buffer first, and [`SharedIndexInformer::replace_event_handler`] swaps it
+//!   for a successor at one instant of the informer's stream (under the FIFO lock): every
+//!   notification before that instant goes to the old handler or, when handed over, to the
+//!   successor ahead of its synthetic adds; every one after it goes to the successor only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -166,6 +171,52 @@ impl SharedIndexInformer {
             shared.processor.add(listener.clone());
         });
         tracing::debug!(informer = %shared.name, listener = id, ?resync, "event handler added");
+        HandlerRegistration {
+            listener,
+            shared: Arc::downgrade(&self.shared),
+            sync: shared.sync.clone(),
+            informer_synced: shared.fifo.synced(),
+        }
+    }
+
+    /// Replaces `old` with `handler`, at one instant of the informer's stream: `old` gets no
+    /// notification after it, `handler` none before it. The new handler first receives —
+    /// when `hand_over` — what `old` had not delivered yet (in order), then an
+    /// `on_add(obj, true)` for every cached object, then every later change. Without
+    /// `hand_over`, `old` delivers its buffer itself and then ends (await
+    /// [`HandlerRegistration::finished`] to know when). An `old` that is not (or no longer)
+    /// registered here is left alone and `handler` is simply added.
+    pub fn replace_event_handler(
+        &self,
+        old: &HandlerRegistration,
+        handler: Arc<dyn ResourceEventHandler>,
+        resync: Option<Duration>,
+        hand_over: bool,
+    ) -> HandlerRegistration {
+        let shared = &self.shared;
+        let resync = resync.or(shared.default_resync);
+        let id = shared.processor.next_id();
+        let listener = Listener::spawn(id, shared.name.clone(), handler, resync, shared.sync.clone());
+        let mut handed_over = 0;
+        shared.fifo.locked(|| {
+            let mut batch = Vec::new();
+            // Listener ids are per informer: only look for `old` if it is one of ours.
+            let ours = std::ptr::eq(old.shared.as_ptr(), Arc::as_ptr(shared));
+            if let Some(previous) = ours.then(|| shared.processor.take(old.listener.id)).flatten() {
+                if hand_over {
+                    batch = previous.take_buffer();
+                    handed_over = batch.len();
+                } else {
+                    previous.drain();
+                }
+            }
+            if shared.started.load(Ordering::SeqCst) {
+                batch.extend(shared.indexer.list().into_iter().map(|o| Notification::Add(o, true)));
+            }
+            listener.send_batch(batch);
+            shared.processor.add(listener.clone());
+        });
+        tracing::debug!(informer = %shared.name, listener = id, replaced = old.listener.id, handed_over, ?resync, "event handler replaced");
         HandlerRegistration {
             listener,
             shared: Arc::downgrade(&self.shared),
@@ -382,9 +433,33 @@ impl HandlerRegistration {
         }
     }
 
+    /// Unregisters the handler, which first delivers what it was already sent (await
+    /// [`finished`](Self::finished) for the end). Returns whether it was registered.
+    pub fn remove_draining(&self) -> bool {
+        let Some(shared) = self.shared.upgrade() else { return false };
+        match shared.processor.take(self.listener.id) {
+            Some(l) => {
+                l.drain();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Whether the handler was removed or its informer stopped.
     pub fn is_removed(&self) -> bool {
         self.listener.is_stopped()
+    }
+
+    /// Whether the handler will be called no more (removed or stopped, and its last call
+    /// returned).
+    pub fn is_finished(&self) -> bool {
+        self.listener.is_finished()
+    }
+
+    /// Waits until the handler will be called no more (after a removal of any kind).
+    pub fn finished(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.listener.finished()
     }
 }
 
@@ -407,10 +482,15 @@ mod tests {
         tx: UnboundedSender<Ev>,
         gate: Option<Gate>,
         panic_on: Option<&'static str>,
+        /// Told when a call is about to wait at the gate.
+        entered: Option<UnboundedSender<()>>,
     }
 
     impl Recorder {
         fn wait_gate(&self) {
+            if let Some(e) = &self.entered {
+                let _ = e.send(());
+            }
             if let Some(g) = &self.gate {
                 let mut open = g.0.lock().unwrap();
                 while !*open {
@@ -451,13 +531,101 @@ mod tests {
 
     fn recorder() -> (Arc<Recorder>, UnboundedReceiver<Ev>) {
         let (tx, rx) = unbounded_channel();
-        (Arc::new(Recorder { tx, gate: None, panic_on: None }), rx)
+        (Arc::new(Recorder { tx, gate: None, panic_on: None, entered: None }), rx)
     }
 
     fn gated() -> (Arc<Recorder>, UnboundedReceiver<Ev>, Gate) {
         let (tx, rx) = unbounded_channel();
         let gate: Gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-        (Arc::new(Recorder { tx, gate: Some(gate.clone()), panic_on: None }), rx, gate)
+        (Arc::new(Recorder { tx, gate: Some(gate.clone()), panic_on: None, entered: None }), rx, gate)
+    }
+
+    /// A gated recorder that reports each call reaching its gate.
+    fn gated_entered() -> (Arc<Recorder>, UnboundedReceiver<Ev>, Gate, UnboundedReceiver<()>) {
+        let (tx, rx) = unbounded_channel();
+        let (etx, erx) = unbounded_channel();
+        let gate: Gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        (
+            Arc::new(Recorder { tx, gate: Some(gate.clone()), panic_on: None, entered: Some(etx) }),
+            rx,
+            gate,
+            erx,
+        )
+    }
+
+    /// An informer whose old handler is inside `on_add(a)` (held at its gate) with
+    /// `add b` and `delete a` buffered behind; the cache holds only b.
+    async fn held_with_buffer() -> (SharedIndexInformer, HandlerRegistration, UnboundedReceiver<Ev>, Gate) {
+        let inf = informer();
+        let (h, rx, gate, mut entered) = gated_entered();
+        let reg = inf.add_event_handler(h, None);
+        inf.start_processing();
+        inf.fifo().replace(Vec::new());
+        inf.wait_for_sync().await;
+        inf.fifo().add(obj("a", 1));
+        entered.recv().await.expect("the handler is called");
+        inf.fifo().add(obj("b", 2));
+        inf.fifo().delete(DeletedObject::Known(obj("a", 3)));
+        while inf.indexer().get("ns/a").is_some() || inf.indexer().get("ns/b").is_none() {
+            tokio::task::yield_now().await;
+        }
+        (inf, reg, rx, gate)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replace_hands_the_buffer_to_the_successor_before_its_synthetic_adds() {
+        let (inf, old, mut old_rx, gate) = held_with_buffer().await;
+        let (h, mut rx) = recorder();
+        let new = inf.replace_event_handler(&old, h, None, true);
+        assert_eq!(inf.handler_count(), 1);
+        assert_eq!(next(&mut rx).await, add("b", 2, false));
+        assert_eq!(next(&mut rx).await, Ev::Delete("ns/a".into(), "3".into(), false));
+        assert_eq!(next(&mut rx).await, add("b", 2, true), "then the cache at the replacement");
+        new.wait_for_sync().await;
+        // The old handler finishes the call it was in, and gets nothing else.
+        open(&gate);
+        assert_eq!(next(&mut old_rx).await, add("a", 1, false));
+        old.finished().await;
+        assert!(old.is_finished());
+        assert!(old_rx.recv().await.is_none(), "nothing more for the old handler");
+        inf.fifo().add(obj("c", 4));
+        assert_eq!(next(&mut rx).await, add("c", 4, false), "live events go to the successor");
+        inf.stop();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replace_without_hand_over_lets_the_old_handler_deliver_up_to_the_cut() {
+        let (inf, old, mut old_rx, gate) = held_with_buffer().await;
+        let (h, mut rx) = recorder();
+        let new = inf.replace_event_handler(&old, h, None, false);
+        inf.fifo().add(obj("c", 4));
+        assert_eq!(next(&mut rx).await, add("b", 2, true), "the successor starts from the cache");
+        assert_eq!(next(&mut rx).await, add("c", 4, false));
+        new.wait_for_sync().await;
+        open(&gate);
+        assert_eq!(next(&mut old_rx).await, add("a", 1, false));
+        assert_eq!(next(&mut old_rx).await, add("b", 2, false));
+        assert_eq!(next(&mut old_rx).await, Ev::Delete("ns/a".into(), "3".into(), false));
+        old.finished().await;
+        assert!(old_rx.recv().await.is_none(), "nothing after the cut for the old handler");
+        inf.stop();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn remove_draining_delivers_the_buffer_then_ends() {
+        let (inf, old, mut old_rx, gate) = held_with_buffer().await;
+        assert!(old.remove_draining());
+        assert!(!old.remove_draining(), "second removal is a no-op");
+        assert_eq!(inf.handler_count(), 0);
+        inf.fifo().add(obj("c", 4));
+        assert!(!old.is_finished());
+        open(&gate);
+        assert_eq!(next(&mut old_rx).await, add("a", 1, false));
+        assert_eq!(next(&mut old_rx).await, add("b", 2, false));
+        assert_eq!(next(&mut old_rx).await, Ev::Delete("ns/a".into(), "3".into(), false));
+        old.finished().await;
+        assert!(old_rx.recv().await.is_none(), "c came after the removal");
+        inf.stop();
     }
 
     fn open(g: &Gate) {
@@ -648,7 +816,10 @@ mod tests {
     async fn panicking_handler_is_logged_and_skipped() {
         let inf = informer();
         let (tx, mut rx) = unbounded_channel();
-        inf.add_event_handler(Arc::new(Recorder { tx, gate: None, panic_on: Some("bad") }), None);
+        inf.add_event_handler(
+            Arc::new(Recorder { tx, gate: None, panic_on: Some("bad"), entered: None }),
+            None,
+        );
         inf.start_processing();
         inf.fifo().add(obj("good1", 1));
         inf.fifo().add(obj("bad", 2));

@@ -9,6 +9,10 @@
 //!   adapter.
 //! - Hooks the plugin did not declare in `init` are never called (nothing is queued).
 //! - A trap in a notification hook is logged and counted; it never stops the dispatcher.
+//! - A gated adapter ([`PluginReconciler::new_gated`]) queues hook notifications but calls
+//!   none until [`PluginReconciler::open_hooks`]; one dropped before that calls none at all.
+//!   Hot reload uses this so that only one version of a plugin receives hook calls at a time.
+//! - Every reconcile and hook call runs in a span carrying the plugin's name and version.
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -40,20 +44,84 @@ enum Notification {
     Barrier(mpsc::SyncSender<()>),
 }
 
+/// Whether the dispatcher may call hooks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GateState {
+    Closed,
+    Open,
+    /// Dropped before it opened: deliver nothing.
+    Abandoned,
+}
+
+type Gate = Arc<(parking_lot::Mutex<GateState>, parking_lot::Condvar)>;
+
+fn set_gate(gate: &Gate, from: GateState, to: GateState) {
+    let (lock, cond) = &**gate;
+    let mut g = lock.lock();
+    if *g == from {
+        *g = to;
+        cond.notify_all();
+    }
+}
+
+/// Waits until the gate is no longer closed; true when it opened.
+fn wait_gate(gate: &Gate) -> bool {
+    let (lock, cond) = &**gate;
+    let mut g = lock.lock();
+    while *g == GateState::Closed {
+        cond.wait(&mut g);
+    }
+    *g == GateState::Open
+}
+
 /// A plugin adapted to the controller and the informers.
 pub struct PluginReconciler {
     plugin: Plugin,
     notifications: mpsc::Sender<Notification>,
+    gate: Gate,
+}
+
+impl Drop for PluginReconciler {
+    fn drop(&mut self) {
+        set_gate(&self.gate, GateState::Closed, GateState::Abandoned);
+    }
 }
 
 impl PluginReconciler {
     /// Wraps `plugin`; starts its notification dispatcher thread (it ends when the
     /// adapter and every handler from [`PluginReconciler::event_handler`] are dropped).
     pub fn new(plugin: Plugin) -> Result<Arc<Self>, std::io::Error> {
+        let adapter = Self::new_gated(plugin)?;
+        adapter.open_hooks();
+        Ok(adapter)
+    }
+
+    /// As [`new`](Self::new), but hook notifications wait (queued, in order) until
+    /// [`open_hooks`](Self::open_hooks).
+    pub fn new_gated(plugin: Plugin) -> Result<Arc<Self>, std::io::Error> {
         let (tx, rx) = mpsc::channel::<Notification>();
         let p = plugin.clone();
+        let gate: Gate = Arc::new((parking_lot::Mutex::new(GateState::Closed), parking_lot::Condvar::new()));
+        let thread_gate = gate.clone();
         std::thread::Builder::new().name(format!("plugin-{}", plugin.name())).spawn(move || {
+            if !wait_gate(&thread_gate) {
+                // Never opened: answer barriers, call nothing.
+                for n in rx {
+                    if let Notification::Barrier(done) = n {
+                        let _ = done.send(());
+                    }
+                }
+                return;
+            }
             for n in rx {
+                let (event, kind) = match &n {
+                    Notification::Add { kind, .. } => ("add", kind.to_string()),
+                    Notification::Update { kind, .. } => ("update", kind.to_string()),
+                    Notification::Delete { kind, .. } => ("delete", kind.to_string()),
+                    Notification::Barrier(_) => ("barrier", String::new()),
+                };
+                let span = tracing::debug_span!("hook", plugin = p.name(), version = p.short_version(), event, kind);
+                let _enter = span.enter();
                 let result = match &n {
                     Notification::Add { kind, object, in_initial_list } => {
                         p.on_add_blocking(kind, object.json(), *in_initial_list)
@@ -70,11 +138,16 @@ impl PluginReconciler {
                     }
                 };
                 if let Err(e) = result {
-                    tracing::warn!(plugin = p.name(), error = %e, "notification hook failed");
+                    tracing::warn!(plugin = p.name(), version = p.short_version(), error = %e, "notification hook failed");
                 }
             }
         })?;
-        Ok(Arc::new(PluginReconciler { plugin, notifications: tx }))
+        Ok(Arc::new(PluginReconciler { plugin, notifications: tx, gate }))
+    }
+
+    /// Lets the dispatcher call the hooks (what was queued first, in order).
+    pub fn open_hooks(&self) {
+        set_gate(&self.gate, GateState::Closed, GateState::Open);
     }
 
     /// The adapted plugin.
@@ -83,7 +156,8 @@ impl PluginReconciler {
     }
 
     /// Blocks until every notification queued so far has been delivered to the plugin
-    /// (before swapping it out, and in tests).
+    /// (before swapping it out, and in tests). On a gated adapter it waits for the gate to
+    /// open: call it on open adapters.
     pub fn drain_notifications(&self) {
         let (tx, rx) = mpsc::sync_channel(1);
         if self.notifications.send(Notification::Barrier(tx)).is_ok() {
@@ -109,7 +183,7 @@ impl PluginReconciler {
         match off_worker(|| self.plugin.map_blocking(kind, object.json())) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(plugin = self.plugin.name(), kind = %kind, object = object.key(), error = %e, "map failed");
+                tracing::warn!(plugin = self.plugin.name(), version = self.plugin.short_version(), kind = %kind, object = object.key(), error = %e, "map failed");
                 Vec::new()
             }
         }
@@ -123,7 +197,7 @@ impl PluginReconciler {
             return true;
         }
         off_worker(|| self.plugin.filter_blocking(kind, event)).unwrap_or_else(|e| {
-            tracing::warn!(plugin = self.plugin.name(), kind = %kind, error = %e, "filter failed; letting the event through");
+            tracing::warn!(plugin = self.plugin.name(), version = self.plugin.short_version(), kind = %kind, error = %e, "filter failed; letting the event through");
             true
         })
     }
@@ -163,7 +237,13 @@ impl Filter for PluginReconciler {
 impl Reconciler for PluginReconciler {
     fn reconcile(&self, request: Request) -> BoxFuture<'static, Result<Action, ReconcileError>> {
         let plugin = self.plugin.clone();
-        Box::pin(async move {
+        let span = tracing::info_span!(
+            "plugin_reconcile",
+            plugin = plugin.name(),
+            version = plugin.short_version(),
+            request = %request
+        );
+        let work = async move {
             match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
                 // The worker runs the call itself and hands its other tasks to another
                 // thread: ~2x cheaper per call than a round trip through spawn_blocking.
@@ -172,11 +252,15 @@ impl Reconciler for PluginReconciler {
                 Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
                     tokio::task::block_in_place(|| plugin.reconcile_blocking(&request))
                 }
-                _ => tokio::task::spawn_blocking(move || plugin.reconcile_blocking(&request))
-                    .await
-                    .unwrap_or_else(|e| Err(ReconcileError::Panic(format!("reconcile task failed: {e}")))),
+                _ => {
+                    let span = tracing::Span::current();
+                    tokio::task::spawn_blocking(move || span.in_scope(|| plugin.reconcile_blocking(&request)))
+                        .await
+                        .unwrap_or_else(|e| Err(ReconcileError::Panic(format!("reconcile task failed: {e}"))))
+                }
             }
-        })
+        };
+        Box::pin(tracing::Instrument::instrument(work, span))
     }
 }
 

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
@@ -86,6 +87,8 @@ pub(crate) struct RuntimeMetrics {
     pub instantiations: Family<PluginCallLabels, Counter>,
     /// Host calls refused for lack of a permission.
     pub forbidden: Family<PluginCallLabels, Counter>,
+    /// Instances alive now, every plugin and version together.
+    pub live_instances: Gauge,
 }
 
 /// A compiled component and where it came from.
@@ -164,6 +167,11 @@ impl PluginEngine {
                 "wasmctrl_plugin_instantiations",
                 "Plugin instances created (each runs init)",
                 runtime_metrics.instantiations.clone(),
+            );
+            m.register(
+                "wasmctrl_plugin_live_instances",
+                "Plugin instances alive now (every plugin and version)",
+                runtime_metrics.live_instances.clone(),
             );
             m.register(
                 "wasmctrl_plugin_forbidden_calls",

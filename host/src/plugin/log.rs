@@ -1,5 +1,6 @@
 //! Host side of the `log` import: guest log lines become `tracing` events under the
-//! target `wasmctrl::plugin::guest`, each guest field a field of the event.
+//! target `wasmctrl::plugin::guest`, each guest field a field of the event, tagged with the
+//! plugin, its version, the export and the request.
 //!
 //! Invariants:
 //! - A message or field value longer than the plugin's `max-output` is truncated, so a
@@ -22,7 +23,7 @@ pub(crate) const TARGET: &str = "wasmctrl::plugin::guest";
 pub(crate) const MAX_FIELDS: usize = 24;
 
 /// Names the host sets itself.
-const RESERVED: [&str; 5] = ["message", "plugin", "request", "export", "fields"];
+const RESERVED: [&str; 6] = ["message", "plugin", "version", "request", "export", "fields"];
 
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
@@ -71,6 +72,10 @@ impl Host for HostState {
             names.push("plugin");
             values.push(self.plugin_name().to_owned());
         }
+        if !span_has("version") {
+            names.push("version");
+            values.push(self.plugin_version().to_owned());
+        }
         if let Some(request) = &self.call.request
             && !span_has("request")
         {
@@ -112,20 +117,21 @@ impl Host for HostState {
             let (message, plugin, request) =
                 (&values[0], self.plugin_name(), self.call.request.as_deref().unwrap_or(""));
             let export = self.call.export;
+            let version = self.plugin_version();
             match level {
                 tracing::Level::TRACE => {
-                    tracing::trace!(target: TARGET, plugin, export, request, fields = all, "{message}")
+                    tracing::trace!(target: TARGET, plugin, version, export, request, fields = all, "{message}")
                 }
                 tracing::Level::DEBUG => {
-                    tracing::debug!(target: TARGET, plugin, export, request, fields = all, "{message}")
+                    tracing::debug!(target: TARGET, plugin, version, export, request, fields = all, "{message}")
                 }
                 tracing::Level::INFO => {
-                    tracing::info!(target: TARGET, plugin, export, request, fields = all, "{message}")
+                    tracing::info!(target: TARGET, plugin, version, export, request, fields = all, "{message}")
                 }
                 tracing::Level::WARN => {
-                    tracing::warn!(target: TARGET, plugin, export, request, fields = all, "{message}")
+                    tracing::warn!(target: TARGET, plugin, version, export, request, fields = all, "{message}")
                 }
-                _ => tracing::error!(target: TARGET, plugin, export, request, fields = all, "{message}"),
+                _ => tracing::error!(target: TARGET, plugin, version, export, request, fields = all, "{message}"),
             }
         }
         Ok(())

@@ -101,6 +101,23 @@ impl From<CallError> for ReconcileError {
 pub(crate) struct Instance {
     store: Store<HostState>,
     bindings: PluginBindings,
+    _live: LiveInstance,
+}
+
+/// Counts an instance in `wasmctrl_plugin_live_instances` while it exists.
+struct LiveInstance(prometheus_client::metrics::gauge::Gauge);
+
+impl LiveInstance {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        LiveInstance(gauge.clone())
+    }
+}
+
+impl Drop for LiveInstance {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// A plugin ready to be called; cheap to clone.
@@ -160,6 +177,7 @@ impl Plugin {
         let pool = Pool::new(spec.concurrency + 1);
         let ctx = Arc::new(PluginContext {
             spec,
+            version: short_version(&version).to_owned(),
             caches: env.caches,
             kube: env.kube,
             metrics: engine.metrics().clone(),
@@ -193,6 +211,11 @@ impl Plugin {
     /// The hex SHA-256 of the plugin's `.wasm`.
     pub fn version(&self) -> &str {
         &self.inner.version
+    }
+
+    /// The version as `/plugins` and every log line of the plugin show it (12 hex digits).
+    pub fn short_version(&self) -> &str {
+        &self.inner.ctx.version
     }
 
     /// The spec the plugin runs with (limits normalized).
@@ -370,7 +393,8 @@ impl PluginInner {
             })?;
         let info = init.map_err(|reason| CallError::Init { plugin: plugin.clone(), reason })?;
         let for_kind = info.for_kind.map(|g| Gvk::new(g.api_version, g.kind));
-        Ok((Instance { store, bindings }, InitInfo { hooks: info.hooks.into(), for_kind }))
+        let live = LiveInstance::new(&self.engine.metrics().live_instances);
+        Ok((Instance { store, bindings, _live: live }, InitInfo { hooks: info.hooks.into(), for_kind }))
     }
 
     /// Runs `f` on a pooled instance under the sandbox's limits.
@@ -404,7 +428,7 @@ impl PluginInner {
                     .traps
                     .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: export.into() })
                     .inc();
-                tracing::warn!(plugin = %plugin, export, %reason, "plugin call trapped; instance discarded");
+                tracing::warn!(plugin = %plugin, version = %self.ctx.version, export, %reason, "plugin call trapped; instance discarded");
                 Err(CallError::Trap { plugin, export, reason })
             }
         }
@@ -429,6 +453,11 @@ fn check_at_tick(
         return Ok(wasmtime::UpdateDeadline::Interrupt);
     }
     Ok(wasmtime::UpdateDeadline::Continue(1))
+}
+
+/// The first 12 hex digits of a content hash (what `reload::version_of` gives).
+fn short_version(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
 }
 
 /// A one-line reason for a failed call: the trap kind in words, the guest's last stderr

@@ -30,6 +30,8 @@ use super::spec::{Gvk, PluginSpec};
 /// What every instance of one plugin shares: its spec, caches and cluster access.
 pub(crate) struct PluginContext {
     pub spec: PluginSpec,
+    /// Short content hash of the `.wasm` (as `/plugins` shows it), for logs.
+    pub version: String,
     pub caches: HashMap<Gvk, Arc<dyn CacheReader>>,
     pub kube: Option<Arc<KubeServices>>,
     pub metrics: RuntimeMetrics,
@@ -143,6 +145,11 @@ impl HostState {
 
     pub fn plugin_name(&self) -> &str {
         &self.ctx.spec.name
+    }
+
+    /// The plugin's short version (for logs).
+    pub fn plugin_version(&self) -> &str {
+        &self.ctx.version
     }
 }
 

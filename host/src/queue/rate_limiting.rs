@@ -3,6 +3,10 @@
 //!
 //! `add_rate_limited` = `add_after(key, limiter.when(key))` and counts a retry;
 //! `forget` resets the key's failure history (call it when a key was handled for good).
+//!
+//! A queue handed over to a successor ([`RateLimitingQueue::hand_over_to`]) forwards its
+//! rate-limited adds too; the failure counts live in the limiter, so a successor built
+//! with the same limiter ([`RateLimitingQueue::limiter`]) keeps every key's backoff.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +62,7 @@ impl<K: QueueKey> RateLimitingQueue<K> {
 
     /// Adds `key` after the limiter's delay for it, and counts a retry.
     pub fn add_rate_limited(&self, key: K) {
-        if self.queue.is_shutting_down() {
+        if !self.queue.accepts_adds() {
             return;
         }
         if let Some(m) = self.queue.metrics() {
@@ -124,6 +128,12 @@ impl<K: QueueKey> RateLimitingQueue<K> {
         self.queue.shut_down_with_drain().await;
     }
 
+    /// See [`WorkQueue::hand_over_to`]. Share the limiter (build `to` with this queue's
+    /// [`limiter`](Self::limiter)) to keep the keys' failure counts.
+    pub fn hand_over_to(&self, to: &RateLimitingQueue<K>) -> (usize, usize, usize) {
+        self.queue.hand_over_to(&to.queue)
+    }
+
     /// See [`WorkQueue::is_shutting_down`].
     pub fn is_shutting_down(&self) -> bool {
         self.queue.is_shutting_down()
@@ -184,5 +194,24 @@ mod tests {
         q.done(&k);
         let text = metrics.encode();
         assert!(text.contains(r#"workqueue_work_duration_seconds_count{name="m"} 1"#), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_successor_with_the_same_limiter_keeps_the_backoff() {
+        let limiter: Arc<dyn RateLimiter<&str>> =
+            Arc::new(ItemExponential::new(Duration::from_millis(10), Duration::from_secs(10)));
+        let old = RateLimitingQueue::new(limiter.clone());
+        old.add_rate_limited("k");
+        old.add_rate_limited("k");
+        let new = RateLimitingQueue::new(old.limiter().clone());
+        old.hand_over_to(&new);
+        assert_eq!(new.num_requeues(&"k"), 2, "failure count kept");
+        // A retry of a reconcile that was in flight on the old queue lands in the new one,
+        // with the next backoff step.
+        old.add_rate_limited("k");
+        assert_eq!(new.num_requeues(&"k"), 3);
+        let start = Instant::now();
+        assert_eq!(new.get().await, Some("k"));
+        assert_eq!(start.elapsed(), Duration::from_millis(10), "the earliest delayed add wins");
     }
 }

@@ -91,7 +91,7 @@ impl<K> Ord for Waiting<K> {
     }
 }
 
-struct State<K> {
+struct State<K: QueueKey> {
     dirty: HashMap<K, Dirty>,
     /// Key → when its current processing started.
     processing: HashMap<K, Instant>,
@@ -106,9 +106,13 @@ struct State<K> {
     next_seq: u64,
     shutting_down: bool,
     draining: bool,
+    /// The successor this queue was handed over to.
+    forward: Option<WorkQueue<K>>,
+    /// Keys processing here on behalf of a predecessor (see the module doc).
+    borrowed: std::collections::HashSet<K>,
 }
 
-pub(super) struct Inner<K> {
+pub(super) struct Inner<K: QueueKey> {
     state: Mutex<State<K>>,
     /// Wakes getters when a key becomes ready, the earliest deadline moves, or on shut down.
     ready_notify: Notify,
@@ -197,6 +201,8 @@ impl<K: QueueKey> WorkQueue<K> {
                     next_seq: 0,
                     shutting_down: false,
                     draining: false,
+                    forward: None,
+                    borrowed: std::collections::HashSet::new(),
                 }),
                 ready_notify: Notify::new(),
                 drained_notify: Notify::new(),
@@ -217,6 +223,11 @@ impl<K: QueueKey> WorkQueue<K> {
     /// Marks `key` as needing processing with `priority`. Ignored after shut down.
     pub fn add_with_priority(&self, key: K, priority: Priority) {
         let mut s = self.inner.state.lock();
+        if let Some(next) = s.forward.clone() {
+            drop(s);
+            next.add_with_priority(key, priority);
+            return;
+        }
         let now = Instant::now();
         let mut woke = self.promote_due(&mut s, now);
         woke |= self.add_locked(&mut s, key, priority, now);
@@ -233,9 +244,22 @@ impl<K: QueueKey> WorkQueue<K> {
             self.add(key);
             return;
         }
+        self.add_at(key, Instant::now() + delay);
+    }
+
+    /// Adds `key` at `ready_at` (at once if that has passed); as [`add_after`](Self::add_after).
+    pub fn add_at(&self, key: K, ready_at: Instant) {
         let now = Instant::now();
-        let ready_at = now + delay;
+        if ready_at <= now {
+            self.add(key);
+            return;
+        }
         let mut s = self.inner.state.lock();
+        if let Some(next) = s.forward.clone() {
+            drop(s);
+            next.add_at(key, ready_at);
+            return;
+        }
         if s.shutting_down {
             return;
         }
@@ -309,6 +333,16 @@ impl<K: QueueKey> WorkQueue<K> {
         let Some(started) = s.processing.remove(key) else {
             return;
         };
+        s.borrowed.remove(key);
+        if let Some(next) = s.forward.clone() {
+            let drained = s.processing.is_empty() && s.draining;
+            drop(s);
+            next.finish_borrowed(key);
+            if drained {
+                self.inner.drained_notify.notify_waiters();
+            }
+            return;
+        }
         if let Some(m) = &self.inner.metrics {
             m.work_duration.observe(now.saturating_duration_since(started).as_secs_f64());
         }
@@ -408,6 +442,133 @@ impl<K: QueueKey> WorkQueue<K> {
     /// Whether [`shut_down`](Self::shut_down) or the drain variant was called.
     pub fn is_shutting_down(&self) -> bool {
         self.inner.state.lock().shutting_down
+    }
+
+    /// Whether an add now would be kept (here or by a successor).
+    pub fn accepts_adds(&self) -> bool {
+        let s = self.inner.state.lock();
+        s.forward.is_some() || !s.shutting_down
+    }
+
+    /// Whether this queue was handed over to a successor.
+    pub fn is_handed_over(&self) -> bool {
+        self.inner.state.lock().forward.is_some()
+    }
+
+    /// Hands this queue's work to `to` (see the module doc): ready keys with their
+    /// priority, delayed keys with their ready time, keys in processing borrowed until their
+    /// `done`. Returns how many keys moved (ready, delayed, processing). A queue already
+    /// handed over forwards the call; handing a queue to itself does nothing.
+    pub fn hand_over_to(&self, to: &WorkQueue<K>) -> (usize, usize, usize) {
+        if Arc::ptr_eq(&self.inner, &to.inner) {
+            return (0, 0, 0);
+        }
+        let mut s = self.inner.state.lock();
+        if let Some(next) = s.forward.clone() {
+            drop(s);
+            return next.hand_over_to(to);
+        }
+        let now = Instant::now();
+        self.promote_due(&mut s, now);
+        let mut ready = Vec::with_capacity(s.ready_len);
+        for idx in 0..s.ready.len() {
+            let deque = std::mem::take(&mut s.ready[idx]);
+            for (key, seq) in deque {
+                let live = s.dirty.get(&key).is_some_and(|d| d.queued == Some(seq));
+                if live && let Some(d) = s.dirty.remove(&key) {
+                    ready.push((key, d.priority));
+                }
+            }
+        }
+        // Dirty keys left are processing: their `done` adds them to `to` anyway.
+        s.dirty.clear();
+        s.ready_len = 0;
+        self.set_depth(&s);
+        let waiting: Vec<(K, Instant)> = s.waiting_keys.drain().map(|(k, (at, _))| (k, at)).collect();
+        s.waiting.clear();
+        let processing: Vec<K> = s.processing.keys().cloned().collect();
+        s.forward = Some(to.clone());
+        let moved = (ready.len(), waiting.len(), processing.len());
+        // Lock order: a queue before its successor (never the other way round).
+        let mut t = to.inner.state.lock();
+        for key in processing {
+            if !t.processing.contains_key(&key) {
+                t.processing.insert(key.clone(), now);
+                t.borrowed.insert(key);
+            }
+        }
+        for (key, priority) in ready {
+            to.add_locked(&mut t, key, priority, now);
+        }
+        for (key, at) in waiting {
+            to.wait_locked(&mut t, key, at);
+        }
+        drop(t);
+        drop(s);
+        to.inner.ready_notify.notify_waiters();
+        self.inner.ready_notify.notify_waiters();
+        moved
+    }
+
+    /// The predecessor finished a key it held when it handed over: it is this queue's to
+    /// hand out again, and is added once more.
+    fn finish_borrowed(&self, key: &K) {
+        let mut s = self.inner.state.lock();
+        let was_borrowed = s.borrowed.remove(key);
+        if was_borrowed {
+            s.processing.remove(key);
+        }
+        if let Some(next) = s.forward.clone() {
+            drop(s);
+            next.finish_borrowed(key);
+            return;
+        }
+        let now = Instant::now();
+        let mut woke = false;
+        let seq = s.next_seq;
+        match s.dirty.get_mut(key) {
+            // Added while borrowed: it becomes ready now, as `done` would do.
+            Some(d) if was_borrowed && d.queued.is_none() => {
+                d.queued = Some(seq);
+                let idx = d.priority.index();
+                s.next_seq += 1;
+                s.ready[idx].push_back((key.clone(), seq));
+                s.ready_len += 1;
+                self.set_depth(&s);
+                woke = true;
+            }
+            Some(_) => {}
+            None => woke = self.add_locked(&mut s, key.clone(), Priority::Normal, now),
+        }
+        let drained = s.processing.is_empty() && s.draining;
+        drop(s);
+        if woke {
+            self.inner.ready_notify.notify_one();
+        }
+        if drained {
+            self.inner.drained_notify.notify_waiters();
+        }
+    }
+
+    /// Records a delayed add (under the lock); the earliest ready time per key wins.
+    fn wait_locked(&self, s: &mut State<K>, key: K, ready_at: Instant) {
+        if s.shutting_down {
+            return;
+        }
+        let seq = s.next_seq;
+        match s.waiting_keys.entry(key.clone()) {
+            Entry::Occupied(mut e) => {
+                if e.get().0 <= ready_at {
+                    return;
+                }
+                e.insert((ready_at, seq));
+            }
+            Entry::Vacant(e) => {
+                e.insert((ready_at, seq));
+            }
+        }
+        s.next_seq += 1;
+        s.waiting.push(Reverse(Waiting { ready_at, seq, key }));
     }
 
     /// Moves delayed keys whose time has come into the ready queue. Returns whether any key
@@ -733,5 +894,77 @@ mod tests {
         q.add(7);
         let r = tokio::time::timeout(Duration::from_millis(0), q.get()).await;
         assert_eq!(r.ok().flatten(), Some(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hand_over_moves_ready_delayed_and_in_flight_keys() {
+        let old = WorkQueue::new();
+        old.add_with_priority("low", Priority::Low);
+        old.add("busy");
+        let busy = old.get().await.unwrap();
+        assert_eq!(busy, "busy");
+        old.add("ready");
+        let t0 = Instant::now();
+        old.add_after("later", Duration::from_secs(5));
+        let new = WorkQueue::new();
+        assert_eq!(old.hand_over_to(&new), (2, 1, 1));
+        assert!(old.is_handed_over());
+        assert_eq!(old.len(), 0);
+        assert_eq!(new.len(), 2);
+        assert_eq!(new.waiting_len(), 1);
+        // Priorities kept; the borrowed key is not handed out by the new queue.
+        assert_eq!(new.get().await, Some("ready"));
+        assert_eq!(new.get().await, Some("low"));
+        new.add("busy");
+        assert!(tokio::time::timeout(Duration::from_millis(1), new.get()).await.is_err(), "still borrowed");
+        // Its reconcile ends on the old queue: it is the new queue's again.
+        old.done(&busy);
+        assert_eq!(old.processing_len(), 0);
+        assert_eq!(new.get().await, Some("busy"));
+        // The delayed key keeps its ready time.
+        assert_eq!(new.get().await, Some("later"));
+        assert!(t0.elapsed() >= Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_key_in_flight_at_the_hand_over_is_added_again_when_it_ends() {
+        let old = WorkQueue::new();
+        old.add("k");
+        let k = old.get().await.unwrap();
+        let new = WorkQueue::new();
+        old.hand_over_to(&new);
+        old.done(&k);
+        assert_eq!(new.get().await, Some("k"), "the reconcile that ended may have missed a change");
+    }
+
+    #[tokio::test]
+    async fn a_handed_over_queue_forwards_adds_even_after_shut_down() {
+        let old = WorkQueue::new();
+        let new = WorkQueue::new();
+        old.hand_over_to(&new);
+        old.shut_down();
+        assert!(old.accepts_adds());
+        old.add("x");
+        old.add_after("y", Duration::from_millis(1));
+        assert_eq!(old.get().await, None, "a handed-over queue hands out nothing");
+        assert_eq!(new.get().await, Some("x"));
+        assert_eq!(new.get().await, Some("y"));
+    }
+
+    #[tokio::test]
+    async fn in_flight_key_finished_after_a_second_hand_over_lands_at_the_end_of_the_chain() {
+        let first = WorkQueue::new();
+        first.add("k");
+        let k = first.get().await.unwrap();
+        let second = WorkQueue::new();
+        let third = WorkQueue::new();
+        first.hand_over_to(&second);
+        assert_eq!(second.processing_len(), 1);
+        second.hand_over_to(&third);
+        assert_eq!((second.processing_len(), third.processing_len()), (1, 1));
+        first.done(&k);
+        assert_eq!((second.processing_len(), third.processing_len()), (0, 0));
+        assert_eq!(third.get().await, Some("k"));
+        assert!(first.hand_over_to(&first) == (0, 0, 0));
     }
 }

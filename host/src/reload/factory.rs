@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::wiring::{InformerLeases, LeasedInformer, WatchKey};
+use super::wiring::{InformerLeases, LeasedInformer, LeasedRegistration, WatchKey};
 use crate::cache::{IndexError, IndexSpec, Indexer, LabelSelector};
 use crate::config::{KindLookupError, ResolvedKind};
 use crate::controller::source::EventRegistration;
@@ -91,8 +91,27 @@ impl LeasedInformer for Lease {
         &self,
         handler: Arc<dyn ResourceEventHandler>,
         resync: Option<Duration>,
-    ) -> Box<dyn EventRegistration> {
+    ) -> Box<dyn LeasedRegistration> {
         Box::new(Registration(self.lease.add_event_handler(handler, resync)))
+    }
+
+    fn replace_handler(
+        &self,
+        old: &dyn LeasedRegistration,
+        handler: Arc<dyn ResourceEventHandler>,
+        resync: Option<Duration>,
+        hand_over: bool,
+    ) -> Box<dyn LeasedRegistration> {
+        match old.as_any().downcast_ref::<Registration>() {
+            Some(Registration(old)) => {
+                Box::new(Registration(self.lease.replace_event_handler(old, handler, resync, hand_over)))
+            }
+            // Not ours (cannot happen with one provider): add, and let `old` drain.
+            None => {
+                old.remove_draining();
+                self.add_handler(handler, resync)
+            }
+        }
     }
 }
 
@@ -135,5 +154,19 @@ impl EventRegistration for Registration {
 
     fn remove(&self) {
         self.0.remove();
+    }
+}
+
+impl LeasedRegistration for Registration {
+    fn remove_draining(&self) {
+        self.0.remove_draining();
+    }
+
+    fn finished(&self) -> BoxFuture<'static, ()> {
+        Box::pin(self.0.finished())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

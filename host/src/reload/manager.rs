@@ -9,16 +9,28 @@
 //!   shown in `/plugins` and `/readyz`; a running version keeps running.
 //! - **Start**: a controller per plugin whose queue lives as long as the plugin's `for`
 //!   kind, concurrency and name stay the same.
-//! - **Swap** (new `.wasm`, or a TOML change that keeps the `for` kind and concurrency): the
-//!   controller's reconciler is replaced (calls in flight finish on the old version, every
-//!   later call — queued keys included — goes to the new one; the queue's processing set
-//!   keeps a key from being reconciled by both at once); the new version's handlers are
-//!   wired (informers added or released through the factory's reference counts) and every
-//!   cached object of the `for` kind is enqueued, so each is reconciled by the new version;
-//!   then the old version's handlers and leases go.
-//! - **Restart** (the `for` kind, concurrency or name changed): the old controller drains
-//!   and stops, then the new one starts and reconciles every object of its `for` kind.
-//! - **Stop** (TOML removed): drained, stopped, informers released.
+//! Every reload is a hand-off, never a drop:
+//! - **Swap** (new `.wasm`, or a TOML change that keeps the `for` kind, concurrency and
+//!   name): the controller's reconciler is replaced (calls in flight finish on the old
+//!   version, every later call — queued keys included — goes to the new one; the queue's
+//!   processing set keeps a key from being reconciled by both at once); the new version's
+//!   handlers are wired from the old ones (see `wiring`: carried over, replaced with their
+//!   buffer handed over, or added) and every cached object of the `for` kind is enqueued;
+//!   once the new handlers have synced, the old generation retires (its remaining handlers
+//!   deliver their buffers, its last hook call returns), and only then does the new
+//!   version receive hook calls.
+//! - **Restart** (the `for` kind, concurrency or name changed): a new controller is built
+//!   with the old one's rate limiter (failure counts and backoff kept) and the old queue is
+//!   handed over to it (ready keys, delayed keys with their ready time; keys in flight stay
+//!   borrowed until their reconcile ends, then are added again); the new generation is wired
+//!   into the new queue as for a swap, the old one retires, and the old controller winds
+//!   down in the background (its in-flight reconciles finish; it hands out nothing more).
+//!   The new controller's workers start once its handlers have synced.
+//! - **Stop** (TOML removed): the queue is handed over to a parked queue, the handlers
+//!   drain into it, in-flight reconciles finish; the informers are released. If the
+//!   plugin comes back (same stem), the parked keys are handed to its new controller.
+//! - A reload that comes while the previous version is still syncing follows the same
+//!   rules: it is wired from that version, whatever it has received so far.
 //!
 //! Files are read only after the directory has been quiet for the debounce period and a
 //! whole read saw no change in size or modification time; hidden files (`.x.wasm.tmp`) are
@@ -27,12 +39,13 @@
 //! broken build, leaving the running version in place.
 //!
 //! Invariants: at most one load/swap/stop runs per plugin at a time (a per-stem lock);
-//! plugin names are unique across the directory.
+//! plugin names are unique across the directory; at most one version of a plugin receives
+//! hook calls at any moment.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use kube::core::GroupVersionKind;
@@ -49,13 +62,12 @@ use crate::config::{
     ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, ResolvedKind,
 };
 use crate::controller::{
-    Controller, ControllerError, EventRegistration, EventSource, Reconciler, Request, Swap,
-    source::SourceError,
+    Controller, ControllerError, EventRegistration, EventSource, Reconciler, Request, source::SourceError,
 };
 use crate::informer::ResourceEventHandler;
 use crate::metrics::Metrics;
 use crate::plugin::{Gvk, KubeServices, Plugin, PluginEngine, PluginEnv, PluginReconciler};
-use crate::queue::Priority;
+use crate::queue::{Priority, RateLimiter, RateLimitingQueue};
 
 /// Where the plugins are and how to treat them.
 #[derive(Clone, Debug)]
@@ -157,6 +169,7 @@ impl PluginManager {
             slots: Mutex::default(),
             names: Mutex::default(),
             wasm_users: Mutex::default(),
+            parked: Mutex::default(),
             shutdown: shutdown.clone(),
             retry: events_tx,
         });
@@ -195,6 +208,10 @@ struct Running {
     stop: CancellationToken,
     task: JoinHandle<Result<(), ControllerError>>,
     generation: Arc<Generation>,
+    /// The generation the controller's start gate waits for.
+    current: Arc<Mutex<Weak<Generation>>>,
+    /// Earlier controllers of this plugin still finishing their in-flight reconciles.
+    retiring: Vec<JoinHandle<()>>,
 }
 
 impl Running {
@@ -215,6 +232,8 @@ struct Shared {
     names: Mutex<BTreeMap<String, String>>,
     /// `.wasm` path → stems whose TOML names it.
     wasm_users: Mutex<BTreeMap<PathBuf, BTreeSet<String>>>,
+    /// Stem → the queue of a removed plugin, handed to it if it comes back.
+    parked: Mutex<BTreeMap<String, RateLimitingQueue<Request>>>,
     shutdown: CancellationToken,
     /// Feeds a path back into the debouncer (a file that was still being written).
     retry: mpsc::UnboundedSender<PathBuf>,
@@ -448,6 +467,13 @@ impl Shared {
                     .to_string(),
             ));
         }
+        if running.is_none() {
+            // Loading: no version of it runs yet.
+            self.status.update(stem, toml.to_owned(), |s| {
+                s.name = config.name.clone();
+                s.state = PluginState::Starting;
+            });
+        }
         let mut kinds = BTreeMap::new();
         for (_, kind) in config.kinds() {
             if !kinds.contains_key(kind) {
@@ -516,8 +542,10 @@ impl Shared {
             .map_err(|e| Rejection(e.to_string()))?;
         let hooks = plugin.hooks();
         config.check_hooks(hooks.map, hooks.filter)?;
-        let reconciler = PluginReconciler::new(plugin)
+        // Its hooks stay closed until the previous version's last hook call returned.
+        let reconciler = PluginReconciler::new_gated(plugin)
             .map_err(|e| Rejection(format!("cannot start the plugin's dispatcher: {e}")))?;
+        Generation::check(&config, &leases, &PluginSlot::new(reconciler.clone())).map_err(Rejection)?;
 
         let name = config.name.clone();
         let previous = running.as_ref().map(|r| r.generation.version.clone());
@@ -530,25 +558,20 @@ impl Shared {
         let for_keys = leases.for_keys(&config);
         match running.take() {
             Some(mut r) if !restart => {
-                // Swap: new reconciler first, then the new handlers (unchanged ones carried
-                // over), then every `for` key once more (a key the old version took meanwhile
-                // is done again by the new one).
-                r.controller
-                    .swap(Swap {
-                        reconciler: Some(reconciler.clone() as Arc<dyn Reconciler>),
-                        ..Swap::default()
-                    })
-                    .map_err(|e| Rejection(e.to_string()))?;
+                // Swap: new reconciler first, then the new handlers (wired from the old
+                // ones), then every `for` key once more (a key the old version took
+                // meanwhile is done again by the new one).
+                r.controller.swap_reconciler(reconciler.clone() as Arc<dyn Reconciler>);
                 r.slot.store(reconciler.clone());
-                let previous = Arc::get_mut(&mut r.generation);
                 let wired = Generation::wire(
                     config,
                     version.clone(),
-                    reconciler,
+                    reconciler.clone(),
                     &r.slot,
                     leases,
                     r.controller.queue(),
-                    previous,
+                    Some(&r.generation),
+                    true,
                 );
                 let generation = match wired {
                     Ok(g) => Arc::new(g),
@@ -560,19 +583,75 @@ impl Shared {
                         return Err(Rejection(e));
                     }
                 };
+                *r.current.lock() = Arc::downgrade(&generation);
                 for key in for_keys {
                     r.controller.queue().add_with_priority(Request::from_key(&key), Priority::Low);
                 }
-                *running = Some(Running { generation, ..r });
+                self.hand_over_hooks(&r.generation, &generation).await;
+                r.generation = generation;
+                *running = Some(r);
             }
-            old => {
-                if let Some(old) = old {
-                    tracing::info!(plugin = %old.name(), "the `for` kind, concurrency or name changed: restarting the plugin's controller");
-                    self.stop_plugin(stem, old).await;
-                }
-                *running = Some(
-                    self.start_controller(config, version.clone(), reconciler, leases).map_err(Rejection)?,
+            Some(old) => {
+                tracing::info!(plugin = %old.name(), version = %version, previous = %old.generation.version,
+                    "the `for` kind, concurrency or name changed: restarting the plugin's controller, handing its queue over");
+                let limiter = old.controller.queue().limiter().clone();
+                let started = self.start_controller(
+                    config,
+                    version.clone(),
+                    reconciler.clone(),
+                    leases,
+                    Some(limiter),
+                    Some(old.controller.queue()),
+                    Some(&old.generation),
                 );
+                let mut new = match started {
+                    Ok(new) => new,
+                    Err(e) => {
+                        // Refused before the queue was handed over: the old one runs on.
+                        *running = Some(old);
+                        return Err(Rejection(e));
+                    }
+                };
+                self.hand_over_hooks(&old.generation, &new.generation).await;
+                let Running { stop, task, generation, mut retiring, .. } = old;
+                // The old controller hands out nothing more; let its in-flight reconciles
+                // finish without holding up the new one.
+                let plugin = name.clone();
+                retiring.push(tokio::spawn(async move {
+                    stop.cancel();
+                    match task.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(plugin = %plugin, error = %e, "previous controller ended with an error"),
+                        Err(e) => tracing::error!(plugin = %plugin, error = %e, "previous controller task failed"),
+                    }
+                    drop(generation);
+                }));
+                new.retiring = retiring;
+                *running = Some(new);
+            }
+            None => {
+                let parked = self.parked.lock().remove(stem);
+                let limiter = parked.as_ref().map(|q| q.limiter().clone());
+                let started = self.start_controller(
+                    config,
+                    version.clone(),
+                    reconciler.clone(),
+                    leases,
+                    limiter,
+                    parked.as_ref(),
+                    None,
+                );
+                let started = match started {
+                    Ok(r) => r,
+                    Err(e) => {
+                        if let Some(q) = parked {
+                            self.parked.lock().insert(stem.to_owned(), q);
+                        }
+                        return Err(Rejection(e));
+                    }
+                };
+                reconciler.open_hooks();
+                *running = Some(started);
             }
         }
         let r = running.as_ref().map(|r| (r.controller.clone(), r.generation.config.wasm_path.clone()));
@@ -611,70 +690,102 @@ impl Shared {
         Ok(())
     }
 
-    /// Builds the plugin's controller, wires the generation and starts the workers.
+    /// Builds the plugin's controller (with `limiter`, to keep a predecessor's backoff),
+    /// takes over `predecessor`'s queue, wires the generation (from `previous`) and starts
+    /// the controller; its workers start once the generation has synced.
+    #[allow(clippy::too_many_arguments)]
     fn start_controller(
         &self,
         config: PluginConfig,
         version: String,
         reconciler: Arc<PluginReconciler>,
         leases: Leases,
+        limiter: Option<Arc<dyn RateLimiter<Request>>>,
+        predecessor: Option<&RateLimitingQueue<Request>>,
+        previous: Option<&Generation>,
     ) -> Result<Running, String> {
-        let gate = Arc::new(AtomicBool::new(false));
+        let current: Arc<Mutex<Weak<Generation>>> = Arc::new(Mutex::new(Weak::new()));
         let source = Arc::new(GateSource {
             kind: kube_gvk(&config.for_source.kind),
             namespaced: leases.for_namespaced(&config),
-            synced: gate.clone(),
+            current: current.clone(),
         });
-        let controller = Controller::builder(config.name.clone(), reconciler.clone() as Arc<dyn Reconciler>)
+        let mut builder = Controller::builder(config.name.clone(), reconciler.clone() as Arc<dyn Reconciler>)
             .for_source(source as Arc<dyn EventSource>)
             .max_concurrent_reconciles(config.concurrency)
             .cache_sync_timeout(self.options.cache_sync_timeout)
-            .metrics(self.deps.metrics.clone())
-            .build()
-            .map_err(|e| e.to_string())?;
+            .metrics(self.deps.metrics.clone());
+        if let Some(limiter) = limiter {
+            builder = builder.rate_limiter(limiter);
+        }
+        let controller = builder.build().map_err(|e| e.to_string())?;
+        if let Some(old) = predecessor {
+            let (ready, delayed, in_flight) = old.hand_over_to(controller.queue());
+            tracing::info!(plugin = %config.name, ready, delayed, in_flight, "queue handed over to the new controller");
+        }
         let slot = PluginSlot::new(reconciler.clone());
-        let generation =
-            Arc::new(Generation::wire(config, version, reconciler, &slot, leases, controller.queue(), None)?);
-        // Open the gate once this generation's handlers have their initial state.
-        let weak = Arc::downgrade(&generation);
-        tokio::spawn(async move {
-            loop {
-                match weak.upgrade() {
-                    Some(g) if g.has_synced() => {
-                        gate.store(true, Ordering::Release);
-                        return;
-                    }
-                    Some(_) => {}
-                    // Replaced before it synced: the next generation is the controller's now.
-                    None => {
-                        gate.store(true, Ordering::Release);
-                        return;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        });
+        let generation = Arc::new(Generation::wire(
+            config,
+            version,
+            reconciler,
+            &slot,
+            leases,
+            controller.queue(),
+            previous,
+            false,
+        )?);
+        *current.lock() = Arc::downgrade(&generation);
         let stop = self.shutdown.child_token();
         let run = controller.clone();
         let token = stop.clone();
         let task = tokio::spawn(async move { run.run(token).await });
-        Ok(Running { controller, slot, stop, task, generation })
+        Ok(Running { controller, slot, stop, task, generation, current, retiring: Vec::new() })
     }
 
-    /// Drains and stops a plugin, then releases its handlers and informers.
+    /// Waits (bounded by the sync timeout) for `new`'s handlers to sync, retires `old` —
+    /// its remaining handlers deliver their buffers, its last hook call returns — and only
+    /// then lets `new`'s version receive hook calls.
+    async fn hand_over_hooks(&self, old: &Generation, new: &Generation) {
+        let deadline = tokio::time::Instant::now() + self.options.cache_sync_timeout;
+        while !new.has_synced() && tokio::time::Instant::now() < deadline && !self.shutdown.is_cancelled() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if !new.has_synced() {
+            tracing::warn!(plugin = %new.config.name, version = %new.version,
+                "the new version's handlers did not sync in time; retiring the old version anyway");
+        }
+        old.retire().await;
+        new.plugin.open_hooks();
+    }
+
+    /// Stops a plugin without dropping its work: its queue is parked (handed to the plugin
+    /// if it comes back), its handlers drain into it, its in-flight reconciles finish; then
+    /// its informers are released.
     async fn stop_plugin(&self, stem: &str, r: Running) {
         let name = r.name().to_owned();
         self.status.update(stem, self.toml_of(stem), |s| s.state = PluginState::Stopping);
+        let parked = RateLimitingQueue::new(r.controller.queue().limiter().clone());
+        r.controller.queue().hand_over_to(&parked);
+        r.generation.retire().await;
         r.stop.cancel();
         match r.task.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(plugin = %name, error = %e, "controller ended with an error"),
             Err(e) => tracing::error!(plugin = %name, error = %e, "controller task failed"),
         }
+        for t in r.retiring {
+            let _ = t.await;
+        }
         self.status.set_probe(stem, None);
         self.status.set_info(&name, Some(&r.generation.version), None);
         drop(r.generation);
-        tracing::info!(plugin = %name, "plugin stopped");
+        let pending = parked.len() + parked.queue().waiting_len();
+        if pending > 0 {
+            tracing::info!(plugin = %name, pending, "plugin stopped; its pending keys are kept for its return");
+        } else {
+            tracing::info!(plugin = %name, "plugin stopped");
+        }
+        self.parked.lock().insert(stem.to_owned(), parked);
     }
 
     async fn stop_all(&self) {
@@ -688,6 +799,9 @@ impl Shared {
             r.stop.cancel();
             set.spawn(async move {
                 let _ = r.task.await;
+                for t in r.retiring {
+                    let _ = t.await;
+                }
                 drop(r.generation);
                 tracing::info!(plugin = %name, stem = %stem, "plugin stopped");
             });
@@ -698,14 +812,19 @@ impl Shared {
 
 /// The controller's `for` source: events come from the plugin's generations (wired by the
 /// manager, so they can change while the controller runs); this source only tells the
-/// controller when the first generation has synced.
+/// controller when the generation it runs has synced (the latest one, also when a reload
+/// came before the first one synced).
 struct GateSource {
     kind: GroupVersionKind,
     namespaced: bool,
-    synced: Arc<AtomicBool>,
+    current: Arc<Mutex<Weak<Generation>>>,
 }
 
-struct GateRegistration(Arc<AtomicBool>);
+struct GateRegistration {
+    current: Arc<Mutex<Weak<Generation>>>,
+    /// Latched: once synced, the controller runs on.
+    synced: AtomicBool,
+}
 
 impl EventSource for GateSource {
     fn gvk(&self) -> GroupVersionKind {
@@ -721,13 +840,21 @@ impl EventSource for GateSource {
         _handler: Arc<dyn ResourceEventHandler>,
     ) -> Result<Box<dyn EventRegistration>, SourceError> {
         // The controller's own handler is not needed: generations enqueue into its queue.
-        Ok(Box::new(GateRegistration(self.synced.clone())))
+        Ok(Box::new(GateRegistration { current: self.current.clone(), synced: AtomicBool::new(false) }))
     }
 }
 
 impl EventRegistration for GateRegistration {
     fn has_synced(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        if self.synced.load(Ordering::Acquire) {
+            return true;
+        }
+        let current = self.current.lock().upgrade();
+        let synced = current.is_some_and(|g| g.has_synced());
+        if synced {
+            self.synced.store(true, Ordering::Release);
+        }
+        synced
     }
 
     fn remove(&self) {}

@@ -4,6 +4,14 @@
 //! Invariants: exactly one `wasmctrl_plugin_info{plugin, version}` series is 1 per running
 //! plugin (the old version's series is removed on swap); a rejected reload keeps the running
 //! version's state and records the rejection in `last_error` until the next success.
+//!
+//! Readiness (`/readyz`): the host is ready once the plugins directory was loaded and every
+//! plugin it holds has a running version — its controller came up (synced, workers
+//! running) and has not failed since. A plugin that is starting, waiting for its `.wasm`,
+//! or failed (no version runs) makes the host not ready, and is named in the details. A
+//! rejected reload is reported but does not: the running version keeps serving. A reload
+//! in progress (a swap, or a controller restart handing its queue over) keeps a plugin
+//! `running`; a plugin being removed no longer counts.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -104,23 +112,34 @@ impl StatusBoard {
 
     /// Every plugin's status, by TOML stem, with `ready` filled in from its controller.
     pub fn snapshot(&self) -> Vec<PluginStatus> {
+        self.snapshot_with_errors().into_iter().map(|(s, _)| s).collect()
+    }
+
+    /// As [`snapshot`](Self::snapshot), with each running controller's own error.
+    fn snapshot_with_errors(&self) -> Vec<(PluginStatus, Option<String>)> {
         let probes = self.probes.read();
-        self.plugins
-            .read()
-            .iter()
-            .map(|(stem, s)| {
-                let mut s = s.clone();
+        let mut plugins = self.plugins.write();
+        plugins
+            .iter_mut()
+            .map(|(stem, stored)| {
+                let mut controller_error = None;
                 if let Some(probe) = probes.get(stem) {
                     let (ready, error) = probe();
-                    s.ready = ready;
-                    if s.state == PluginState::Starting && ready {
-                        s.state = PluginState::Running;
+                    stored.ready = ready;
+                    // Running from the first time its controller is up until it stops.
+                    if stored.state == PluginState::Starting && ready {
+                        stored.state = PluginState::Running;
+                        stored.since = now();
                     }
-                    if let (Some(e), None) = (error, &s.last_error) {
-                        s.last_error = Some(e);
-                    }
+                    controller_error = error;
+                } else {
+                    stored.ready = false;
                 }
-                s
+                let mut s = stored.clone();
+                if let (Some(e), None) = (&controller_error, &s.last_error) {
+                    s.last_error = Some(e.clone());
+                }
+                (s, controller_error)
             })
             .collect()
     }
@@ -193,26 +212,25 @@ impl StatusSource for StatusBoard {
         if !ready {
             details.push("plugins directory not loaded yet".to_owned());
         }
-        for s in self.snapshot() {
-            match s.state {
-                PluginState::Running | PluginState::Starting if !s.ready => {
-                    ready = false;
-                    details.push(format!(
-                        "plugin {}: not ready (informers syncing or workers not running)",
-                        s.name
-                    ));
+        for (s, controller_error) in self.snapshot_with_errors() {
+            let missing = match s.state {
+                PluginState::Running => controller_error.map(|e| format!("its controller failed: {e}")),
+                PluginState::Starting => {
+                    Some("starting (informers syncing or workers not running yet)".to_owned())
                 }
+                PluginState::WaitingForWasm => Some(format!(
+                    "waiting for its .wasm ({})",
+                    s.wasm.as_ref().map_or_else(|| "?".to_owned(), |w| w.display().to_string())
+                )),
                 PluginState::Failed => {
-                    // A plugin that never started is reported, not fatal: the others run.
-                    details.push(format!(
-                        "plugin {}: failed: {}",
-                        s.name,
-                        s.last_error.as_deref().unwrap_or("unknown error")
-                    ));
+                    Some(format!("failed: {}", s.last_error.as_deref().unwrap_or("unknown error")))
                 }
-                _ => {}
-            }
-            if s.state == PluginState::Running
+                PluginState::Stopping => None,
+            };
+            if let Some(why) = missing {
+                ready = false;
+                details.push(format!("plugin {}: no running version: {why}", s.name));
+            } else if s.state == PluginState::Running
                 && let Some(e) = &s.last_error
             {
                 details.push(format!(
@@ -227,5 +245,93 @@ impl StatusSource for StatusBoard {
 
     fn plugins(&self) -> serde_json::Value {
         serde_json::to_value(self.snapshot()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board() -> StatusBoard {
+        let b = StatusBoard::new(Metrics::new());
+        b.mark_started();
+        b
+    }
+
+    fn probe(ready: bool, error: Option<&str>) -> ReadinessProbe {
+        let error = error.map(str::to_owned);
+        Arc::new(move || (ready, error.clone()))
+    }
+
+    fn set(b: &StatusBoard, stem: &str, state: PluginState, error: Option<&str>) {
+        b.update(stem, PathBuf::from(format!("{stem}.toml")), |s| {
+            s.state = state;
+            s.version = Some("abc".into());
+            s.last_error = error.map(str::to_owned);
+        });
+    }
+
+    #[test]
+    fn ready_while_every_plugin_has_a_running_version() {
+        let b = board();
+        assert!(b.readiness().ready, "no plugin: nothing to wait for");
+        set(&b, "one", PluginState::Starting, None);
+        b.set_probe("one", Some(probe(false, None)));
+        let r = b.readiness();
+        assert!(!r.ready);
+        assert!(r.details.iter().any(|d| d.starts_with("plugin one: no running version: starting")), "{r:?}");
+        b.set_probe("one", Some(probe(true, None)));
+        assert!(b.readiness().ready);
+        // Once up, a restart's new controller that is not up yet keeps the plugin running.
+        b.set_probe("one", Some(probe(false, None)));
+        assert!(b.readiness().ready);
+        assert_eq!(b.get("one").map(|s| s.state), Some(PluginState::Running));
+        // A rejected reload is listed, not fatal.
+        b.update("one", PathBuf::from("one.toml"), |s| s.last_error = Some("bad wasm".into()));
+        let r = b.readiness();
+        assert!(r.ready);
+        assert!(
+            r.details.iter().any(|d| d.contains("reload rejected, still running version abc: bad wasm")),
+            "{r:?}"
+        );
+        // A controller that failed is not a running version.
+        b.update("one", PathBuf::from("one.toml"), |s| s.last_error = None);
+        b.set_probe("one", Some(probe(false, Some("caches did not sync"))));
+        let r = b.readiness();
+        assert!(!r.ready);
+        assert!(
+            r.details.iter().any(|d| d.contains("plugin one: no running version: its controller failed")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn each_plugin_without_a_version_is_named() {
+        let b = board();
+        set(&b, "ok", PluginState::Starting, None);
+        b.set_probe("ok", Some(probe(true, None)));
+        set(&b, "broken", PluginState::Failed, Some("init failed"));
+        set(&b, "waiting", PluginState::WaitingForWasm, None);
+        set(&b, "leaving", PluginState::Stopping, None);
+        let r = b.readiness();
+        assert!(!r.ready);
+        assert_eq!(r.details.len(), 2, "{r:?}");
+        assert!(
+            r.details.iter().any(|d| d == "plugin broken: no running version: failed: init failed"),
+            "{r:?}"
+        );
+        assert!(
+            r.details
+                .iter()
+                .any(|d| d.starts_with("plugin waiting: no running version: waiting for its .wasm"))
+        );
+    }
+
+    #[test]
+    fn not_ready_before_the_directory_was_loaded() {
+        let b = StatusBoard::new(Metrics::new());
+        let r = b.readiness();
+        assert!(!r.ready);
+        assert_eq!(r.details, vec!["plugins directory not loaded yet".to_owned()]);
     }
 }

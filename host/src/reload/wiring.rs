@@ -3,25 +3,31 @@
 //! queue (or into calls of its `on-*` hooks).
 //!
 //! A [`Generation`] is one (TOML, `.wasm`) pair made live. Hot reload builds the next
-//! generation beside the running one and then drops the old one, so:
+//! generation from the running one, and nothing a handler was sent is dropped on the way:
 //! - informers both generations use are never stopped (the factory's leases are reference
 //!   counted: the new lease is taken before the old one is released);
-//! - the new generation's handlers start with the informers' current contents (synthetic
-//!   adds), so every existing object of the `for` kind is enqueued once more and reconciled
-//!   by the new version, and a change that lands during the overlap is enqueued by at least
-//!   one of the two generations (the queue merges duplicates);
-//! - handlers that enqueue into the controller's queue do not depend on the version (they
-//!   reach `map` / `filter` through the plugin's [`PluginSlot`]), so a handler the next
-//!   generation needs unchanged is carried over instead of registered again: a notification
-//!   still buffered in it is delivered, not dropped with the old registration;
-//! - dropping a generation removes its remaining handlers before its leases go.
+//! - an enqueueing handler the next generation needs unchanged (same role, scope,
+//!   predicates and resync, same queue) is carried over as it is; one that changed on the
+//!   same informer is *replaced*: its undelivered notifications are handed, in order, to
+//!   its successor ahead of the successor's synthetic adds (one instant of the informer's
+//!   stream separates the two); one the next generation does not need *drains* (delivers its
+//!   buffer into the queue, then ends) when the old generation retires;
+//! - hook handlers (`on-*`) are never carried over or handed over: the old one is cut at the
+//!   successor's registration and delivers what it already had to the old version, which
+//!   [`Generation::retire`] waits for (listener and dispatcher), so the caller can open the
+//!   new version's hooks only once the old version's last hook call returned;
+//! - new handlers start with the informers' current contents (synthetic adds), so every
+//!   existing object is enqueued once more and reconciled by the new version;
+//! - dropping a generation removes whatever handlers it still has before its leases go.
 
+use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use kube::core::GroupVersionKind;
+use parking_lot::Mutex;
 
 use crate::cache::{IndexSpec, LabelSelector};
 use crate::config::{KindLookupError, PluginConfig, Predicates, ResolvedKind, WatchSource};
@@ -119,7 +125,28 @@ pub trait LeasedInformer: Send + Sync + 'static {
         &self,
         handler: Arc<dyn ResourceEventHandler>,
         resync: Option<Duration>,
-    ) -> Box<dyn EventRegistration>;
+    ) -> Box<dyn LeasedRegistration>;
+    /// Replaces `old` (a registration on this informer) with `handler` at one instant of the
+    /// stream; with `hand_over`, `old`'s undelivered notifications go first to `handler`,
+    /// else `old` delivers them itself and ends. See
+    /// [`crate::informer::SharedIndexInformer::replace_event_handler`].
+    fn replace_handler(
+        &self,
+        old: &dyn LeasedRegistration,
+        handler: Arc<dyn ResourceEventHandler>,
+        resync: Option<Duration>,
+        hand_over: bool,
+    ) -> Box<dyn LeasedRegistration>;
+}
+
+/// A handler registration on a leased informer.
+pub trait LeasedRegistration: EventRegistration {
+    /// Unregisters the handler after it delivered what it was already sent.
+    fn remove_draining(&self);
+    /// Resolves once the handler will be called no more (after any kind of removal).
+    fn finished(&self) -> BoxFuture<'static, ()>;
+    /// For [`LeasedInformer::replace_handler`] to find its own registration type.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// `apps/v1` + `Deployment` as kube's type.
@@ -292,8 +319,7 @@ fn predicates(p: &Predicates, kind: &Gvk, plugin: &PluginSlot) -> Result<Vec<Arc
 }
 
 /// What an enqueueing handler is for: a handler with the same identity in the next
-/// generation is carried over rather than registered again, so a notification still in its
-/// buffer is never lost to a swap.
+/// generation is carried over rather than registered again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct HandlerId {
     role: &'static str,
@@ -309,17 +335,31 @@ pub(crate) struct Generation {
     pub version: String,
     pub plugin: Arc<PluginReconciler>,
     /// Handlers that enqueue into the controller's queue (version-independent).
-    enqueuers: Vec<(HandlerId, Box<dyn EventRegistration>)>,
-    /// Handlers that call this version's `on-*` hooks.
-    hooks: Vec<Box<dyn EventRegistration>>,
+    enqueuers: Mutex<Vec<(HandlerId, Box<dyn LeasedRegistration>)>>,
+    /// Handlers that call this version's `on-*` hooks, by informer.
+    hooks: Mutex<Vec<(WatchKey, Box<dyn LeasedRegistration>)>>,
+    /// Registrations replaced by a successor's, until they finished delivering.
+    leaving: Mutex<Vec<Box<dyn LeasedRegistration>>>,
     /// Released after the registrations are removed (fields drop after `Drop::drop` runs).
     leases: Leases,
 }
 
 impl Generation {
-    /// Registers the handlers of `config` on `leases`, enqueueing into `queue`. Handlers of
-    /// `previous` that this configuration needs unchanged are taken over from it (the rest
-    /// are removed when `previous` is dropped).
+    /// What [`wire`](Self::wire) would refuse, checked without touching anything.
+    pub fn check(config: &PluginConfig, leases: &Leases, slot: &PluginSlot) -> Result<(), String> {
+        for s in std::iter::once(&config.for_source).chain(&config.owns).chain(&config.watches) {
+            leases.get(s).ok_or_else(|| format!("no informer for {}", WatchKey::of(s)))?;
+            predicates(&s.predicates, &s.kind, slot)?;
+        }
+        Ok(())
+    }
+
+    /// Registers the handlers of `config` on `leases`, enqueueing into `queue`. From
+    /// `previous` (the generation this one follows), enqueuers this configuration needs
+    /// unchanged are carried over when `same_queue`; the ones of the same role on the same
+    /// informer are replaced with hand-over; its hook handlers on informers this one hooks
+    /// too are replaced (cut, not handed over). What `previous` keeps goes when it retires.
+    #[allow(clippy::too_many_arguments)]
     pub fn wire(
         config: PluginConfig,
         version: String,
@@ -327,40 +367,58 @@ impl Generation {
         slot: &PluginSlot,
         leases: Leases,
         queue: &RateLimitingQueue<Request>,
-        mut previous: Option<&mut Generation>,
+        previous: Option<&Generation>,
+        same_queue: bool,
     ) -> Result<Generation, String> {
         let resync = config.resync;
         let for_kind = kube_gvk(&config.for_source.kind);
         let for_namespaced = leases.for_namespaced(&config);
-        let mut generation = Generation {
+        let generation = Generation {
             config: config.clone(),
             version,
             plugin: plugin.clone(),
-            enqueuers: Vec::new(),
-            hooks: Vec::new(),
+            enqueuers: Mutex::new(Vec::new()),
+            hooks: Mutex::new(Vec::new()),
+            leaving: Mutex::new(Vec::new()),
             leases,
         };
         let sources: Vec<(&'static str, &WatchSource)> = std::iter::once(("for", &config.for_source))
             .chain(config.owns.iter().map(|s| ("owns", s)))
             .chain(config.watches.iter().map(|s| ("watches", s)))
             .collect();
-        // Everything that can fail, before any handler is taken from `previous`.
-        for (_, s) in &sources {
-            generation.leases.get(s).ok_or_else(|| format!("no informer for {}", WatchKey::of(s)))?;
-            predicates(&s.predicates, &s.kind, slot)?;
+        // Everything that can fail, before anything is taken from `previous`.
+        let mut built = Vec::new();
+        for (role, s) in &sources {
+            let inf =
+                generation.leases.get(s).ok_or_else(|| format!("no informer for {}", WatchKey::of(s)))?;
+            let preds = predicates(&s.predicates, &s.kind, slot)?;
+            built.push((*role, *s, inf.clone(), preds));
         }
-        for (role, s) in sources {
+        let mut enqueuers = Vec::new();
+        for (role, s, inf, preds) in built {
             let id = HandlerId { role, key: WatchKey::of(s), predicates: s.predicates.clone(), resync };
-            let reused = previous.as_mut().and_then(|p| {
-                let at = p.enqueuers.iter().position(|(pid, _)| *pid == id)?;
-                Some(p.enqueuers.swap_remove(at).1)
-            });
-            let registration = match reused {
+            let (same, same_informer) = match previous {
+                Some(p) => {
+                    let mut list = p.enqueuers.lock();
+                    let same = if same_queue {
+                        list.iter().position(|(pid, _)| *pid == id).map(|at| list.swap_remove(at).1)
+                    } else {
+                        None
+                    };
+                    let same_informer = match same {
+                        Some(_) => None,
+                        None => list
+                            .iter()
+                            .position(|(pid, _)| pid.role == id.role && pid.key == id.key)
+                            .map(|at| list.swap_remove(at).1),
+                    };
+                    (same, same_informer)
+                }
+                None => (None, None),
+            };
+            let registration = match same {
                 Some(r) => r,
                 None => {
-                    let inf =
-                        generation.leases.get(s).ok_or_else(|| format!("no informer for {}", id.key))?;
-                    let preds = predicates(&s.predicates, &s.kind, slot)?;
                     let handler: Arc<dyn ResourceEventHandler> = match role {
                         "for" => Arc::new(EnqueueForObject::new(queue.clone(), preds)),
                         "owns" => {
@@ -372,39 +430,93 @@ impl Generation {
                             Arc::new(EnqueueMapped::new(queue.clone(), preds, kube_gvk(&s.kind), mapper))
                         }
                     };
-                    inf.add_handler(handler, resync)
+                    match (same_informer, previous) {
+                        (Some(old), Some(p)) => {
+                            let r = inf.replace_handler(&*old, handler, resync, true);
+                            p.leaving.lock().push(old);
+                            r
+                        }
+                        _ => inf.add_handler(handler, resync),
+                    }
                 }
             };
-            generation.enqueuers.push((id, registration));
+            enqueuers.push((id, registration));
         }
+        *generation.enqueuers.lock() = enqueuers;
         let hooks = plugin.plugin().hooks();
         if hooks.on_add || hooks.on_update || hooks.on_delete {
             let mut seen = std::collections::BTreeSet::new();
+            let mut registrations = Vec::new();
             for s in std::iter::once(&config.for_source).chain(&config.owns).chain(&config.watches) {
-                if seen.insert(WatchKey::of(s)) {
-                    let inf = generation
-                        .leases
-                        .get(s)
-                        .ok_or_else(|| format!("no informer for {}", WatchKey::of(s)))?;
-                    generation.hooks.push(inf.add_handler(plugin.event_handler(s.kind.clone()), resync));
+                let key = WatchKey::of(s);
+                if !seen.insert(key.clone()) {
+                    continue;
                 }
+                let inf = generation.leases.get(s).ok_or_else(|| format!("no informer for {key}"))?;
+                let handler = plugin.event_handler(s.kind.clone());
+                let old = previous.and_then(|p| {
+                    let mut list = p.hooks.lock();
+                    list.iter().position(|(k, _)| *k == key).map(|at| list.swap_remove(at).1)
+                });
+                let registration = match (old, previous) {
+                    (Some(old), Some(p)) => {
+                        let r = inf.replace_handler(&*old, handler, resync, false);
+                        p.leaving.lock().push(old);
+                        r
+                    }
+                    _ => inf.add_handler(handler, resync),
+                };
+                registrations.push((key, registration));
             }
+            *generation.hooks.lock() = registrations;
         }
         Ok(generation)
     }
 
     /// Whether every handler has received its informer's initial contents.
     pub fn has_synced(&self) -> bool {
-        self.enqueuers.iter().all(|(_, r)| r.has_synced()) && self.hooks.iter().all(|r| r.has_synced())
+        self.enqueuers.lock().iter().all(|(_, r)| r.has_synced())
+            && self.hooks.lock().iter().all(|(_, r)| r.has_synced())
+    }
+
+    /// Takes this generation out of service without losing anything it was sent: every
+    /// handler it still has is removed after delivering its buffer; returns once none of
+    /// its handlers will be called again and its version's last hook call has returned.
+    pub async fn retire(&self) {
+        let mut waits = Vec::new();
+        {
+            let mut leaving = self.leaving.lock();
+            for (_, r) in self.enqueuers.lock().drain(..) {
+                r.remove_draining();
+                leaving.push(r);
+            }
+            for (_, r) in self.hooks.lock().drain(..) {
+                r.remove_draining();
+                leaving.push(r);
+            }
+            for r in leaving.iter() {
+                waits.push(r.finished());
+            }
+        }
+        futures::future::join_all(waits).await;
+        self.leaving.lock().clear();
+        let plugin = self.plugin.clone();
+        // The last calls queued to this version's hook dispatcher.
+        if let Err(e) = tokio::task::spawn_blocking(move || plugin.drain_notifications()).await {
+            tracing::warn!(plugin = %self.config.name, version = %self.version, error = %e, "waiting for the hook dispatcher failed");
+        }
     }
 }
 
 impl Drop for Generation {
     fn drop(&mut self) {
-        for (_, r) in &self.enqueuers {
+        for (_, r) in self.enqueuers.get_mut().iter() {
             r.remove();
         }
-        for r in &self.hooks {
+        for (_, r) in self.hooks.get_mut().iter() {
+            r.remove();
+        }
+        for r in self.leaving.get_mut().iter() {
             r.remove();
         }
         // The old version's idle instances are no longer needed; busy ones go when their

@@ -1,0 +1,156 @@
+// Shared body of the witness test plugins (included by each build's lib.rs, which defines
+// `STAMP`).
+//
+// The witness changes nothing in the cluster: it logs every call it gets, so a test can
+// replay what each version saw and when. Every line carries the build's `stamp` and the
+// `edit` number of the TOML's `[settings]` (together: which generation of the plugin made
+// the call); the host adds the plugin's `version`.
+//
+// - `reconcile` logs `reconcile-start` and `reconcile-end` with the key and the
+//   `resourceVersion` of the ConfigMap of that key as the plugin's cache has it (`rv`,
+//   or `not-found`). With `[settings] slow = "<name>"` the reconcile of that name sleeps
+//   `slow-ms` (default 4000) between the two lines.
+// - `on-add` / `on-update` / `on-delete` log `hook-start` / `hook-end` with the event, the
+//   object's kind, key and resourceVersion (only with `[settings] hooks = true`); a hook
+//   for the object named `[settings] slow-hook` sleeps `slow-ms` between the two.
+// - `map` maps an object to the request of the same namespace and name; `filter` passes
+//   everything (both exist so a TOML can use them). A filter call for the object named
+//   `[settings] slow-filter` logs `filter-sleep` and sleeps `slow-ms`: it holds up the
+//   informer handler that asked, so the notifications behind it stay buffered.
+// - With `[settings] fail-init = true`, `init` fails: a broken version.
+
+wit_bindgen::generate!({
+    path: "../../../wit",
+    world: "plugin",
+});
+
+use exports::wasmctrl::controller::reconciler::{
+    FilterEvent, Guest, Hooks, PluginInfo, ReconcileError, ReconcileResult,
+};
+use wasmctrl::controller::cache;
+use wasmctrl::controller::config;
+use wasmctrl::controller::log::{self, Level};
+use wasmctrl::controller::types::{Gvk, Request};
+
+struct Witness;
+
+fn config_map() -> Gvk {
+    Gvk { api_version: "v1".into(), kind: "ConfigMap".into() }
+}
+
+fn settings() -> serde_json::Value {
+    serde_json::from_slice(&config::settings()).unwrap_or(serde_json::Value::Null)
+}
+
+fn edit() -> String {
+    settings()["edit"].as_i64().unwrap_or(0).to_string()
+}
+
+fn key_of(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
+/// (key, resourceVersion) of an object's JSON.
+fn describe(object: &[u8]) -> (String, String) {
+    let v: serde_json::Value = serde_json::from_slice(object).unwrap_or(serde_json::Value::Null);
+    let meta = &v["metadata"];
+    let key = key_of(meta["namespace"].as_str(), meta["name"].as_str().unwrap_or(""));
+    (key, meta["resourceVersion"].as_str().unwrap_or("").to_owned())
+}
+
+fn line(message: &str, fields: &[(&str, String)]) {
+    let mut all = vec![("stamp".to_owned(), STAMP.to_owned()), ("edit".to_owned(), edit())];
+    all.extend(fields.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    log::log(Level::Info, message, &all);
+}
+
+/// Sleeps `slow-ms` when `setting` names the object `key` is of.
+fn maybe_sleep(setting: &str, key: &str) -> bool {
+    let s = settings();
+    let name = key.rsplit('/').next().unwrap_or(key);
+    if s[setting].as_str() != Some(name) {
+        return false;
+    }
+    let ms = s["slow-ms"].as_u64().unwrap_or(4000);
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+    true
+}
+
+fn hook(event: &str, kind: &Gvk, object: &[u8]) {
+    let (key, rv) = describe(object);
+    let fields = [("event", event.to_owned()), ("kind", kind.kind.clone()), ("key", key.clone()), ("rv", rv)];
+    line("hook-start", &fields);
+    maybe_sleep("slow-hook", &key);
+    line("hook-end", &fields);
+}
+
+impl Guest for Witness {
+    fn init(settings: Vec<u8>) -> Result<PluginInfo, String> {
+        let s: serde_json::Value = serde_json::from_slice(&settings).unwrap_or(serde_json::Value::Null);
+        if s["fail-init"].as_bool() == Some(true) {
+            return Err(format!("witness {STAMP} is told to refuse to start"));
+        }
+        let mut hooks = Hooks::MAP | Hooks::FILTER;
+        if s["hooks"].as_bool() == Some(true) {
+            hooks |= Hooks::ON_ADD | Hooks::ON_UPDATE | Hooks::ON_DELETE;
+        }
+        Ok(PluginInfo { hooks })
+    }
+
+    fn reconcile(request: Request) -> Result<ReconcileResult, ReconcileError> {
+        let key = key_of(request.namespace.as_deref(), &request.name);
+        let rv = match cache::get(&config_map(), request.namespace.as_deref(), &request.name) {
+            Ok(Some(json)) => describe(&json).1,
+            Ok(None) => "not-found".to_owned(),
+            Err(e) => return Err(ReconcileError::Retryable(format!("cache read failed: {e:?}"))),
+        };
+        let fields = [("key", key), ("rv", rv)];
+        line("reconcile-start", &fields);
+        maybe_sleep("slow", &request.name);
+        line("reconcile-end", &fields);
+        Ok(ReconcileResult::Done)
+    }
+
+    fn on_add(kind: Gvk, object: Vec<u8>, _in_initial_list: bool) {
+        hook("add", &kind, &object);
+    }
+
+    fn on_update(kind: Gvk, _old: Vec<u8>, new: Vec<u8>) {
+        hook("update", &kind, &new);
+    }
+
+    fn on_delete(kind: Gvk, object: Vec<u8>, _final_state_unknown: bool) {
+        hook("delete", &kind, &object);
+    }
+
+    fn map(_kind: Gvk, object: Vec<u8>) -> Vec<Request> {
+        let v: serde_json::Value = serde_json::from_slice(&object).unwrap_or(serde_json::Value::Null);
+        let meta = &v["metadata"];
+        match meta["name"].as_str() {
+            Some(name) => vec![Request {
+                namespace: meta["namespace"].as_str().map(str::to_owned),
+                name: name.to_owned(),
+            }],
+            None => Vec::new(),
+        }
+    }
+
+    fn filter(_kind: Gvk, event: FilterEvent) -> bool {
+        let object = match &event {
+            FilterEvent::Create(o) | FilterEvent::Delete(o) => o,
+            FilterEvent::Update((_, new)) => new,
+        };
+        let (key, _) = describe(object);
+        let name = key.rsplit('/').next().unwrap_or(&key).to_owned();
+        if settings()["slow-filter"].as_str() == Some(name.as_str()) {
+            line("filter-sleep", &[("key", key.clone())]);
+            maybe_sleep("slow-filter", &key);
+        }
+        true
+    }
+}
+
+export!(Witness);
