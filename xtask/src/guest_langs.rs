@@ -3,7 +3,7 @@
 //!
 //! Invariants:
 //! - Toolchains come only from the pinned files in the repository: `guests/ts/package.json`
-//!   + `package-lock.json` (npm, with integrity hashes) and `guests/python/requirements.txt`
+//!   and `package-lock.json` (npm, with integrity hashes) and `guests/python/requirements.txt`
 //!   (pip `--require-hashes`). They are installed outside the clone, in
 //!   `$WASMCTRL_GUEST_TOOLS` or `~/.cache/wasmctrl/guest-toolchains`, and reinstalled only
 //!   when the pinned file changes (a copy of it marks a finished install).

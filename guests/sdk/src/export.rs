@@ -26,13 +26,17 @@ use crate::{
     cache,
 };
 
+/// A plugin's `map` hook as a plain function.
+#[doc(hidden)]
+pub type MapFn<P> = fn(&P, &Gvk, RawObject) -> Vec<Request>;
+
 /// The hook functions one plugin type implements (`None`: not implemented).
 #[doc(hidden)]
 pub struct HookTable<P> {
     pub on_add: Option<fn(&P, &Gvk, RawObject, bool)>,
     pub on_update: Option<fn(&P, &Gvk, RawObject, RawObject)>,
     pub on_delete: Option<fn(&P, &Gvk, RawObject, bool)>,
-    pub map: Option<fn(&P, &Gvk, RawObject) -> Vec<Request>>,
+    pub map: Option<MapFn<P>>,
     pub filter: Option<fn(&P, &Gvk, FilterEvent) -> bool>,
 }
 
@@ -203,7 +207,11 @@ pub(crate) fn reconcile<P: Plugin>(plugin: &P, request: Request) -> Result<Actio
 /// single-threaded and the component model forbids re-entry, so a thread-local `RefCell`
 /// is never contended.
 #[doc(hidden)]
-pub struct Slot<P>(RefCell<Option<Rc<(P, HookTable<P>)>>>);
+pub struct Slot<P>(RefCell<Option<Rc<Loaded<P>>>>);
+
+/// A plugin value with its hook table.
+#[doc(hidden)]
+pub type Loaded<P> = (P, HookTable<P>);
 
 impl<P> Slot<P> {
     #[doc(hidden)]

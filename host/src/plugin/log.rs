@@ -131,7 +131,9 @@ impl Host for HostState {
                 tracing::Level::WARN => {
                     tracing::warn!(target: TARGET, plugin, version, export, request, fields = all, "{message}")
                 }
-                _ => tracing::error!(target: TARGET, plugin, version, export, request, fields = all, "{message}"),
+                _ => {
+                    tracing::error!(target: TARGET, plugin, version, export, request, fields = all, "{message}")
+                }
             }
         }
         Ok(())

@@ -9,7 +9,9 @@
 //!   shown in `/plugins` and `/readyz`; a running version keeps running.
 //! - **Start**: a controller per plugin whose queue lives as long as the plugin's `for`
 //!   kind, concurrency and name stay the same.
+//!
 //! Every reload is a hand-off, never a drop:
+//!
 //! - **Swap** (new `.wasm`, or a TOML change that keeps the `for` kind, concurrency and
 //!   name): the controller's reconciler is replaced (calls in flight finish on the old
 //!   version, every later call — queued keys included — goes to the new one; the queue's

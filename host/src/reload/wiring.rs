@@ -227,7 +227,8 @@ impl Leases {
     /// informer whose scope another one covers adds nothing and is left out; when several
     /// remain (e.g. `[for]` and `[[watches]]` with different selectors), reads see their union.
     pub fn caches(&self) -> HashMap<Gvk, Arc<dyn CacheReader>> {
-        let mut by_kind: BTreeMap<&Gvk, Vec<(&WatchKey, &Arc<dyn LeasedInformer>)>> = BTreeMap::new();
+        type Members<'a> = Vec<(&'a WatchKey, &'a Arc<dyn LeasedInformer>)>;
+        let mut by_kind: BTreeMap<&Gvk, Members<'_>> = BTreeMap::new();
         for (key, inf) in &self.informers {
             by_kind.entry(&key.kind).or_default().push((key, inf));
         }

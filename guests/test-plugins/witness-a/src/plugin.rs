@@ -97,7 +97,8 @@ impl Guest for Witness {
         if s["hooks"].as_bool() == Some(true) {
             hooks |= Hooks::ON_ADD | Hooks::ON_UPDATE | Hooks::ON_DELETE;
         }
-        Ok(PluginInfo { hooks })
+        // The chaos test moves this plugin between `for` kinds, so it names none.
+        Ok(PluginInfo { hooks, for_kind: None })
     }
 
     fn reconcile(request: Request) -> Result<ReconcileResult, ReconcileError> {
