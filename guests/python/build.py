@@ -19,6 +19,7 @@ the stamp next to its .wasm was written.
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,8 @@ def main() -> int:
     shared = files(HERE / "sdk" / "wasmctrl_guest") + files(wit) + [HERE / "requirements.txt", HERE / "build.py"]
 
     bindings = out / ".bindings"
+    # componentize-py refuses to write into an existing directory: start from an empty one.
+    shutil.rmtree(bindings, ignore_errors=True)
     if subprocess.run([str(tool), "--wit-path", str(wit), "--world", "plugin", "bindings", str(bindings)]).returncode != 0:
         print("py-guests: componentize-py could not generate the bindings", file=sys.stderr)
         return 1
