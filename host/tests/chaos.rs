@@ -139,51 +139,34 @@ impl Witness {
     }
 }
 
-struct Capture;
+#[path = "common/guest_log.rs"]
+mod guest_log;
 
-#[derive(Default)]
-struct Fields(HashMap<&'static str, String>);
-
-impl tracing::field::Visit for Fields {
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name(), value.to_owned());
+/// Folds each witness line into [`WITNESS`] under its lock, while still inside the call that
+/// logged: the order seen is the order of the calls' starts and ends.
+fn witness_line(f: guest_log::Fields) {
+    if f.plugin() != PLUGIN {
+        return;
     }
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name(), format!("{value:?}"));
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: tracing_subscriber::layer::Context<'_, S>) {
-        if event.metadata().target() != "wasmctrl::plugin::guest" {
-            return;
-        }
-        let mut f = Fields::default();
-        event.record(&mut f);
-        if f.0.get("plugin").map(String::as_str) != Some(PLUGIN) {
-            return;
-        }
-        // Folded under the lock while still inside the call that logged: the order seen is
-        // the order of the calls' starts and ends.
-        if let Some(w) = WITNESS.lock().as_mut() {
-            w.record(
-                f.0.get("version").map_or("", String::as_str),
-                f.0.get("message").map_or("", String::as_str),
-                f.0.get("fields").map_or("", String::as_str),
-            );
-        }
+    if let Some(w) = WITNESS.lock().as_mut() {
+        w.record(
+            f.0.get("version").map_or("", String::as_str),
+            f.0.get("message").map_or("", String::as_str),
+            &f.guest_fields(),
+        );
     }
 }
 
 fn install_capture() {
     *WITNESS.lock() = Some(Witness::default());
-    let subscriber =
-        tracing_subscriber::registry().with(Capture).with(std::env::var("RUST_LOG").ok().map(|_| {
+    let subscriber = tracing_subscriber::registry().with(guest_log::GuestLogLayer(witness_line)).with(
+        std::env::var("RUST_LOG").ok().map(|_| {
             use tracing_subscriber::Layer;
             tracing_subscriber::fmt::layer()
                 .with_test_writer()
                 .with_filter(tracing_subscriber::EnvFilter::from_default_env())
-        }));
+        }),
+    );
     let _ = tracing::subscriber::set_global_default(subscriber);
 }
 

@@ -68,12 +68,13 @@ static GUEST_LOGS: Mutex<Vec<GuestLog>> = Mutex::new(Vec::new());
 fn guest_logs() -> &'static Mutex<Vec<GuestLog>> {
     static INSTALL: std::sync::Once = std::sync::Once::new();
     INSTALL.call_once(|| {
-        let subscriber =
-            tracing_subscriber::registry().with(Capture).with(std::env::var("RUST_LOG").ok().map(|_| {
+        let subscriber = tracing_subscriber::registry().with(guest_log::GuestLogLayer(record_line)).with(
+            std::env::var("RUST_LOG").ok().map(|_| {
                 tracing_subscriber::fmt::layer()
                     .with_test_writer()
                     .with_filter(tracing_subscriber::EnvFilter::from_default_env())
-            }));
+            }),
+        );
         let _ = tracing::subscriber::set_global_default(subscriber);
     });
     &GUEST_LOGS
@@ -81,38 +82,19 @@ fn guest_logs() -> &'static Mutex<Vec<GuestLog>> {
 
 use tracing_subscriber::Layer;
 
-/// Records the guest log events (target `wasmctrl::plugin::guest`) in the order emitted.
-struct Capture;
+#[path = "common/guest_log.rs"]
+mod guest_log;
 
-#[derive(Default)]
-struct Fields(HashMap<&'static str, String>);
-
-impl tracing::field::Visit for Fields {
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name(), value.to_owned());
-    }
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name(), format!("{value:?}"));
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for Capture {
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: tracing_subscriber::layer::Context<'_, S>) {
-        if event.metadata().target() != "wasmctrl::plugin::guest" {
-            return;
-        }
-        let mut f = Fields::default();
-        event.record(&mut f);
-        let log = GuestLog {
-            plugin: f.0.remove("plugin").unwrap_or_default(),
-            version: f.0.remove("version").unwrap_or_default(),
-            message: f.0.remove("message").unwrap_or_default(),
-            fields: f.0.remove("fields").unwrap_or_default(),
-        };
-        // Push under the lock while still inside the call that logged: the order of the
-        // log is the order of the calls' starts and ends.
-        GUEST_LOGS.lock().push(log);
-    }
+/// Records a guest log line, while still inside the call that logged: the order of the log
+/// is the order of the calls' starts and ends.
+fn record_line(f: guest_log::Fields) {
+    let log = GuestLog {
+        plugin: f.plugin(),
+        version: f.0.get("version").cloned().unwrap_or_default(),
+        message: f.0.get("message").cloned().unwrap_or_default(),
+        fields: f.guest_fields(),
+    };
+    GUEST_LOGS.lock().push(log);
 }
 
 struct Host {
