@@ -252,7 +252,20 @@ async fn mirror_follows_expected(plugin: &str) {
                     .as_str()
                     .is_some_and(|n| n.starts_with("copies created in [team-a, team-b]"))
         });
-        if found { Ok(()) } else { Err(format!("{} events, none Mirrored", list.items.len())) }
+        if found {
+            return Ok(());
+        }
+        let seen: Vec<String> = list
+            .items
+            .iter()
+            .map(|e| {
+                format!(
+                    "{} {} {}: {}",
+                    e.data["type"], e.data["reason"], e.data["regarding"]["name"], e.data["note"]
+                )
+            })
+            .collect();
+        Err(format!("{} events, none Mirrored: {seen:?}", list.items.len()))
     })
     .await;
 

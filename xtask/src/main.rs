@@ -85,10 +85,12 @@ fn main() -> Result<()> {
 }
 
 fn project_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    // `cargo run` sets CARGO_MANIFEST_DIR for the process; prefer it to the path baked in at
+    // compile time, which names whichever clone first built a shared CARGO_TARGET_DIR's binary.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn cargo() -> Command {

@@ -105,10 +105,21 @@ struct SyncReport {
 }
 
 impl Mirror {
-    fn sync(&self, source: &ConfigMap) -> Result<Action, ReconcileError> {
+    /// Brings the copies of `source` in `only` (every target namespace when `None`) in line.
+    ///
+    /// The source's own reconcile syncs every target and deletes stale copies; a copy's
+    /// reconcile (`Some(its namespace)`) touches that copy alone. Two reconciles of different
+    /// keys run side by side (`concurrency = 2`), so if a copy's reconcile synced every target
+    /// it would race the source's reconcile over the other copies (both creating the same
+    /// copy, each reporting half of the work).
+    fn sync(&self, source: &ConfigMap, only: Option<&str>) -> Result<Action, ReconcileError> {
         let source_ns = source.namespace().unwrap_or_default();
         let name = source.name();
-        let targets = self.settings.targets_for(source_ns);
+        let all_targets = self.settings.targets_for(source_ns);
+        let targets: Vec<&str> = match only {
+            Some(ns) => all_targets.iter().copied().filter(|t| *t == ns).collect(),
+            None => all_targets.iter().copied().collect(),
+        };
         let mut report = SyncReport::default();
 
         for &ns in &targets {
@@ -148,10 +159,15 @@ impl Mirror {
             }
         }
 
-        // Copies in namespaces no longer listed (settings changed).
-        for copy in cache::by_index::<ConfigMap>(BY_SOURCE_INDEX, &source.key())? {
+        // Copies in namespaces no longer listed (settings changed): the source's own pass.
+        let stale = if only.is_none() {
+            cache::by_index::<ConfigMap>(BY_SOURCE_INDEX, &source.key())?
+        } else {
+            Vec::new()
+        };
+        for copy in stale {
             let ns = copy.namespace().unwrap_or_default();
-            if !targets.contains(ns) && is_copy_of(&copy, source) {
+            if !all_targets.contains(ns) && is_copy_of(&copy, source) {
                 client::delete::<ConfigMap>(Some(ns), name)
                     .ignore_not_found()
                     .context(format_args!("deleting stale copy {ns}/{name}"))?;
@@ -241,8 +257,8 @@ impl Mirror {
         Ok(Action::Done)
     }
 
-    /// A copy changed (or was re-listed): re-sync it from its source, or delete it if the
-    /// source no longer wants it.
+    /// A copy changed (or was re-listed): bring it in line with its source, or delete it if
+    /// the source no longer wants it.
     fn reconcile_copy(&self, copy: &ConfigMap, source_key: &str) -> Result<Action, ReconcileError> {
         let (source_ns, source_name) = source_key.split_once('/').unwrap_or(("", source_key));
         match cache::get::<ConfigMap>(Some(source_ns), source_name)? {
@@ -255,7 +271,7 @@ impl Mirror {
                         .targets_for(source_ns)
                         .contains(copy.namespace().unwrap_or_default()) =>
             {
-                self.sync(&source)
+                self.sync(&source, copy.namespace())
             }
             _ => {
                 let ns = copy.namespace().unwrap_or_default();
@@ -289,7 +305,7 @@ impl Mirror {
                 && self.settings.targets_for(source.namespace().unwrap_or_default()).contains(ns)
             {
                 log::info!("re-creating deleted copy {}", key; source = source.key());
-                action = self.sync(&source)?;
+                action = self.sync(&source, Some(ns))?;
             }
         }
         Ok(action)
@@ -328,7 +344,7 @@ impl Plugin for Mirror {
             return self.cleanup(&cm);
         }
         let source = finalizer::ensure_added(&cm, FINALIZER).context("adding finalizer")?;
-        self.sync(&source)
+        self.sync(&source, None)
     }
 }
 

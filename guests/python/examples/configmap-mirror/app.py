@@ -155,11 +155,17 @@ class Mirror:
             return []
         return [request_for(s) for s in sources if is_source(s)]
 
-    def sync(self, source: ConfigMap) -> Action:
+    def sync(self, source: ConfigMap, only: Optional[str] = None) -> Action:
+        """Brings the copies of ``source`` in ``only`` (every target namespace when ``None``) in line.
+
+        The source's own reconcile syncs every target and deletes stale copies; a copy's
+        reconcile touches that copy alone, so it never races the source's reconcile over the
+        other copies (two keys are reconciled side by side with ``concurrency = 2``)."""
         source_ns = namespace(source) or ""
         nm = name(source)
         src_key = key(source)
-        targets = self.targets_for(source_ns)
+        all_targets = self.targets_for(source_ns)
+        targets = all_targets if only is None else [ns for ns in all_targets if ns == only]
         r = SyncReport()
 
         for ns in targets:
@@ -199,10 +205,11 @@ class Mirror:
                         raise
                     r.unchanged.append(ns)
 
-        # Copies in namespaces no longer listed (settings changed).
-        for copy in cache.by_index(CONFIG_MAP, BY_SOURCE_INDEX, src_key):
+        # Copies in namespaces no longer listed (settings changed): the source's own pass.
+        stale = cache.by_index(CONFIG_MAP, BY_SOURCE_INDEX, src_key) if only is None else []
+        for copy in stale:
             ns = namespace(copy) or ""
-            if ns not in targets and annotation(copy, SOURCE_ANNOTATION) == src_key:
+            if ns not in all_targets and annotation(copy, SOURCE_ANNOTATION) == src_key:
                 with context(f"deleting stale copy {ns}/{nm}"):
                     client.delete(CONFIG_MAP, ns, nm, ignore_not_found=True)
                 r.deleted.append(ns)
@@ -261,7 +268,7 @@ class Mirror:
         return Action.DONE
 
     def reconcile_copy(self, copy: ConfigMap, source_key: str) -> Action:
-        """A copy changed (or was re-listed): re-sync it from its source, or delete it."""
+        """A copy changed (or was re-listed): bring it in line with its source, or delete it."""
         source_ns, _, source_name = source_key.rpartition("/")
         source = cache.get(CONFIG_MAP, source_ns, source_name)
         if (
@@ -271,7 +278,7 @@ class Mirror:
             and name(source) == name(copy)
             and (namespace(copy) or "") in self.targets_for(source_ns)
         ):
-            return self.sync(source)
+            return self.sync(source, namespace(copy) or "")
         with context(f"deleting orphaned copy {key(copy)}"):
             client.delete(CONFIG_MAP, namespace(copy), name(copy), uid=meta(copy).get("uid"), ignore_not_found=True)
         log.info(f"deleted orphaned copy {key(copy)}", source=source_key)
@@ -295,7 +302,7 @@ class Mirror:
                 and ns in self.targets_for(namespace(source) or "")
             ):
                 log.info(f"re-creating deleted copy {req_key}", source=key(source))
-                action = self.sync(source)
+                action = self.sync(source, ns)
         return action
 
 

@@ -167,11 +167,18 @@ class Mirror {
     }
   }
 
-  private sync(source: ConfigMap): Action {
+  /**
+   * Brings the copies of `source` in `only` (every target namespace when undefined) in line.
+   * The source's own reconcile syncs every target and deletes stale copies; a copy's reconcile
+   * touches that copy alone, so it never races the source's reconcile over the other copies
+   * (two keys are reconciled side by side with `concurrency = 2`).
+   */
+  private sync(source: ConfigMap, only?: string): Action {
     const sourceNs = source.metadata.namespace ?? "";
     const name = source.metadata.name ?? "";
     const key = keyOf(source);
-    const targets = this.targetsFor(sourceNs);
+    const allTargets = this.targetsFor(sourceNs);
+    const targets = only === undefined ? allTargets : allTargets.filter((ns) => ns === only);
     const r: SyncReport = { created: [], updated: [], unchanged: [], deleted: [], conflicts: [], missingNamespaces: [] };
 
     for (const ns of targets) {
@@ -215,10 +222,11 @@ class Mirror {
       }
     }
 
-    // Copies in namespaces no longer listed (settings changed).
-    for (const copy of cache.byIndex(kinds.ConfigMap, BY_SOURCE_INDEX, key)) {
+    // Copies in namespaces no longer listed (settings changed): the source's own pass.
+    const stale = only === undefined ? cache.byIndex(kinds.ConfigMap, BY_SOURCE_INDEX, key) : [];
+    for (const copy of stale) {
       const ns = copy.metadata.namespace ?? "";
-      if (!targets.includes(ns) && annotation(copy, SOURCE_ANNOTATION) === key) {
+      if (!allTargets.includes(ns) && annotation(copy, SOURCE_ANNOTATION) === key) {
         withContext(`deleting stale copy ${ns}/${name}`, () =>
           client.delete(kinds.ConfigMap, ns, name, { ignoreNotFound: true }),
         );
@@ -293,7 +301,7 @@ class Mirror {
     return Action.done;
   }
 
-  /** A copy changed (or was re-listed): re-sync it from its source, or delete it. */
+  /** A copy changed (or was re-listed): bring it in line with its source, or delete it. */
   private reconcileCopy(copy: ConfigMap, sourceKey: string): Action {
     const slash = sourceKey.indexOf("/");
     const [sourceNs, sourceName] = slash < 0 ? ["", sourceKey] : [sourceKey.slice(0, slash), sourceKey.slice(slash + 1)];
@@ -305,7 +313,7 @@ class Mirror {
       source.metadata.name === copy.metadata.name &&
       this.targetsFor(sourceNs).includes(copy.metadata.namespace ?? "")
     ) {
-      return this.sync(source);
+      return this.sync(source, copy.metadata.namespace ?? "");
     }
     withContext(`deleting orphaned copy ${keyOf(copy)}`, () =>
       client.delete(kinds.ConfigMap, copy.metadata.namespace, copy.metadata.name ?? "", {
@@ -335,7 +343,7 @@ class Mirror {
         this.targetsFor(source.metadata.namespace ?? "").includes(ns)
       ) {
         log.info(`re-creating deleted copy ${key}`, { source: keyOf(source) });
-        action = this.sync(source);
+        action = this.sync(source, ns);
       }
     }
     return action;
