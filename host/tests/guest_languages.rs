@@ -193,9 +193,9 @@ fn has_finalizer(cm: &ConfigMap) -> bool {
 }
 
 /// The `configmap-mirror` rows of `examples/EXPECTED.md`, for the plugin `plugin`.
-/// The mirror tests run one at a time: each compiles a 12–19 MB language-runtime component,
-/// and two of them side by side on a loaded 2-core machine once missed an expectation's
-/// patience (see the README's note on guest languages).
+/// The mirror tests run one at a time: each compiles a 12–19 MB language-runtime component
+/// and runs its own dev cluster, and two of them side by side double the peak load of a
+/// 2-core machine for no gain in coverage.
 static ONE_MIRROR_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn mirror_follows_expected(plugin: &str) {
