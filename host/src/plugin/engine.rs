@@ -14,6 +14,9 @@
 //! - [`PluginEngine::shared_component`] compiles (or loads from the cache) once per content
 //!   hash: concurrent loads of the same bytes wait for one compile, and the compiled code is
 //!   shared by every plugin using it for as long as one does (see [`super::shared`]).
+//! - At most one Cranelift compile per core runs at once (each already uses every core);
+//!   loads beyond that wait, so loading many distinct plugins at once does not hold the
+//!   intermediate state of all their compiles in memory together.
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -32,6 +35,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllo
 
 use super::PluginError;
 use super::bindings;
+use super::gate::Gate;
 use super::idle::{IdleInstances, IdleReaper, ReaperThread};
 use super::shared::{Outcome, Registry, Shared};
 use super::state::HostState;
@@ -153,6 +157,8 @@ struct EngineInner {
     components: Registry<String, LoadedComponent, PluginError>,
     /// Releases idle instances, when an idle timeout is set.
     idle: Option<(Arc<IdleReaper>, ReaperThread)>,
+    /// Bounds the compiles running at once.
+    compiles: Gate,
 }
 
 impl Drop for EngineInner {
@@ -238,6 +244,7 @@ impl PluginEngine {
                 ticker: Some(ticker),
                 components: Registry::default(),
                 idle,
+                compiles: Gate::new(std::thread::available_parallelism().map_or(1, usize::from)),
             }),
         })
     }
@@ -344,11 +351,11 @@ impl PluginEngine {
             }
         }
         self.validate_component(wasm)?;
-        let artifact = self
-            .inner
-            .engine
-            .precompile_component(wasm)
-            .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
+        let artifact = {
+            let _permit = self.inner.compiles.enter();
+            self.inner.engine.precompile_component(wasm)
+        }
+        .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
         let component = match write_atomically(dir, &path, &artifact) {
             // SAFETY: as above; the file was written by this process just now. Loading
             // from the file (not the bytes) lets wasmtime map it copy-on-write.
@@ -368,6 +375,7 @@ impl PluginEngine {
     /// Compiles without touching the cache.
     pub fn compile(&self, wasm: &[u8]) -> Result<Component, PluginError> {
         self.validate_component(wasm)?;
+        let _permit = self.inner.compiles.enter();
         Component::new(&self.inner.engine, wasm).map_err(|e| PluginError::Compile(format!("{e:#}")))
     }
 

@@ -3,7 +3,7 @@
 //!
 //! - [`engine`]: the shared engine (Cranelift, epoch ticker, pooling allocator) and the
 //!   on-disk compile cache; [`shared`]: compiled components shared by content hash;
-//!   `idle`: releasing instances that stayed idle.
+//!   `idle`: releasing instances that stayed idle; `gate`: a bound on compiles at once.
 //! - [`spec`]: what the runtime needs to know about a plugin ([`PluginSpec`]).
 //! - [`runtime`]: a loaded [`Plugin`] with its instance pool and blocking calls into its exports.
 //! - [`adapter`]: [`PluginReconciler`], the plugin as the controller's `Reconciler` and as
@@ -26,6 +26,7 @@ pub mod client;
 mod config;
 pub mod engine;
 mod events;
+mod gate;
 mod idle;
 pub mod inspect;
 mod log;
