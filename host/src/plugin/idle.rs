@@ -83,7 +83,12 @@ impl Drop for ReaperThread {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
-            let _ = t.join();
+            // A sweep can hold the last handle of a plugin, and so of the engine: then
+            // the engine is dropped on the reaper's own thread, which must not join itself
+            // (it sees the stop flag and ends after this sweep).
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
