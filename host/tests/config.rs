@@ -687,6 +687,16 @@ fn host_defaults_match_an_empty_file() {
 }
 
 #[test]
+fn idle_instance_timeout_defaults_to_a_minute_and_zero_keeps_instances() {
+    let path = Path::new("/etc/wasmctrl/wasmctrl.toml");
+    let timeout = |text: &str| HostConfig::parse(path, text).unwrap().idle_instance_timeout;
+    assert_eq!(timeout(""), std::time::Duration::from_secs(60));
+    assert_eq!(timeout("idle-instance-timeout = \"5m\""), std::time::Duration::from_secs(300));
+    assert_eq!(timeout("idle-instance-timeout = \"0s\""), std::time::Duration::ZERO);
+    assert!(HostConfig::parse(path, "idle-instance-timeout = \"soon\"").is_err());
+}
+
+#[test]
 fn host_paths_resolve_against_the_file() {
     let text = "plugins-dir = \"p\"\n[cluster]\nmode = \"embedded\"\nseed = [\"seed/a.yaml\"]\n[defaults]\nconcurrency = 3\nresync = \"0s\"\n[leader-election]\nenabled = true\n";
     let h = HostConfig::parse(Path::new("/srv/wasmctrl.toml"), text).unwrap();

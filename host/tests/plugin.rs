@@ -530,6 +530,91 @@ fn compile_cache_serves_the_second_load_and_survives_corruption() {
 }
 
 #[test]
+fn concurrent_loads_of_the_same_bytes_compile_once_and_share_the_code() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = PluginEngine::new(
+        EngineConfig { cache_dir: Some(dir.path().to_owned()), pooling: None, ..Default::default() },
+        None,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let bytes = Arc::new(wasm("test-plugin-panic"));
+    let copies = 8;
+    let start = Arc::new(std::sync::Barrier::new(copies));
+    let loads: Vec<_> = (0..copies)
+        .map(|i| {
+            let (engine, bytes, start) = (engine.clone(), bytes.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                Plugin::load(&engine, spec(&format!("copy-{i}")), &bytes, env_with(indexer([])))
+                    .unwrap_or_else(|e| panic!("copy {i}: {e}"))
+            })
+        })
+        .collect();
+    let plugins: Vec<Plugin> =
+        loads.into_iter().map(|t| t.join().unwrap_or_else(|_| panic!("load thread panicked"))).collect();
+    let loads = engine.component_loads();
+    assert_eq!(
+        (loads.compiled, loads.from_cache, loads.shared),
+        (1, 0, copies as u64 - 1),
+        "one compile for {copies} concurrent copies: {loads:?}"
+    );
+    assert_eq!(engine.shared_components(), 1);
+    for p in &plugins {
+        assert_eq!(p.reconcile_blocking(&req(None, "fine")), Ok(Action::Done), "{}", p.name());
+    }
+    // A copy loaded later, while the others live, shares their code too.
+    let late =
+        Plugin::load(&engine, spec("late"), &bytes, env_with(indexer([]))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(engine.component_loads().shared, copies as u64);
+    // Once no plugin uses the code, it is let go; the next load reads the compile cache.
+    drop((plugins, late));
+    assert_eq!(engine.shared_components(), 0);
+    let again =
+        Plugin::load(&engine, spec("again"), &bytes, env_with(indexer([]))).unwrap_or_else(|e| panic!("{e}"));
+    let loads = engine.component_loads();
+    assert_eq!((loads.compiled, loads.from_cache), (1, 1), "{loads:?}");
+    assert_eq!(again.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
+}
+
+#[test]
+fn idle_instances_are_released_and_the_next_call_instantiates_anew() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let config = |idle: Duration| EngineConfig {
+        cache_dir: Some(dir.path().to_owned()),
+        idle_instance_timeout: Some(idle),
+        ..Default::default()
+    };
+    let bytes = wasm("test-plugin-panic");
+
+    // Released by an explicit sweep at a chosen time: an hour's timeout never fires here.
+    let hour = Duration::from_secs(3600);
+    let engine = PluginEngine::new(config(hour), None).unwrap_or_else(|e| panic!("{e}"));
+    let plugin =
+        Plugin::load(&engine, spec("idle"), &bytes, env_with(indexer([]))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
+    assert_eq!((plugin.pool_counts(), engine.live_instances()), ((1, 1), 1));
+    let now = std::time::Instant::now();
+    assert_eq!(engine.release_idle_instances_at(now), 0, "not idle for an hour yet");
+    assert_eq!(engine.release_idle_instances_at(now + hour), 1);
+    assert_eq!((plugin.pool_counts(), engine.live_instances()), ((0, 0), 0));
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done), "re-instantiated");
+    assert_eq!((plugin.pool_counts(), engine.live_instances()), ((1, 1), 1));
+    drop((plugin, engine));
+
+    // Released by the engine's own reaper after a short configured timeout.
+    let engine = PluginEngine::new(config(Duration::from_millis(20)), None).unwrap_or_else(|e| panic!("{e}"));
+    let plugin =
+        Plugin::load(&engine, spec("idle"), &bytes, env_with(indexer([]))).unwrap_or_else(|e| panic!("{e}"));
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    while plugin.pool_counts() != (0, 0) {
+        assert!(std::time::Instant::now() < give_up, "the idle instance was never released");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(engine.live_instances(), 0);
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
+}
+
+#[test]
 fn an_unwritable_compile_cache_does_not_stop_loading() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let not_a_dir = dir.path().join("file");

@@ -27,6 +27,9 @@ pub struct HostToml {
     /// Compiled-component cache, relative to this file. Default `.wasmctrl-cache`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<String>,
+    /// Release plugin instances idle this long; `"0s"` keeps them. Default `60s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_instance_timeout: Option<DurationValue>,
     #[serde(default)]
     pub cluster: ClusterToml,
     #[serde(default)]
@@ -145,6 +148,8 @@ pub struct HostConfig {
     pub path: Option<PathBuf>,
     pub plugins_dir: PathBuf,
     pub cache_dir: PathBuf,
+    /// Plugin instances idle this long are released (zero: never).
+    pub idle_instance_timeout: Duration,
     pub cluster: ClusterConfig,
     pub server_address: SocketAddr,
     pub leader_election: Option<LeaderElectionConfig>,
@@ -178,6 +183,7 @@ impl HostConfig {
             path: None,
             plugins_dir: base.join("plugins"),
             cache_dir: base.join(".wasmctrl-cache"),
+            idle_instance_timeout: crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
             leader_election: None,
@@ -216,6 +222,8 @@ fn resolve(
 
     let plugins_dir = base.join(file.plugins_dir.as_deref().unwrap_or("plugins"));
     let cache_dir = base.join(file.cache_dir.as_deref().unwrap_or(".wasmctrl-cache"));
+    let idle_instance_timeout =
+        file.idle_instance_timeout.map_or(crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT, DurationValue::get);
 
     let c = &file.cluster;
     let mode_name = match c.mode {
@@ -368,6 +376,7 @@ fn resolve(
         path,
         plugins_dir,
         cache_dir,
+        idle_instance_timeout,
         cluster,
         server_address,
         leader_election,

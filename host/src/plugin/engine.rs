@@ -11,6 +11,12 @@
 //!   written to a temporary file and renamed, so a reader never sees half an artifact. An
 //!   artifact that fails to load (other wasmtime, corrupted) is recompiled and replaced.
 //!   The cache directory is trusted: it is the host's own, like its binary.
+//! - [`PluginEngine::shared_component`] compiles (or loads from the cache) once per content
+//!   hash: concurrent loads of the same bytes wait for one compile, and the compiled code is
+//!   shared by every plugin using it for as long as one does (see [`super::shared`]).
+//! - At most one Cranelift compile per core runs at once (each already uses every core);
+//!   loads beyond that wait, so loading many distinct plugins at once does not hold the
+//!   intermediate state of all their compiles in memory together.
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -29,6 +35,9 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllo
 
 use super::PluginError;
 use super::bindings;
+use super::gate::Gate;
+use super::idle::{IdleInstances, IdleReaper, ReaperThread};
+use super::shared::{Outcome, Registry, Shared};
 use super::state::HostState;
 use crate::metrics::Metrics;
 
@@ -43,7 +52,14 @@ pub struct EngineConfig {
     pub pooling: Option<PoolingLimits>,
     /// Maximum native stack a guest may use before it traps with a stack overflow.
     pub max_wasm_stack: usize,
+    /// Release plugin instances idle this long (the next call instantiates anew); `None`
+    /// or zero keeps them until their plugin is dropped.
+    pub idle_instance_timeout: Option<Duration>,
 }
+
+/// Default of [`EngineConfig::idle_instance_timeout`] (the host TOML's
+/// `idle-instance-timeout`).
+pub const DEFAULT_IDLE_INSTANCE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -52,6 +68,7 @@ impl Default for EngineConfig {
             epoch_tick: Duration::from_millis(5),
             pooling: Some(PoolingLimits::default()),
             max_wasm_stack: 512 << 10,
+            idle_instance_timeout: Some(DEFAULT_IDLE_INSTANCE_TIMEOUT),
         }
     }
 }
@@ -89,9 +106,31 @@ pub(crate) struct RuntimeMetrics {
     pub forbidden: Family<PluginCallLabels, Counter>,
     /// Instances alive now, every plugin and version together.
     pub live_instances: Gauge,
+    /// Component loads by where the code came from (`compiled`, `cache`, `shared`).
+    pub component_loads: Family<ComponentLoadLabels, Counter>,
 }
 
+/// `{origin}` label of `wasmctrl_plugin_component_loads`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ComponentLoadLabels {
+    /// `compiled` (Cranelift ran), `cache` (read from the compile cache) or `shared`
+    /// (the compiled code another plugin uses, or a concurrent load's).
+    pub origin: &'static str,
+}
+
+/// How many component loads compiled, read the compile cache, or reused shared code.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ComponentLoads {
+    pub compiled: u64,
+    pub from_cache: u64,
+    pub shared: u64,
+}
+
+/// A compiled component shared by content hash; its code stays shared while one is alive.
+pub type SharedComponent = Shared<LoadedComponent, PluginError>;
+
 /// A compiled component and where it came from.
+#[derive(Clone)]
 pub struct LoadedComponent {
     pub component: Component,
     /// Hex SHA-256 of the `.wasm` (the plugin's version in metrics).
@@ -114,10 +153,17 @@ struct EngineInner {
     config: EngineConfig,
     metrics: RuntimeMetrics,
     ticker: Option<EpochTicker>,
+    /// Compiled components in use, by hex SHA-256 of their `.wasm`.
+    components: Registry<String, LoadedComponent, PluginError>,
+    /// Releases idle instances, when an idle timeout is set.
+    idle: Option<(Arc<IdleReaper>, ReaperThread)>,
+    /// Bounds the compiles running at once.
+    compiles: Gate,
 }
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
+        self.idle.take();
         if let Some(t) = self.ticker.take() {
             t.stop();
         }
@@ -178,8 +224,17 @@ impl PluginEngine {
                 "Host calls refused because the plugin did not declare the kind",
                 runtime_metrics.forbidden.clone(),
             );
+            m.register(
+                "wasmctrl_plugin_component_loads",
+                "Component loads by origin: compiled, read from the compile cache, or shared with another plugin",
+                runtime_metrics.component_loads.clone(),
+            );
         }
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick.max(Duration::from_micros(100)))?;
+        let idle = match config.idle_instance_timeout.filter(|t| !t.is_zero()) {
+            Some(timeout) => Some(IdleReaper::start(timeout)?),
+            None => None,
+        };
         Ok(PluginEngine {
             inner: Arc::new(EngineInner {
                 engine,
@@ -187,6 +242,9 @@ impl PluginEngine {
                 config,
                 metrics: runtime_metrics,
                 ticker: Some(ticker),
+                components: Registry::default(),
+                idle,
+                compiles: Gate::new(std::thread::available_parallelism().map_or(1, usize::from)),
             }),
         })
     }
@@ -209,13 +267,67 @@ impl PluginEngine {
         &self.inner.config
     }
 
-    /// Compiles `wasm`, or loads it from the compile cache when an artifact for the same
-    /// bytes and the same engine exists. Blocking (compiling takes ~100s of ms).
-    pub fn load_component(&self, wasm: &[u8]) -> Result<LoadedComponent, PluginError> {
-        let start = Instant::now();
+    /// The compiled component of `wasm`, shared with every other plugin of the same bytes:
+    /// the one in use, or the one a concurrent call is compiling (this call waits for it),
+    /// or else [`PluginEngine::load_component`]'s. Blocking.
+    pub fn shared_component(&self, wasm: &[u8]) -> Result<SharedComponent, PluginError> {
         let hash = hex::encode(Sha256::digest(wasm));
+        let (shared, outcome) =
+            self.inner.components.get_or_load(&hash, || self.load_hashed(wasm, hash.clone()))?;
+        if outcome == Outcome::Shared {
+            self.count_load("shared");
+        }
+        Ok(shared)
+    }
+
+    /// Adds a plugin's pool to the idle-instance sweeps (a no-op without an idle timeout).
+    pub(crate) fn register_idle(&self, plugin: std::sync::Weak<dyn IdleInstances>) {
+        if let Some((reaper, _)) = &self.inner.idle {
+            reaper.register(plugin);
+        }
+    }
+
+    /// Releases, as of `now`, the instances idle for the idle timeout or longer (what the
+    /// engine's reaper does on its own every quarter of the timeout); returns how many.
+    pub fn release_idle_instances_at(&self, now: Instant) -> usize {
+        self.inner.idle.as_ref().map_or(0, |(reaper, _)| reaper.sweep(now))
+    }
+
+    /// Plugin instances alive now, every plugin and version together (also the
+    /// `wasmctrl_plugin_live_instances` metric).
+    pub fn live_instances(&self) -> i64 {
+        self.inner.metrics.live_instances.get()
+    }
+
+    /// Distinct compiled components in use by plugins (or being compiled) now.
+    pub fn shared_components(&self) -> usize {
+        self.inner.components.live()
+    }
+
+    /// Component loads so far, by origin (also the `wasmctrl_plugin_component_loads` metric).
+    pub fn component_loads(&self) -> ComponentLoads {
+        let get =
+            |origin| self.inner.metrics.component_loads.get_or_create(&ComponentLoadLabels { origin }).get();
+        ComponentLoads { compiled: get("compiled"), from_cache: get("cache"), shared: get("shared") }
+    }
+
+    fn count_load(&self, origin: &'static str) {
+        self.inner.metrics.component_loads.get_or_create(&ComponentLoadLabels { origin }).inc();
+    }
+
+    /// Compiles `wasm`, or loads it from the compile cache when an artifact for the same
+    /// bytes and the same engine exists. Blocking (compiling takes ~100s of ms). Every call
+    /// compiles or reads the cache anew; plugins load through
+    /// [`PluginEngine::shared_component`] instead.
+    pub fn load_component(&self, wasm: &[u8]) -> Result<LoadedComponent, PluginError> {
+        self.load_hashed(wasm, hex::encode(Sha256::digest(wasm)))
+    }
+
+    fn load_hashed(&self, wasm: &[u8], hash: String) -> Result<LoadedComponent, PluginError> {
+        let start = Instant::now();
         let Some(dir) = &self.inner.config.cache_dir else {
             let component = self.compile(wasm)?;
+            self.count_load("compiled");
             return Ok(LoadedComponent { component, hash, from_cache: false, elapsed: start.elapsed() });
         };
         let path = dir.join(format!("{hash}-{}.cwasm", self.engine_hash()));
@@ -225,6 +337,7 @@ impl PluginEngine {
             // (part of the file name); it is trusted like the host binary.
             match unsafe { Component::deserialize_file(&self.inner.engine, &path) } {
                 Ok(component) => {
+                    self.count_load("cache");
                     return Ok(LoadedComponent {
                         component,
                         hash,
@@ -238,11 +351,11 @@ impl PluginEngine {
             }
         }
         self.validate_component(wasm)?;
-        let artifact = self
-            .inner
-            .engine
-            .precompile_component(wasm)
-            .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
+        let artifact = {
+            let _permit = self.inner.compiles.enter();
+            self.inner.engine.precompile_component(wasm)
+        }
+        .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
         let component = match write_atomically(dir, &path, &artifact) {
             // SAFETY: as above; the file was written by this process just now. Loading
             // from the file (not the bytes) lets wasmtime map it copy-on-write.
@@ -255,12 +368,14 @@ impl PluginEngine {
             }
         }
         .map_err(|e| PluginError::Compile(format!("loading the compiled component: {e:#}")))?;
+        self.count_load("compiled");
         Ok(LoadedComponent { component, hash, from_cache: false, elapsed: start.elapsed() })
     }
 
     /// Compiles without touching the cache.
     pub fn compile(&self, wasm: &[u8]) -> Result<Component, PluginError> {
         self.validate_component(wasm)?;
+        let _permit = self.inner.compiles.enter();
         Component::new(&self.inner.engine, wasm).map_err(|e| PluginError::Compile(format!("{e:#}")))
     }
 

@@ -2,7 +2,8 @@
 //! `wasmctrl:controller/plugin` world) in wasmtime sandboxes.
 //!
 //! - [`engine`]: the shared engine (Cranelift, epoch ticker, pooling allocator) and the
-//!   on-disk compile cache.
+//!   on-disk compile cache; [`shared`]: compiled components shared by content hash;
+//!   `idle`: releasing instances that stayed idle; `gate`: a bound on compiles at once.
 //! - [`spec`]: what the runtime needs to know about a plugin ([`PluginSpec`]).
 //! - [`runtime`]: a loaded [`Plugin`] with its instance pool and blocking calls into its exports.
 //! - [`adapter`]: [`PluginReconciler`], the plugin as the controller's `Reconciler` and as
@@ -25,11 +26,14 @@ pub mod client;
 mod config;
 pub mod engine;
 mod events;
+mod gate;
+mod idle;
 pub mod inspect;
 mod log;
 pub mod pool;
 pub mod record;
 pub mod runtime;
+pub mod shared;
 pub mod spec;
 mod state;
 
@@ -37,7 +41,10 @@ pub use adapter::PluginReconciler;
 pub use cache::{CacheReadError, CacheReader};
 pub use cache_union::UnionCache;
 pub use client::KubeServices;
-pub use engine::{EngineConfig, LoadedComponent, PluginEngine, PoolingLimits};
+pub use engine::{
+    ComponentLoads, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig, LoadedComponent, PluginEngine,
+    PoolingLimits, SharedComponent,
+};
 pub use inspect::{ComponentReport, inspect_component};
 pub use record::{CallLog, RecordedEvent, RecordedWrite};
 pub use runtime::{CallError, FilterInput, Plugin, PluginEnv, PluginHooks};

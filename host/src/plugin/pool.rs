@@ -7,6 +7,9 @@
 //!   dropped while marked poisoned (a trap) destroys the instance and frees its slot, so
 //!   the next checkout instantiates afresh.
 //! - Instances are created outside the pool's lock (instantiation and `init` run guest code).
+//! - Each idle instance remembers when it became idle; [`Pool::release_idle_since`] drops
+//!   those idle since a cutoff (outside the lock) and frees their slots. A checkout takes
+//!   the most recently returned instance, so the ones left idle are the oldest.
 
 use std::time::Instant;
 
@@ -20,7 +23,8 @@ pub struct Pool<T> {
 }
 
 struct PoolState<T> {
-    idle: Vec<T>,
+    /// Idle instances and when each became idle, oldest first.
+    idle: Vec<(T, Instant)>,
     live: usize,
 }
 
@@ -50,7 +54,7 @@ impl<T> Pool<T> {
         let mut s = self.state.lock();
         if s.live < self.max {
             s.live += 1;
-            s.idle.push(item);
+            s.idle.push((item, Instant::now()));
             self.freed.notify_one();
         }
     }
@@ -64,7 +68,7 @@ impl<T> Pool<T> {
     ) -> Result<Lease<'_, T>, CheckoutError<E>> {
         let mut s = self.state.lock();
         loop {
-            if let Some(item) = s.idle.pop() {
+            if let Some((item, _)) = s.idle.pop() {
                 return Ok(Lease { pool: self, item: Some(item), poisoned: false });
             }
             if s.live < self.max {
@@ -98,11 +102,33 @@ impl<T> Pool<T> {
 
     /// Drops every idle instance (checked-out ones are dropped on return as usual).
     pub fn clear_idle(&self) {
-        let mut s = self.state.lock();
-        let n = s.idle.len();
-        s.idle.clear();
-        s.live -= n;
-        self.freed.notify_all();
+        let idle = {
+            let mut s = self.state.lock();
+            let idle = std::mem::take(&mut s.idle);
+            s.live -= idle.len();
+            self.freed.notify_all();
+            idle
+        };
+        drop(idle);
+    }
+
+    /// Drops the instances idle since `cutoff` or earlier; returns how many.
+    pub fn release_idle_since(&self, cutoff: Instant) -> usize {
+        let released = {
+            let mut s = self.state.lock();
+            // Oldest first: the instances to release are a prefix.
+            let n = s.idle.partition_point(|(_, since)| *since <= cutoff);
+            let released: Vec<_> = s.idle.drain(..n).collect();
+            s.live -= released.len();
+            if !released.is_empty() {
+                self.freed.notify_all();
+            }
+            released
+        };
+        let n = released.len();
+        // Dropped outside the lock: tearing a store down is not free.
+        drop(released);
+        n
     }
 }
 
@@ -134,7 +160,7 @@ impl<T> Drop for Lease<'_, T> {
             self.pool.release_slot();
         } else {
             let mut s = self.pool.state.lock();
-            s.idle.push(item);
+            s.idle.push((item, Instant::now()));
             self.pool.freed.notify_one();
         }
     }
@@ -192,6 +218,29 @@ mod tests {
         let _held = pool.checkout(Instant::now(), ok(1)).unwrap_or_else(|_| panic!());
         // Deadline already passed: no wait.
         assert!(matches!(pool.checkout(Instant::now(), ok(2)), Err(CheckoutError::Exhausted(1))));
+    }
+
+    #[test]
+    fn instances_idle_since_the_cutoff_are_released() {
+        let pool = Pool::new(3);
+        let far = Instant::now() + Duration::from_secs(60);
+        let a = pool.checkout(far, ok(1)).unwrap_or_else(|_| panic!());
+        let b = pool.checkout(far, ok(2)).unwrap_or_else(|_| panic!());
+        drop(a);
+        let between = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        drop(b);
+        assert_eq!(pool.counts(), (2, 2));
+        assert_eq!(pool.release_idle_since(between - Duration::from_secs(1)), 0);
+        assert_eq!(pool.release_idle_since(between), 1, "only the one idle since before `between`");
+        assert_eq!(pool.counts(), (1, 1));
+        let mut l = pool.checkout(far, ok(3)).unwrap_or_else(|_| panic!());
+        assert_eq!(*l.get(), 2, "the younger instance stayed");
+        drop(l);
+        assert_eq!(pool.release_idle_since(Instant::now()), 1);
+        assert_eq!(pool.counts(), (0, 0));
+        let mut l = pool.checkout(far, ok(4)).unwrap_or_else(|_| panic!());
+        assert_eq!(*l.get(), 4, "the next checkout creates a new instance");
     }
 
     #[test]

@@ -13,6 +13,9 @@
 //! - Data a guest returns is measured against `max-output`; more is a sandbox violation,
 //!   reported like a trap.
 //! - Calls block: run them on blocking threads (the adapter does).
+//! - Plugins loaded from bytes share compiled code by content hash (one compile for any
+//!   number of copies); instances idle past the engine's idle timeout are released and the
+//!   next call instantiates (and `init`s) a new one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,7 +32,8 @@ use super::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as Wit
 use super::bindings::{Plugin as PluginBindings, PluginPre};
 use super::cache::CacheReader;
 use super::client::KubeServices;
-use super::engine::{PluginCallLabels, PluginEngine};
+use super::engine::{PluginCallLabels, PluginEngine, SharedComponent};
+use super::idle::IdleInstances;
 use super::pool::{CheckoutError, Pool};
 use super::spec::{Gvk, PluginSpec};
 use super::state::{CallInfo, HostState, PluginContext};
@@ -133,6 +137,19 @@ struct PluginInner {
     pool: Pool<Instance>,
     hooks: PluginHooks,
     version: String,
+    /// The compiled code shared with other plugins of the same bytes (kept shared while
+    /// this plugin lives); `None` when built from a caller's component.
+    _code: Option<SharedComponent>,
+}
+
+impl IdleInstances for PluginInner {
+    fn release_idle_since(&self, cutoff: Instant) -> usize {
+        let released = self.pool.release_idle_since(cutoff);
+        if released > 0 {
+            tracing::debug!(plugin = %self.ctx.spec.name, version = %self.ctx.version, released, "released idle instances");
+        }
+        released
+    }
 }
 
 impl std::fmt::Debug for Plugin {
@@ -151,17 +168,29 @@ impl Plugin {
         wasm: &[u8],
         env: PluginEnv,
     ) -> Result<Plugin, PluginError> {
-        let loaded = engine.load_component(wasm)?;
-        Self::from_component(engine, spec, &loaded.component, loaded.hash, env)
+        let code = engine.shared_component(wasm)?;
+        let loaded = code.value();
+        Self::build(engine, spec, &loaded.component, loaded.hash.clone(), env, Some(code.clone()))
     }
 
     /// As [`Plugin::load`], from an already compiled component.
     pub fn from_component(
         engine: &PluginEngine,
+        spec: PluginSpec,
+        component: &Component,
+        version: String,
+        env: PluginEnv,
+    ) -> Result<Plugin, PluginError> {
+        Self::build(engine, spec, component, version, env, None)
+    }
+
+    fn build(
+        engine: &PluginEngine,
         mut spec: PluginSpec,
         component: &Component,
         version: String,
         env: PluginEnv,
+        code: Option<SharedComponent>,
     ) -> Result<Plugin, PluginError> {
         spec.limits = spec.limits.normalized();
         spec.concurrency = spec.concurrency.max(1);
@@ -182,8 +211,15 @@ impl Plugin {
             kube: env.kube,
             metrics: engine.metrics().clone(),
         });
-        let mut inner =
-            PluginInner { engine: engine.clone(), pre, ctx, pool, hooks: PluginHooks::default(), version };
+        let mut inner = PluginInner {
+            engine: engine.clone(),
+            pre,
+            ctx,
+            pool,
+            hooks: PluginHooks::default(),
+            version,
+            _code: code,
+        };
         let (first, info) = inner
             .instantiate()
             .map_err(|e| PluginError::Init { plugin: name.clone(), reason: e.to_string() })?;
@@ -200,7 +236,10 @@ impl Plugin {
         inner.hooks = hooks;
         inner.pool.put_new(first);
         tracing::info!(plugin = %name, version = %inner.version, ?hooks, "plugin loaded");
-        Ok(Plugin { inner: Arc::new(inner) })
+        let inner = Arc::new(inner);
+        let weak = Arc::downgrade(&inner);
+        engine.register_idle(weak);
+        Ok(Plugin { inner })
     }
 
     /// The plugin's name.

@@ -125,7 +125,11 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
     tracing::info!(%address, "serving /metrics, /healthz, /readyz and /plugins");
 
     let engine = PluginEngine::new(
-        EngineConfig { cache_dir: Some(host.cache_dir.clone()), ..EngineConfig::default() },
+        EngineConfig {
+            cache_dir: Some(host.cache_dir.clone()),
+            idle_instance_timeout: Some(host.idle_instance_timeout),
+            ..EngineConfig::default()
+        },
         Some(&metrics),
     )
     .context("configuring the WebAssembly engine")?;

@@ -1,0 +1,294 @@
+//! Many plugins in one host (harness-free; `cargo bench -p wasmctrl --bench many_plugins`).
+//!
+//! Needs the guests built (`cargo xtask build-guests`). Every scenario runs in a fresh child
+//! process (this binary, re-executed), so its peak RSS (`VmHWM`) is its own; scenarios share
+//! compile cache directories so the warm ones read what the cold ones wrote. The plugin is
+//! `configmap-mirror` (the Rust example), loaded the way the host's reload manager loads a
+//! plugins directory: every plugin at once, each on a tokio blocking thread, on the engine
+//! the host runs (pooling allocator, idle-instance reaper).
+//!
+//! - `copies, cold`: `PLUGINS` copies of the same `.wasm`, empty compile cache;
+//! - `copies, warm`: the same, compile cache filled;
+//! - `distinct, cold` / `warm`: `PLUGINS` *different* components: the mirror with one string
+//!   constant in its data segment rewritten per copy (same length; a message of its
+//!   `NameConflict` event), so every copy has its own content hash and its own code.
+//!
+//! Each plugin gets one steady-state reconcile (cache reads and a JSON compare; no writes), so
+//! each holds one used, idle instance. Columns: load time (all plugins, wall), compiles,
+//! peak RSS of the load, RSS with every plugin loaded, RSS after the idle instances were
+//! released (what idle-instance-timeout does), and from those memory per plugin beyond the
+//! empty host and per idle instance. Targets (issue 12): ≤ 150 MB with 100 distinct plugins
+//! loaded, ≤ 150 KiB per idle instance beyond the shared code.
+//!
+//! `PLUGINS` (default 100) sets the count; `SCENARIOS=copies` (or `distinct`) runs only those.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use wasmctrl::cache::{IndexFunc, Indexer};
+use wasmctrl::controller::{Action, Request};
+use wasmctrl::object::Object;
+use wasmctrl::plugin::{
+    CacheReader, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv, PluginSpec,
+};
+
+/// Environment variable naming the scenario a child runs.
+const SCENARIO: &str = "WASMCTRL_MANY_PLUGINS_SCENARIO";
+/// Environment variable with the compile cache directory of a child.
+const CACHE: &str = "WASMCTRL_MANY_PLUGINS_CACHE";
+/// The constant rewritten in each distinct copy (must occur once in the component).
+const PATCHED: &[u8] = b"left untouched";
+
+fn plugins() -> usize {
+    std::env::var("PLUGINS").ok().and_then(|v| v.parse().ok()).unwrap_or(100)
+}
+
+fn mirror_wasm() -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../guests/target/wasm32-wasip2/release/configmap_mirror.wasm");
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask build-guests`", path.display()))
+}
+
+/// The mirror with the last four bytes of its `PATCHED` constant rewritten to `i` (zero
+/// padded): a different, equally valid component per `i` below 10,000.
+fn distinct_wasm(base: &[u8], i: usize) -> Vec<u8> {
+    let at = base
+        .windows(PATCHED.len())
+        .position(|w| w == PATCHED)
+        .unwrap_or_else(|| panic!("the mirror no longer contains {:?}", String::from_utf8_lossy(PATCHED)));
+    assert!(
+        base.windows(PATCHED.len()).filter(|w| *w == PATCHED).count() == 1,
+        "the constant must occur once"
+    );
+    let mut wasm = base.to_vec();
+    let tag = format!("{i:04}");
+    let end = at + PATCHED.len();
+    wasm[end - tag.len()..end].copy_from_slice(tag.as_bytes());
+    wasm
+}
+
+fn object(v: serde_json::Value) -> Arc<Object> {
+    Arc::new(Object::from_json(Bytes::from(v.to_string())).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn configmap_gvk() -> Gvk {
+    Gvk::new("v1", "ConfigMap")
+}
+
+fn namespace_gvk() -> Gvk {
+    Gvk::new("v1", "Namespace")
+}
+
+/// Caches in which the mirror's source and both copies are up to date (shared by every plugin).
+fn steady_state_env() -> PluginEnv {
+    let data = serde_json::json!({"log-level": "info", "app.properties": "server.port=8080\n"});
+    let source = object(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "app-config", "namespace": "default", "uid": "u-src", "resourceVersion": "10",
+                     "labels": {"mirror": "true"}, "finalizers": ["mirror.example.com/cleanup"]},
+        "data": data,
+    }));
+    let copy = |ns: &str| {
+        object(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "app-config", "namespace": ns, "uid": format!("u-{ns}"), "resourceVersion": "11",
+                         "labels": {"app.kubernetes.io/managed-by": "configmap-mirror"},
+                         "annotations": {"mirror.example.com/source": "default/app-config"}},
+            "data": data,
+        }))
+    };
+    let configmaps = Indexer::new();
+    configmaps
+        .add_indexers([(
+            "by-source".to_owned(),
+            IndexFunc::custom(|o: &Object| {
+                o.annotation("mirror.example.com/source").map(|v| vec![v.to_owned()]).unwrap_or_default()
+            }),
+        )])
+        .unwrap_or_else(|e| panic!("{e}"));
+    for o in [source, copy("team-a"), copy("team-b")] {
+        configmaps.upsert(o);
+    }
+    let namespaces = Indexer::new();
+    for ns in ["default", "team-a", "team-b"] {
+        namespaces.upsert(object(
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        ));
+    }
+    let mut caches: HashMap<Gvk, Arc<dyn CacheReader>> = HashMap::new();
+    caches.insert(configmap_gvk(), Arc::new(configmaps));
+    caches.insert(namespace_gvk(), Arc::new(namespaces));
+    PluginEnv { caches, kube: None }
+}
+
+fn mirror_spec(name: String) -> PluginSpec {
+    let mut spec = PluginSpec::new(name, configmap_gvk());
+    spec.permissions = Permissions::new([configmap_gvk(), namespace_gvk()], [], [configmap_gvk()]);
+    spec.settings = Bytes::from_static(br#"{"namespaces":["team-a","team-b"]}"#);
+    spec.limits.deadline = Duration::from_secs(120);
+    spec
+}
+
+/// `VmRSS` and `VmHWM` of this process, bytes.
+fn rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// What one scenario measured (one line of the child's stdout).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Report {
+    plugins: usize,
+    load_ms: f64,
+    compiled: u64,
+    from_cache: u64,
+    shared: u64,
+    rss_empty: u64,
+    peak: u64,
+    rss_loaded: u64,
+    rss_released: u64,
+    released: usize,
+}
+
+/// Runs one scenario in this process (the child side).
+fn run_scenario(distinct: bool, cache: &Path) -> Report {
+    let n = plugins();
+    let base = Arc::new(mirror_wasm());
+    let engine =
+        PluginEngine::new(EngineConfig { cache_dir: Some(cache.to_owned()), ..Default::default() }, None)
+            .unwrap_or_else(|e| panic!("engine: {e}"));
+    let env = steady_state_env();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let (rss_empty, _) = rss();
+
+    let start = Instant::now();
+    let loaded: Vec<Plugin> = runtime.block_on(async {
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let (engine, base, env) = (engine.clone(), base.clone(), env.clone());
+                tokio::task::spawn_blocking(move || {
+                    // Each plugin's own bytes, as the host reads each file; freed once loaded.
+                    let wasm = if distinct { distinct_wasm(&base, i) } else { base.to_vec() };
+                    Plugin::load(&engine, mirror_spec(format!("mirror-{i}")), &wasm, env)
+                })
+            })
+            .collect();
+        let mut plugins = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            plugins.push(
+                t.await.unwrap_or_else(|e| panic!("join: {e}")).unwrap_or_else(|e| panic!("load: {e}")),
+            );
+        }
+        plugins
+    });
+    let load_ms = start.elapsed().as_secs_f64() * 1e3;
+    let request = Request { namespace: Some("default".into()), name: "app-config".into() };
+    for p in &loaded {
+        assert_eq!(p.reconcile_blocking(&request), Ok(Action::Done), "{}", p.name());
+        assert_eq!(p.pool_counts(), (1, 1));
+    }
+    let (rss_loaded, peak) = rss();
+    // What the idle-instance reaper does once the timeout passed.
+    let released = engine.release_idle_instances_at(Instant::now() + Duration::from_secs(24 * 3600));
+    let (rss_released, _) = rss();
+    let loads = engine.component_loads();
+    Report {
+        plugins: n,
+        load_ms,
+        compiled: loads.compiled,
+        from_cache: loads.from_cache,
+        shared: loads.shared,
+        rss_empty,
+        peak,
+        rss_loaded,
+        rss_released,
+        released,
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+fn kib(bytes: i64) -> String {
+    format!("{:.0} KiB", bytes as f64 / 1024.0)
+}
+
+fn main() {
+    if let Ok(scenario) = std::env::var(SCENARIO) {
+        let cache = PathBuf::from(std::env::var(CACHE).unwrap_or_else(|e| panic!("{CACHE}: {e}")));
+        let report = run_scenario(scenario == "distinct", &cache);
+        println!("{}", serde_json::to_string(&report).unwrap_or_else(|e| panic!("{e}")));
+        return;
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+    let copies_cache = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let distinct_cache = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    println!();
+    println!(
+        "{} plugins in one host (configmap-mirror, {} KB; each scenario a fresh process)",
+        plugins(),
+        mirror_wasm().len() / 1024
+    );
+    println!(
+        "  {:<16} {:>9} {:>8} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12}",
+        "scenario",
+        "load",
+        "compiles",
+        "empty",
+        "peak RSS",
+        "RSS loaded",
+        "released",
+        "per plugin",
+        "per instance"
+    );
+    for (label, scenario, cache) in [
+        ("copies, cold", "copies", copies_cache.path()),
+        ("copies, warm", "copies", copies_cache.path()),
+        ("distinct, cold", "distinct", distinct_cache.path()),
+        ("distinct, warm", "distinct", distinct_cache.path()),
+    ] {
+        if std::env::var("SCENARIOS").is_ok_and(|only| !only.split(',').any(|o| o == scenario)) {
+            continue;
+        }
+        let out = Command::new(&exe)
+            .env(SCENARIO, scenario)
+            .env(CACHE, cache)
+            .output()
+            .unwrap_or_else(|e| panic!("running {label}: {e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let Some(r) = stdout.lines().rev().find_map(|l| serde_json::from_str::<Report>(l).ok()) else {
+            panic!("{label} failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        };
+        let n = r.plugins.max(1) as i64;
+        println!(
+            "  {:<16} {:>7.0}ms {:>8} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12}",
+            label,
+            r.load_ms,
+            r.compiled,
+            mib(r.rss_empty),
+            mib(r.peak),
+            mib(r.rss_loaded),
+            mib(r.rss_released),
+            kib((r.rss_loaded as i64 - r.rss_empty as i64) / n),
+            kib((r.rss_loaded as i64 - r.rss_released as i64) / r.released.max(1) as i64),
+        );
+    }
+    println!("  (load: wall time of loading every plugin at once; compiles: Cranelift runs; empty: RSS");
+    println!("   of the process with the engine and caches, before any plugin; per plugin: (RSS loaded -");
+    println!("   empty) / plugins; per instance: RSS freed by releasing the idle instances / instances)");
+}

@@ -1,0 +1,454 @@
+//! Scale (harness-free; `cargo bench -p wasmctrl --bench scale`): many cached objects and a
+//! sustained event rate through one Wasm plugin, and the sync of a very large list.
+//!
+//! The API server is the stream server of `bench/support` in a child process (this binary
+//! with `serve`), so the figures are the host's alone; the host side runs in another child
+//! (`consume ...`) so each scenario starts from an empty process.
+//!
+//! - `sustained`: `SCALE_OBJECTS` (default 100,000) ~2 KB ConfigMaps listed, then
+//!   `SCALE_RATE` (default 10,000) updates per second for `SCALE_SECS` (default 60; the issue's
+//!   figure is 300) through a controller whose reconciler is a no-op Wasm plugin
+//!   (`test-plugin-panic`, concurrency 1). Reports the host's RSS after the sync and every
+//!   `SCALE_SECS / 6` of the stream (growth shows there), CPU (cores used while streaming:
+//!   user + system time over wall time), and event → reconcile-start p50/p99/max for each
+//!   third of the stream (skipping the first tenth overall).
+//! - `sync`: `SCALE_SYNC_OBJECTS` (default 1,000,000) ConfigMaps listed into an informer:
+//!   time to sync, RSS and heap after it, against the objects' JSON size.
+//!
+//! Not covered here: a relist (the stream server serves one list; a second one would need
+//! it to expire the watch).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use wasmctrl::cache::Indexer;
+use wasmctrl::controller::{Action, Controller, InformerSource, ReconcileError, Reconciler, Request};
+use wasmctrl::informer::{
+    FactoryOptions, InformerFactory, InformerOptions, InformerSpec, SharedIndexInformer,
+};
+use wasmctrl::plugin::{
+    CacheReader, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginReconciler, PluginSpec,
+};
+use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
+use wasmctrl_bench_support::latency::{self, Sample};
+use wasmctrl_bench_support::{
+    BackgroundServer, CountingAllocator, Pace, StreamConfig, allocated, unix_nanos,
+};
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn flag(args: &[String], name: &str) -> Result<u64, Error> {
+    let v =
+        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).ok_or(format!("missing {name}"))?;
+    Ok(v.parse()?)
+}
+
+fn url_flag(args: &[String]) -> Result<String, Error> {
+    Ok(args.iter().position(|a| a == "--url").and_then(|i| args.get(i + 1)).ok_or("missing --url")?.clone())
+}
+
+/// `VmRSS` and `VmHWM` of this process, bytes.
+fn rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// User + system CPU time of this process so far.
+fn cpu_time() -> Duration {
+    // SAFETY: `getrusage` only writes the struct it is given; all-zero is a valid `rusage`.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable `rusage` for the duration of the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::from_micros(t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+fn mib(bytes: f64) -> f64 {
+    bytes / (1024.0 * 1024.0)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+fn client(url: &str) -> Result<kube::Client, Error> {
+    Ok(kube::Client::try_from(kube::Config::new(url.parse()?))?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stream server process
+
+/// Serves until standard input closes.
+fn serve(args: &[String]) -> Result<(), Error> {
+    let objects = usize::try_from(flag(args, "--objects")?)?;
+    let updates = flag(args, "--updates")?;
+    let pace = match flag(args, "--rate") {
+        Ok(rate) => Pace::PerSecond { rate: u32::try_from(rate)?, warmup: Duration::from_secs(2) },
+        Err(_) => Pace::Flat,
+    };
+    let server = BackgroundServer::start(StreamConfig { objects, updates, pace })?;
+    println!("{}", json!({ "url": server.url(), "json_bytes_per_object": server.json_bytes_per_object() }));
+    std::io::stdout().flush()?;
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    Ok(())
+}
+
+/// A stream server process; closing its standard input stops it.
+struct ServerProcess {
+    child: Child,
+    url: String,
+    json_bytes_per_object: f64,
+}
+
+impl ServerProcess {
+    fn start(objects: u64, updates: u64, rate: Option<u64>) -> Result<Self, Error> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(["serve", "--objects", &objects.to_string(), "--updates", &updates.to_string()]);
+        if let Some(rate) = rate {
+            cmd.args(["--rate", &rate.to_string()]);
+        }
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let ready: Value =
+            serde_json::from_str(&line).map_err(|e| format!("stream server said {line:?}: {e}"))?;
+        let url = ready["url"].as_str().ok_or_else(|| format!("stream server said {line:?}"))?.to_owned();
+        Ok(ServerProcess {
+            child,
+            url,
+            json_bytes_per_object: ready["json_bytes_per_object"].as_f64().unwrap_or(0.0),
+        })
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host side
+
+/// Takes a latency sample at the start of each reconcile, then hands the request on.
+struct Stamping {
+    inner: Arc<dyn Reconciler>,
+    cache: Indexer,
+    last_seq: u64,
+    samples: parking_lot::Mutex<Vec<Sample>>,
+    done: tokio::sync::Notify,
+}
+
+impl Reconciler for Stamping {
+    fn reconcile(&self, request: Request) -> BoxFuture<'static, Result<Action, ReconcileError>> {
+        let now = unix_nanos();
+        if let Some(obj) = self.cache.get_by_name(request.namespace.as_deref(), &request.name)
+            && let Some(s) = latency::sample(|k| obj.annotation(k), now)
+        {
+            self.samples.lock().push(s);
+            if s.seq >= self.last_seq {
+                self.done.notify_one();
+            }
+        }
+        self.inner.reconcile(request)
+    }
+}
+
+fn noop_plugin() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../guests/target/wasm32-wasip2/release/test_plugin_panic.wasm")
+}
+
+async fn sustained(url: &str, objects: u64, updates: u64, secs: u64) -> Result<Value, Error> {
+    let wasm = std::fs::read(noop_plugin())
+        .map_err(|e| format!("{}: {e}; run `cargo xtask build-guests`", noop_plugin().display()))?;
+    let start = Instant::now();
+    let factory = InformerFactory::new(client(url)?, FactoryOptions::default());
+    let source = InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap")).await?;
+    let cache = source.lease().indexer();
+    let kind = Gvk::new("v1", "ConfigMap");
+    let engine = PluginEngine::new(EngineConfig::default(), None)?;
+    let env = PluginEnv {
+        caches: [(kind.clone(), Arc::new(cache.clone()) as Arc<dyn CacheReader>)].into_iter().collect(),
+        kube: None,
+    };
+    let plugin = Plugin::load(&engine, PluginSpec::new("noop", kind), &wasm, env)?;
+    let stamping = Arc::new(Stamping {
+        inner: PluginReconciler::new(plugin)?,
+        cache: cache.clone(),
+        last_seq: updates.saturating_sub(1),
+        samples: Default::default(),
+        done: Default::default(),
+    });
+    let controller = Controller::builder("scale", stamping.clone())
+        .for_source(source)
+        .max_concurrent_reconciles(1)
+        .build()?;
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let (c, s) = (controller.clone(), shutdown.clone());
+        async move { c.run(s).await }
+    });
+    while (cache.len() as u64) < objects {
+        if start.elapsed() > Duration::from_secs(600) {
+            return Err("the list did not sync within 10 minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let synced = start.elapsed();
+    let (rss_synced, _) = rss();
+    // RSS and CPU while the updates stream, every sixth of the run.
+    let (cpu0, wall0) = (cpu_time(), Instant::now());
+    let step = Duration::from_secs((secs / 6).max(1));
+    let mut rss_over_time = Vec::new();
+    let done = stamping.done.notified();
+    tokio::pin!(done);
+    let limit = Instant::now() + Duration::from_secs(secs + 60);
+    loop {
+        tokio::select! {
+            _ = &mut done => break,
+            _ = tokio::time::sleep(step) => {
+                rss_over_time.push(json!({ "at_s": wall0.elapsed().as_secs(), "rss_mib": mib(rss().0 as f64) }));
+                if Instant::now() > limit {
+                    return Err(format!("timed out with {} reconciles of updates", stamping.samples.lock().len()).into());
+                }
+            }
+        }
+    }
+    let cores = (cpu_time() - cpu0).as_secs_f64() / wall0.elapsed().as_secs_f64();
+    let (rss_end, peak) = rss();
+    shutdown.cancel();
+    run.await??;
+    factory.shutdown();
+    let samples = std::mem::take(&mut *stamping.samples.lock());
+    let ms = |n: u64| n as f64 / 1e6;
+    let third = updates / 3;
+    let windows: Vec<Value> = [(updates / 10, third), (third, 2 * third), (2 * third, updates)]
+        .iter()
+        .filter_map(|&(from, to)| {
+            let part: Vec<Sample> = samples.iter().copied().filter(|s| s.seq >= from && s.seq < to).collect();
+            latency::percentiles(&part, from).map(|p| json!({ "from_seq": from, "p50_ms": ms(p.p50), "p99_ms": ms(p.p99), "max_ms": ms(p.max) }))
+        })
+        .collect();
+    let all = latency::percentiles(&samples, updates / 10)
+        .ok_or("no reconcile of an update after the first tenth")?;
+    Ok(json!({
+        "sync_s": synced.as_secs_f64(),
+        "rss_synced_mib": mib(rss_synced as f64),
+        "rss_end_mib": mib(rss_end as f64),
+        "peak_mib": mib(peak as f64),
+        "rss_over_time": rss_over_time,
+        "cores": cores,
+        "reconciles": samples.len(),
+        "p50_ms": ms(all.p50), "p99_ms": ms(all.p99), "max_ms": ms(all.max),
+        "windows": windows,
+    }))
+}
+
+async fn sync(url: &str, objects: u64) -> Result<Value, Error> {
+    let heap_before = allocated();
+    let start = Instant::now();
+    let informer = SharedIndexInformer::new(InformerOptions { name: "scale".into(), ..Default::default() })?;
+    let resource = ApiResource::new("v1", "ConfigMap", "configmaps", true);
+    informer.start(Reflector::new(client(url)?, resource, ReflectorConfig::default()));
+    while !informer.has_synced() || (informer.indexer().len() as u64) < objects {
+        if start.elapsed() > Duration::from_secs(900) {
+            return Err("no sync within 15 minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let synced = start.elapsed();
+    let (rss_synced, peak) = rss();
+    let heap = allocated() as f64 - heap_before as f64;
+    let cached = informer.indexer().len();
+    informer.stop();
+    Ok(json!({
+        "sync_s": synced.as_secs_f64(),
+        "cached": cached,
+        "rss_mib": mib(rss_synced as f64),
+        "peak_mib": mib(peak as f64),
+        "heap_mib": mib(heap),
+    }))
+}
+
+fn consume(args: &[String]) -> Result<(), Error> {
+    let url = url_flag(args)?;
+    let rt = runtime()?;
+    let result = match args.get(1).map(String::as_str) {
+        Some("sustained") => rt.block_on(sustained(
+            &url,
+            flag(args, "--objects")?,
+            flag(args, "--updates")?,
+            flag(args, "--secs")?,
+        ))?,
+        Some("sync") => rt.block_on(sync(&url, flag(args, "--objects")?))?,
+        _ => return Err("usage: consume <sustained|sync> --url URL ...".into()),
+    };
+    rt.shutdown_timeout(Duration::from_secs(1));
+    println!("{result}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness
+
+fn run(server: &ServerProcess, args: &[&str]) -> Result<Value, Error> {
+    let out = Command::new(std::env::current_exe()?)
+        .arg("consume")
+        .args(args)
+        .args(["--url", &server.url])
+        .stderr(Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok().filter(Value::is_object))
+        .filter(|_| out.status.success())
+        .ok_or_else(|| format!("consumer exited with {}: {stdout}", out.status).into())
+}
+
+fn orchestrate() -> Result<(), Error> {
+    let objects = env_u64("SCALE_OBJECTS", 100_000);
+    let rate = env_u64("SCALE_RATE", 10_000);
+    let secs = env_u64("SCALE_SECS", 60);
+    let sync_objects = env_u64("SCALE_SYNC_OBJECTS", 1_000_000);
+    let updates = rate * secs;
+
+    println!();
+    println!(
+        "scale: {objects} ConfigMaps, {rate} updates/s for {secs} s, one no-op Wasm plugin (concurrency 1)"
+    );
+    let server = ServerProcess::start(objects, updates, Some(rate))?;
+    let json_mib = mib(server.json_bytes_per_object * objects as f64);
+    match run(
+        &server,
+        &[
+            "sustained",
+            "--objects",
+            &objects.to_string(),
+            "--updates",
+            &updates.to_string(),
+            "--secs",
+            &secs.to_string(),
+        ],
+    ) {
+        Ok(r) => {
+            println!(
+                "  list synced in {:.1} s; objects' JSON {json_mib:.0} MiB ({:.0} B each)",
+                r["sync_s"].as_f64().unwrap_or(0.0),
+                server.json_bytes_per_object
+            );
+            println!(
+                "  RSS after sync {:.0} MiB, at the end {:.0} MiB, peak {:.0} MiB (target ≤ 350 MB)",
+                r["rss_synced_mib"].as_f64().unwrap_or(0.0),
+                r["rss_end_mib"].as_f64().unwrap_or(0.0),
+                r["peak_mib"].as_f64().unwrap_or(0.0)
+            );
+            let over_time: Vec<String> = r["rss_over_time"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|p| format!("{}s {:.0}", p["at_s"], p["rss_mib"].as_f64().unwrap_or(0.0)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            println!("  RSS over time (MiB): {}", over_time.join(", "));
+            println!("  CPU while streaming: {:.2} cores", r["cores"].as_f64().unwrap_or(0.0));
+            println!(
+                "  event → reconcile start ({} reconciles): p50 {:.3} ms, p99 {:.3} ms, max {:.1} ms (target p99 ≤ 5 ms)",
+                r["reconciles"],
+                r["p50_ms"].as_f64().unwrap_or(0.0),
+                r["p99_ms"].as_f64().unwrap_or(0.0),
+                r["max_ms"].as_f64().unwrap_or(0.0)
+            );
+            let thirds: Vec<String> = r["windows"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|w| {
+                            format!(
+                                "from update {}: p50 {:.3} / p99 {:.3} / max {:.1} ms",
+                                w["from_seq"],
+                                w["p50_ms"].as_f64().unwrap_or(0.0),
+                                w["p99_ms"].as_f64().unwrap_or(0.0),
+                                w["max_ms"].as_f64().unwrap_or(0.0)
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            println!("  by thirds of the stream: {}", thirds.join("; "));
+        }
+        Err(e) => println!("  failed: {e}"),
+    }
+    drop(server);
+
+    if sync_objects > 0 {
+        println!("sync: {sync_objects} ConfigMaps listed into one informer");
+        let server = ServerProcess::start(sync_objects, 0, None)?;
+        let json_mib = mib(server.json_bytes_per_object * sync_objects as f64);
+        match run(&server, &["sync", "--objects", &sync_objects.to_string()]) {
+            Ok(r) => {
+                let rss = r["rss_mib"].as_f64().unwrap_or(0.0);
+                let heap = r["heap_mib"].as_f64().unwrap_or(0.0);
+                println!(
+                    "  synced in {:.1} s; JSON {json_mib:.0} MiB; RSS {rss:.0} MiB ({:.2}× JSON), peak {:.0} MiB; heap {heap:.0} MiB ({:.2}× JSON) (target RSS ≤ 1.2× JSON)",
+                    r["sync_s"].as_f64().unwrap_or(0.0),
+                    rss / json_mib,
+                    r["peak_mib"].as_f64().unwrap_or(0.0),
+                    heap / json_mib
+                );
+            }
+            Err(e) => println!("  failed: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("serve") => serve(&args),
+        Some("consume") => consume(&args),
+        _ => orchestrate(),
+    };
+    if let Err(e) = result {
+        println!("{}", json!({ "error": e.to_string() }));
+        eprintln!("scale: {e}");
+        std::process::exit(1);
+    }
+}
