@@ -489,8 +489,22 @@ async fn settle(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_reload_is_a_hand_off_under_churn() {
+/// How long an idle blocking thread of the runtime lives (tokio's default is 10 s); the
+/// thread counts are taken after that much quiet, so they see no leftover of a busy moment.
+const IDLE_THREAD_LIFE: Duration = Duration::from_millis(500);
+
+#[test]
+fn every_reload_is_a_hand_off_under_churn() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .thread_keep_alive(IDLE_THREAD_LIFE)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(churn_and_reload());
+}
+
+async fn churn_and_reload() {
     let full = std::env::var("CHAOS_FULL").is_ok();
     let objects = env_or("CHAOS_OBJECTS", if full { 10_000 } else { 300 });
     let rate = env_or("CHAOS_RATE", if full { 2_200 } else { 300 }) as f64;
@@ -598,8 +612,8 @@ async fn every_reload_is_a_hand_off_under_churn() {
     let seed_finals: BTreeMap<usize, Change> = seeded.iter().flat_map(|m| m.clone()).collect();
     let (lost, stale) = settle(&seed_finals, &[], Duration::from_secs(300)).await;
     assert!(lost.is_empty() && stale.is_empty(), "the first version never converged: {lost:?} {stale:?}");
-    // Idle blocking threads of the runtime go after 10 s; measure without them.
-    tokio::time::sleep(Duration::from_secs(11)).await;
+    // Measure without idle blocking threads of the runtime.
+    tokio::time::sleep(IDLE_THREAD_LIFE * 3).await;
     let baseline = usage(&metrics, &factory);
 
     // Churn, and reload throughout.
@@ -730,7 +744,7 @@ async fn every_reload_is_a_hand_off_under_churn() {
     manager.rescan().await;
     wait_running(a.clone()).await;
     let (lost, stale) = settle(&finals, &absent, Duration::from_secs(if full { 600 } else { 120 })).await;
-    tokio::time::sleep(Duration::from_secs(11)).await;
+    tokio::time::sleep(IDLE_THREAD_LIFE * 3).await;
     let after = usage(&metrics, &factory);
     let total_reloads = reloads_done(&metrics) - first;
     let rejected =
