@@ -543,6 +543,8 @@ async fn churn_and_reload() {
         }
     }
 
+    eprintln!("chaos: {objects} objects seeded at {:.1} s", started.elapsed().as_secs_f64());
+
     // The host.
     let factory = InformerFactory::new(
         client.clone(),
@@ -615,6 +617,7 @@ async fn churn_and_reload() {
     // Measure without idle blocking threads of the runtime.
     tokio::time::sleep(IDLE_THREAD_LIFE * 3).await;
     let baseline = usage(&metrics, &factory);
+    eprintln!("chaos: the first version reconciled every object at {:.1} s", started.elapsed().as_secs_f64());
 
     // Churn, and reload throughout.
     let stop = CancellationToken::new();
