@@ -650,7 +650,7 @@ async fn churn_and_reload() {
     let mut step = 0usize;
     while (reloads_done(&metrics) - first) < reloads as f64 {
         step += 1;
-        if step % 100 == 0 {
+        if step % 10 == 0 {
             let secs = churn_started.elapsed().as_secs_f64();
             eprintln!(
                 "chaos: {:.0} reloads, {} changes in {secs:.0} s ({:.0}/s)",
