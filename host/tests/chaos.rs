@@ -746,7 +746,8 @@ async fn churn_and_reload() {
     files.install("witness.wasm", &a);
     manager.rescan().await;
     wait_running(a.clone()).await;
-    let (lost, stale) = settle(&finals, &absent, Duration::from_secs(if full { 600 } else { 120 })).await;
+    let (lost, stale) =
+        settle(&finals, &absent, Duration::from_secs(if objects > 1_000 { 600 } else { 120 })).await;
     tokio::time::sleep(IDLE_THREAD_LIFE * 3).await;
     let after = usage(&metrics, &factory);
     let total_reloads = reloads_done(&metrics) - first;
