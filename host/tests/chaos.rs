@@ -650,7 +650,7 @@ async fn churn_and_reload() {
     let mut step = 0usize;
     while (reloads_done(&metrics) - first) < reloads as f64 {
         step += 1;
-        if step % 10 == 0 {
+        if step.is_multiple_of(10) {
             let secs = churn_started.elapsed().as_secs_f64();
             eprintln!(
                 "chaos: {:.0} reloads, {} changes in {secs:.0} s ({:.0}/s)",
@@ -670,7 +670,7 @@ async fn churn_and_reload() {
                 files.install("witness.toml", config.toml().as_bytes());
                 manager.rescan().await;
                 absent.push((from, Instant::now()));
-                if step % 100 == 0 {
+                if step.is_multiple_of(100) {
                     edit += 1;
                     let concurrency = 1 + config.concurrency % 3;
                     config = Config { concurrency, ..Config::random(&mut rng, edit) };
