@@ -125,6 +125,7 @@ extern crate self as wasmctrl_guest;
 pub use k8s_openapi;
 pub use serde_json;
 
+pub mod arena;
 mod error;
 mod export;
 mod host;
@@ -181,6 +182,7 @@ pub mod bindings {
 /// Implementation details of [`export_plugin!`]; not a stable API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::arena::export_call;
     pub use crate::bindings;
     pub use crate::bindings::exports::wasmctrl::controller::reconciler::{
         FilterEvent as WitFilterEvent, Guest, PluginInfo, ReconcileError as WitReconcileError,

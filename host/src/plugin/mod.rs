@@ -37,7 +37,7 @@ pub use adapter::PluginReconciler;
 pub use cache::{CacheReadError, CacheReader};
 pub use cache_union::UnionCache;
 pub use client::KubeServices;
-pub use engine::{EngineConfig, LoadedComponent, PluginEngine, PoolingLimits};
+pub use engine::{EngineConfig, EngineTuning, LoadedComponent, PluginEngine, PoolingLimits};
 pub use inspect::{ComponentReport, inspect_component};
 pub use record::{CallLog, RecordedEvent, RecordedWrite};
 pub use runtime::{CallError, FilterInput, Plugin, PluginEnv, PluginHooks};
