@@ -7,11 +7,19 @@
 //!   2. where the Wasm time goes: a no-op call, the cache read alone, the parse alone;
 //!   3. the same reconcile through the controller-facing adapter (tokio + spawn_blocking);
 //!   4. instance pool checkout + return, and a fresh instance (instantiate + init + call);
-//!   5. cold compile vs cached load of each example plugin and the bench plugin.
+//!   5. cold compile vs cached load of each example plugin and the bench plugin;
+//!   6. the levers on the Wasm reconcile, each against native in the same interleaved
+//!      rounds: the SDK with the system allocator (dlmalloc) vs its per-call arena,
+//!      guest opt-level 3 vs "s" (and the `.wasm` size each costs), explicit bounds checks
+//!      (a small memory reservation) vs none (the default), epoch interruption off vs on,
+//!      and the host-side copy of the object before it is lowered into guest memory.
+//!      Instruction counts: run the binary under `valgrind --tool=callgrind` with
+//!      `BENCH_ONLY=<case>` (one case, a fixed number of calls).
 //!
 //! Sizes: `BENCH_ITERS` (default 20000 per round), `BENCH_ROUNDS` (default 5; the median
-//! round is reported). `BENCH_PLUGIN` overrides the bench plugin's path (e.g. a build
-//! with another opt-level).
+//! round is reported). `BENCH_PLUGIN` overrides the bench plugin's path. The opt-level 3
+//! builds are made by this benchmark (`cargo build --profile release-o3` of the two bench
+//! plugins into `$CARGO_TARGET_DIR/guests`); `BENCH_O3=0` skips them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,7 +32,8 @@ use wasmctrl::controller::{Action, ReconcileError, Reconciler, Request};
 use wasmctrl::object::Object;
 use wasmctrl::plugin::pool::Pool;
 use wasmctrl::plugin::{
-    CacheReader, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginReconciler, PluginSpec,
+    CacheReader, EngineConfig, EngineTuning, Gvk, Plugin, PluginEngine, PluginEnv, PluginReconciler,
+    PluginSpec,
 };
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -33,6 +42,44 @@ fn env_usize(name: &str, default: usize) -> usize {
 
 fn guest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guests/target/wasm32-wasip2/release")
+}
+
+/// Builds the bench plugins at opt-level 3 (`[profile.release-o3]` of `guests/`) and
+/// returns their directory, or `None` (with a note) when that fails or is switched off.
+fn build_o3() -> Option<PathBuf> {
+    if std::env::var("BENCH_O3").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|d| PathBuf::from(d).join("guests"))
+        .unwrap_or_else(|| root.join("guests/target"));
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root.join("guests"))
+        .args(["build", "--profile", "release-o3", "--target", "wasm32-wasip2", "--target-dir"])
+        .arg(&target)
+        .args(["-p", "test-plugin-bench", "-p", "test-plugin-bench-arena"])
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(target.join("wasm32-wasip2/release-o3")),
+        other => {
+            eprintln!("note: opt-level 3 builds skipped: {other:?}");
+            None
+        }
+    }
+}
+
+/// A bench plugin loaded into `engine` with the shared cache.
+fn load(engine: &PluginEngine, wasm: &[u8], cache: &Arc<dyn CacheReader>) -> Plugin {
+    let configmap = Gvk::new("v1", "ConfigMap");
+    let env = PluginEnv { caches: [(configmap.clone(), cache.clone())].into_iter().collect(), kube: None };
+    Plugin::load(engine, PluginSpec::new("bench", configmap), wasm, env)
+        .unwrap_or_else(|e| panic!("loading: {e}"))
+}
+
+fn engine_with(tuning: EngineTuning) -> PluginEngine {
+    PluginEngine::new(EngineConfig { tuning, ..Default::default() }, None)
+        .unwrap_or_else(|e| panic!("engine: {e}"))
 }
 
 fn read_wasm(path: &PathBuf) -> Vec<u8> {
@@ -150,6 +197,10 @@ fn main() {
     for r in [&bench, &noop, &get_only, &parse_only] {
         assert_eq!(plugin.reconcile_blocking(r), Ok(Action::Done), "{r}");
     }
+    if let Ok(only) = std::env::var("BENCH_ONLY") {
+        levers(iters, rounds, &cache, &json, &bench_wasm, Some(&only));
+        return;
+    }
 
     println!(
         "plugin runtime benchmark: {iters} calls x {rounds} rounds (median round), object {} bytes",
@@ -221,6 +272,8 @@ fn main() {
         parse_t.saturating_sub(noop_t).as_secs_f64() / native_parse.as_secs_f64()
     );
 
+    levers(iters, rounds, &cache, &json, &bench_wasm, None);
+
     // Through the adapter, as the controller calls it.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
     let rt = rt.unwrap_or_else(|e| panic!("runtime: {e}"));
@@ -291,6 +344,115 @@ fn main() {
             bytes.len() / 1024,
             fmt(compiled.elapsed),
             fmt(loads[loads.len() / 2])
+        );
+    }
+}
+
+/// Section 6: each lever on the Wasm reconcile against native, in the same rounds. With
+/// `only`, runs that one case `iters` times and returns (for `valgrind --tool=callgrind`).
+fn levers(
+    iters: usize,
+    rounds: usize,
+    cache: &Arc<dyn CacheReader>,
+    json: &Bytes,
+    raw_wasm: &[u8],
+    only: Option<&str>,
+) {
+    let sdk_wasm = read_wasm(&guest_dir().join("test_plugin_bench_sdk.wasm"));
+    let arena_wasm = read_wasm(&guest_dir().join("test_plugin_bench_arena.wasm"));
+    let o3 = if only.is_none_or(|o| o.contains("O3")) { build_o3() } else { None };
+    let o3_wasm = |name: &str| o3.as_ref().and_then(|d| std::fs::read(d.join(name)).ok());
+    let raw_o3 = o3_wasm("test_plugin_bench.wasm");
+    let arena_o3 = o3_wasm("test_plugin_bench_arena.wasm");
+
+    let fast = engine_with(EngineTuning::default());
+    // Explicit bounds checks: a reservation no larger than the biggest memory allowed and
+    // no guard region, so every load and store compares against the memory's length.
+    let checked = engine_with(EngineTuning {
+        memory_reservation: Some(256 << 20),
+        memory_guard_size: Some(0),
+        ..EngineTuning::default()
+    });
+    let no_epochs = engine_with(EngineTuning { epoch_interruption: false, ..EngineTuning::default() });
+
+    let bench = Request { namespace: Some("default".into()), name: "bench".into() };
+    // (label, engine, component); with `only`, just that one is loaded.
+    let mut specs: Vec<(&str, &PluginEngine, &[u8])> = vec![
+        ("raw bindings, dlmalloc, s", &fast, raw_wasm),
+        ("SDK, dlmalloc, s", &fast, &sdk_wasm),
+        ("SDK, arena, s", &fast, &arena_wasm),
+    ];
+    if let Some(w) = &raw_o3 {
+        specs.push(("raw bindings, dlmalloc, O3", &fast, w));
+    }
+    if let Some(w) = &arena_o3 {
+        specs.push(("SDK, arena, O3", &fast, w));
+    }
+    specs.push(("raw, s, explicit bounds checks", &checked, raw_wasm));
+    specs.push(("raw, s, epochs off", &no_epochs, raw_wasm));
+    specs.push(("SDK, arena, s, epochs off", &no_epochs, &arena_wasm));
+    let plugins: Vec<(String, Plugin, usize)> = specs
+        .into_iter()
+        .filter(|(label, _, _)| only.is_none_or(|o| o == *label))
+        .map(|(label, engine, wasm)| (label.to_owned(), load(engine, wasm, cache), wasm.len()))
+        .collect();
+    for (label, p, _) in &plugins {
+        assert_eq!(p.reconcile_blocking(&bench), Ok(Action::Done), "{label}");
+    }
+
+    let object = cache.get("default/bench").unwrap_or_else(|| panic!("bench object"));
+    let mut cases: Vec<Case<'_>> = vec![
+        (
+            "native",
+            Box::new(|| {
+                std::hint::black_box(native_reconcile(&**cache, std::hint::black_box(&bench))).ok();
+            }),
+        ),
+        (
+            "host copy",
+            Box::new(|| {
+                std::hint::black_box(std::hint::black_box(object.json()).to_vec());
+            }),
+        ),
+    ];
+    for (label, p, _) in &plugins {
+        let bench = &bench;
+        cases.push((
+            label.as_str(),
+            Box::new(move || {
+                std::hint::black_box(p.reconcile_blocking(bench)).ok();
+            }),
+        ));
+    }
+    if let Some(only) = only {
+        let Some((_, f)) = cases.iter_mut().find(|(l, _)| *l == only) else {
+            let names: Vec<&str> = cases.iter().map(|(l, _)| *l).collect();
+            eprintln!("BENCH_ONLY: no case `{only}`; cases: {names:?}");
+            std::process::exit(2);
+        };
+        for _ in 0..iters {
+            f();
+        }
+        println!("ran `{only}` {iters} times");
+        return;
+    }
+    let results = measure_interleaved(rounds, iters, &mut cases);
+    let native = results[0];
+    println!();
+    println!("levers on the wasm reconcile (cache get + parse into ConfigMap), same rounds as native");
+    println!("  {:<34} {:>10}", "native", fmt(native));
+    println!(
+        "  {:<34} {:>10}   ({} bytes: the copy the host makes before lowering into guest memory)",
+        "host copy of the object (to_vec)",
+        fmt(results[1]),
+        json.len()
+    );
+    for ((label, _, size), t) in plugins.iter().zip(&results[2..]) {
+        println!(
+            "  {label:<34} {:>10}   ratio {:.2}x   .wasm {:>4} KB",
+            fmt(*t),
+            t.as_secs_f64() / native.as_secs_f64(),
+            size / 1024
         );
     }
 }

@@ -14,6 +14,7 @@
 //! | [`log`] | structured logs: `info!("msg"; key = value)`, … (each key a field of the host's log) |
 //! | [`config`] | the plugin's name and `[settings]` |
 //! | [`owner`], [`finalizer`], [`conditions`], [`diff`], [`time`] | pure helpers for owner references, finalizers, status conditions, "is a write needed?" checks and time |
+//! | [`arena`] | the per-call arena allocator: `export_plugin!(MyPlugin, allocator = arena)` |
 //! | `testing` (native builds only) | a fake host: run a plugin's whole `reconcile` under `cargo test` |
 //!
 //! Types: [`Kind`] maps a Rust type to `apiVersion`/`kind` (every k8s-openapi type has
@@ -125,6 +126,7 @@ extern crate self as wasmctrl_guest;
 pub use k8s_openapi;
 pub use serde_json;
 
+pub mod arena;
 mod error;
 mod export;
 mod host;
@@ -181,6 +183,7 @@ pub mod bindings {
 /// Implementation details of [`export_plugin!`]; not a stable API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::arena::export_call;
     pub use crate::bindings;
     pub use crate::bindings::exports::wasmctrl::controller::reconciler::{
         FilterEvent as WitFilterEvent, Guest, PluginInfo, ReconcileError as WitReconcileError,

@@ -4,6 +4,10 @@
 //! - The engine is configured once (Cranelift, epoch interruption, optional pooling
 //!   allocator) and shared by every plugin; so is the [`Linker`] with WASI p2 and the
 //!   `wasmctrl:controller` imports.
+//! - By default ([`EngineTuning`]) each linear memory gets wasmtime's 4 GiB reservation plus
+//!   its guard region (address space only, also under the pooling allocator), so compiled
+//!   guest code has no explicit bounds check on loads and stores; a plugin's `memory` limit
+//!   is enforced at `memory.grow` either way.
 //! - While a [`PluginEngine`] lives, a ticker thread bumps the engine's epoch every
 //!   [`EngineConfig::epoch_tick`]; running calls check their deadline (and cancellation)
 //!   at each tick. The thread stops when the last handle is dropped.
@@ -55,6 +59,31 @@ pub struct EngineConfig {
     /// Release plugin instances idle this long (the next call instantiates anew); `None`
     /// or zero keeps them until their plugin is dropped.
     pub idle_instance_timeout: Option<Duration>,
+    /// Code generation and memory layout knobs; the default is what the host runs with.
+    pub tuning: EngineTuning,
+}
+
+/// Engine knobs that trade speed for address space or for guarantees. The defaults are the
+/// fast and safe ones; the others exist so benchmarks can measure what the defaults buy.
+#[derive(Clone, Debug)]
+pub struct EngineTuning {
+    /// Address space reserved per linear memory (`None`: wasmtime's default, 4 GiB on
+    /// 64-bit hosts). With the default guard region, 4 GiB lets Cranelift drop the explicit
+    /// bounds check of every load and store of a 32-bit memory; a smaller reservation
+    /// brings the checks back. The memory cap (`memory` limit) holds either way.
+    pub memory_reservation: Option<u64>,
+    /// Guard region after each linear memory (`None`: wasmtime's default, 32 MiB on
+    /// 64-bit hosts), which lets accesses with a constant offset skip their check.
+    pub memory_guard_size: Option<u64>,
+    /// Epoch interruption: how call deadlines and cancellation stop running guest code.
+    /// Off only to measure its cost: a looping guest then runs forever.
+    pub epoch_interruption: bool,
+}
+
+impl Default for EngineTuning {
+    fn default() -> Self {
+        EngineTuning { memory_reservation: None, memory_guard_size: None, epoch_interruption: true }
+    }
 }
 
 /// Default of [`EngineConfig::idle_instance_timeout`] (the host TOML's
@@ -69,6 +98,7 @@ impl Default for EngineConfig {
             pooling: Some(PoolingLimits::default()),
             max_wasm_stack: 512 << 10,
             idle_instance_timeout: Some(DEFAULT_IDLE_INSTANCE_TIMEOUT),
+            tuning: EngineTuning::default(),
         }
     }
 }
@@ -177,9 +207,15 @@ impl PluginEngine {
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
             .cranelift_opt_level(OptLevel::Speed)
-            .epoch_interruption(true)
+            .epoch_interruption(config.tuning.epoch_interruption)
             .max_wasm_stack(config.max_wasm_stack)
             .parallel_compilation(true);
+        if let Some(bytes) = config.tuning.memory_reservation {
+            wasm.memory_reservation(bytes);
+        }
+        if let Some(bytes) = config.tuning.memory_guard_size {
+            wasm.memory_guard_size(bytes);
+        }
         if let Some(p) = &config.pooling {
             let mut pool = PoolingAllocationConfig::default();
             let n = p.instances.max(1);

@@ -42,7 +42,7 @@ pub use cache::{CacheReadError, CacheReader};
 pub use cache_union::UnionCache;
 pub use client::KubeServices;
 pub use engine::{
-    ComponentLoads, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig, LoadedComponent, PluginEngine,
+    ComponentLoads, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig, EngineTuning, LoadedComponent, PluginEngine,
     PoolingLimits, SharedComponent,
 };
 pub use inspect::{ComponentReport, inspect_component};
