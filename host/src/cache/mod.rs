@@ -10,6 +10,6 @@ mod store;
 mod writer;
 
 pub use index::{IndexError, IndexFunc, IndexSpec, NAMESPACE_INDEX, OwnerIndex};
-pub use selector::{LabelSelector, Operator, Requirement, SelectorError};
+pub use selector::{LabelSelector, Labels, Operator, Requirement, SelectorError, selector_from_match};
 pub use store::Indexer;
 pub use writer::Writer;
