@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+#[cfg(feature = "embedded")]
+use anyhow::Context;
+use anyhow::Result;
 use clap::Args;
 #[cfg(feature = "embedded")]
 use wasmctrl::fixture::{fixture_files, run_fixture};
