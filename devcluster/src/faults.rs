@@ -1,8 +1,8 @@
 //! Fault injection for tests: drop watches, compact history, pause the whole API, and add
 //! latency or error responses (5xx, 429 with `Retry-After`) to requests on a path.
 //!
-//! This is a test-only handle ([`crate::DevCluster::faults`]); nothing in normal operation
-//! installs faults.
+//! This is a test-only handle ([`crate::DevCluster::faults`]), compiled in only with the
+//! crate's `faults` feature (tests enable it); a build without it has no fault hooks at all.
 
 use std::sync::Arc;
 use std::time::Duration;

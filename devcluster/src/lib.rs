@@ -22,6 +22,7 @@
 //! ```
 
 pub mod error;
+#[cfg(feature = "faults")]
 pub mod faults;
 mod managed;
 pub mod patch;
@@ -47,6 +48,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use error::{ApiError, Error};
+#[cfg(feature = "faults")]
 pub use faults::{FaultAction, FaultRule, Faults};
 use store::{Store, Subresource, WriteOpts};
 
@@ -90,6 +92,7 @@ pub struct DevCluster {
     ca_pem: Option<String>,
     ca_der: Option<Vec<u8>>,
     store: Arc<Store>,
+    #[cfg(feature = "faults")]
     faults: Faults,
     stop: tokio::sync::watch::Sender<bool>,
     task: Option<JoinHandle<()>>,
@@ -134,10 +137,12 @@ impl DevCluster {
             let b: [u8; 24] = rand::random();
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
         });
+        #[cfg(feature = "faults")]
         let faults = Faults::new(store.clone());
         let state = Arc::new(server::AppState {
             store: store.clone(),
             token: token.clone(),
+            #[cfg(feature = "faults")]
             faults: faults.clone(),
             address: addr.to_string(),
         });
@@ -153,6 +158,7 @@ impl DevCluster {
             ca_pem: tls.as_ref().map(|t| t.ca_pem.clone()),
             ca_der: tls.as_ref().map(|t| t.ca_der.clone()),
             store,
+            #[cfg(feature = "faults")]
             faults,
             stop,
             task: Some(task),
@@ -214,8 +220,8 @@ impl DevCluster {
     }
 
     /// Test-only fault injection handle (drop watches, compact history, pause, latency,
-    /// 5xx / 429 on a path). Never used in normal operation.
-    #[doc(hidden)]
+    /// 5xx / 429 on a path), compiled in only with the `faults` feature.
+    #[cfg(feature = "faults")]
     pub fn faults(&self) -> Faults {
         self.faults.clone()
     }

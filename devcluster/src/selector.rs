@@ -1,9 +1,12 @@
 //! Label and field selectors as the API server parses them from `labelSelector` /
 //! `fieldSelector` query parameters.
 //!
-//! Label selector grammar: comma-separated requirements `k=v`, `k==v`, `k!=v`,
-//! `k in (a,b)`, `k notin (a,b)`, `k` (exists), `!k` (does not exist).
-//! Field selector grammar: comma-separated `path=v`, `path==v`, `path!=v`.
+//! The grammar and matching are the workspace's `wasmctrl-selectors` crate (the one the
+//! host's `wasmctrl check` and cache use), so a selector the host accepts is one this server
+//! accepts, and a refused one gets the same message here (as a 400) as there.
+//!
+//! Invariant: a filter matches exactly what the selectors match on the object's labels,
+//! name, namespace, and (for other field paths) its JSON.
 
 use std::collections::BTreeMap;
 
@@ -11,168 +14,58 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 
-/// One label requirement.
-#[derive(Debug, Clone, PartialEq)]
-enum LabelReq {
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    NotExists(String),
-}
-
 /// A parsed label selector; the empty selector matches everything.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct LabelSelector {
-    reqs: Vec<LabelReq>,
-}
+pub struct LabelSelector(wasmctrl_selectors::LabelSelector);
 
 impl LabelSelector {
-    /// Parses a selector string.
+    /// Parses a selector string; a refused one is a 400.
     pub fn parse(s: &str) -> Result<Self, ApiError> {
-        let mut reqs = Vec::new();
-        for part in split_top_level(s) {
-            let part = part.trim();
-            if part.is_empty() {
-                continue;
-            }
-            let bad = || ApiError::bad_request(format!("unable to parse requirement: {part:?}"));
-            if let Some(key) = part.strip_prefix('!') {
-                reqs.push(LabelReq::NotExists(valid_key(key.trim()).ok_or_else(bad)?));
-            } else if let Some((k, v)) = part.split_once("!=") {
-                reqs.push(LabelReq::NotIn(
-                    valid_key(k.trim()).ok_or_else(bad)?,
-                    vec![valid_value(v.trim()).ok_or_else(bad)?],
-                ));
-            } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
-                reqs.push(LabelReq::In(
-                    valid_key(k.trim()).ok_or_else(bad)?,
-                    vec![valid_value(v.trim()).ok_or_else(bad)?],
-                ));
-            } else if let Some((k, set)) = split_set_op(part, " notin ") {
-                reqs.push(LabelReq::NotIn(valid_key(k).ok_or_else(bad)?, parse_set(set).ok_or_else(bad)?));
-            } else if let Some((k, set)) = split_set_op(part, " in ") {
-                reqs.push(LabelReq::In(valid_key(k).ok_or_else(bad)?, parse_set(set).ok_or_else(bad)?));
-            } else {
-                reqs.push(LabelReq::Exists(valid_key(part).ok_or_else(bad)?));
-            }
-        }
-        Ok(Self { reqs })
+        wasmctrl_selectors::LabelSelector::parse(s)
+            .map(Self)
+            .map_err(|e| ApiError::bad_request(e.to_string()))
     }
 
     /// Whether the selector has no requirements.
     pub fn is_empty(&self) -> bool {
-        self.reqs.is_empty()
+        self.0.is_everything()
     }
 
     /// Whether `labels` satisfy every requirement.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.reqs.iter().all(|r| match r {
-            LabelReq::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
-            LabelReq::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
-            LabelReq::Exists(k) => labels.contains_key(k),
-            LabelReq::NotExists(k) => !labels.contains_key(k),
-        })
+        self.0.matches(labels)
     }
-}
-
-fn valid_key(k: &str) -> Option<String> {
-    let ok =
-        !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
-    ok.then(|| k.to_string())
-}
-
-fn valid_value(v: &str) -> Option<String> {
-    let ok = v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    ok.then(|| v.to_string())
-}
-
-fn split_set_op<'a>(part: &'a str, op: &str) -> Option<(&'a str, &'a str)> {
-    let idx = part.find(op)?;
-    Some((part[..idx].trim(), part[idx + op.len()..].trim()))
-}
-
-fn parse_set(s: &str) -> Option<Vec<String>> {
-    let inner = s.strip_prefix('(')?.strip_suffix(')')?;
-    inner.split(',').map(|v| valid_value(v.trim())).collect()
-}
-
-/// Splits on commas that are not inside parentheses.
-fn split_top_level(s: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut depth = 0i32;
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
-
-/// One field requirement: `path` equals (or not) `value`.
-#[derive(Debug, Clone, PartialEq)]
-struct FieldReq {
-    path: String,
-    value: String,
-    equal: bool,
 }
 
 /// A parsed field selector; the empty selector matches everything.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FieldSelector {
-    reqs: Vec<FieldReq>,
-}
+pub struct FieldSelector(wasmctrl_selectors::FieldSelector);
 
 impl FieldSelector {
-    /// Parses a selector string.
+    /// Parses a selector string; a refused one is a 400.
     pub fn parse(s: &str) -> Result<Self, ApiError> {
-        let mut reqs = Vec::new();
-        for part in s.split(',') {
-            let part = part.trim();
-            if part.is_empty() {
-                continue;
-            }
-            let (path, value, equal) = if let Some((k, v)) = part.split_once("!=") {
-                (k, v, false)
-            } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
-                (k, v, true)
-            } else {
-                return Err(ApiError::bad_request(format!(
-                    "invalid selector: '{part}'; can't understand '{part}'"
-                )));
-            };
-            reqs.push(FieldReq { path: path.trim().to_string(), value: value.trim().to_string(), equal });
-        }
-        Ok(Self { reqs })
+        wasmctrl_selectors::FieldSelector::parse(s)
+            .map(Self)
+            .map_err(|e| ApiError::bad_request(e.to_string()))
     }
 
     /// Whether the selector has no requirements.
     pub fn is_empty(&self) -> bool {
-        self.reqs.is_empty()
+        self.0.is_empty()
     }
 
     /// Whether the selector only uses `metadata.name` / `metadata.namespace`.
     pub fn only_metadata(&self) -> bool {
-        self.reqs.iter().all(|r| r.path == "metadata.name" || r.path == "metadata.namespace")
+        self.0.only_metadata()
     }
 
     /// Matches using the object's name and namespace only; other fields are looked up in
     /// `object` (parsed lazily by the caller when [`Self::only_metadata`] is false).
     pub fn matches(&self, name: &str, namespace: &str, object: Option<&Value>) -> bool {
-        self.reqs.iter().all(|r| {
-            let actual: String = match r.path.as_str() {
-                "metadata.name" => name.to_string(),
-                "metadata.namespace" => namespace.to_string(),
-                path => object.map(|o| field_value(o, path)).unwrap_or_default(),
-            };
-            (actual == r.value) == r.equal
+        self.0.matches_with(|path| match path {
+            "metadata.name" => name.to_owned(),
+            "metadata.namespace" => namespace.to_owned(),
+            path => object.map(|o| field_value(o, path)).unwrap_or_default(),
         })
     }
 }
@@ -204,7 +97,7 @@ mod tests {
 
     #[test]
     fn label_selector_operators() {
-        let l = labels(&[("app", "web"), ("tier", "front")]);
+        let l = labels(&[("app", "web"), ("tier", "front"), ("n", "4")]);
         for (sel, want) in [
             ("", true),
             ("app=web", true),
@@ -217,10 +110,21 @@ mod tests {
             ("!missing", true),
             ("app=web,tier in (back)", false),
             ("missing!=x", true),
+            ("n>3", true),
+            ("n<4", false),
         ] {
             assert_eq!(LabelSelector::parse(sel).unwrap().matches(&l), want, "{sel}");
         }
         assert!(LabelSelector::parse("a=(").is_err());
+    }
+
+    /// The 400 carries the same text `wasmctrl check` prints for the selector.
+    #[test]
+    fn refusals_read_like_the_host_check() {
+        let err = LabelSelector::parse("tier>high").unwrap_err();
+        let host = wasmctrl_selectors::LabelSelector::parse("tier>high").unwrap_err();
+        assert_eq!((err.code, err.message.as_str()), (400, host.to_string().as_str()));
+        assert!(err.message.contains("must be an integer"), "{err}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
+#[cfg(feature = "faults")]
 use crate::faults::Faults;
 use crate::managed;
 use crate::patch::{self, PatchType};
@@ -48,7 +49,8 @@ pub struct AppState {
     pub store: Arc<Store>,
     /// The bearer token clients must present.
     pub token: String,
-    /// Fault injection.
+    /// Fault injection (the `faults` feature).
+    #[cfg(feature = "faults")]
     pub faults: Faults,
     /// `host:port` for discovery's serverAddressByClientCIDRs.
     pub address: String,
@@ -99,9 +101,13 @@ async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         return error_response(&ApiError::unauthorized());
     }
     let query = parse_query(parts.uri.query());
-    let is_watch = query.get("watch").is_some_and(|w| w == "true" || w == "1") || path.contains("/watch/");
-    if let Err(e) = st.faults.before(&parts.method, &path, is_watch).await {
-        return error_response(&e);
+    #[cfg(feature = "faults")]
+    {
+        let is_watch =
+            query.get("watch").is_some_and(|w| w == "true" || w == "1") || path.contains("/watch/");
+        if let Err(e) = st.faults.before(&parts.method, &path, is_watch).await {
+            return error_response(&e);
+        }
     }
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
@@ -857,6 +863,7 @@ fn watch_handler(ctx: &Ctx<'_>, req: &ResReq) -> Result<Response, ApiError> {
         bookmarks,
         last_rv: stream.start_rv,
         store: ctx.st.store.clone(),
+        #[cfg(feature = "faults")]
         faults: ctx.st.faults.clone(),
         done: false,
     };
@@ -927,6 +934,7 @@ struct WatchLoop {
     bookmarks: bool,
     last_rv: u64,
     store: Arc<Store>,
+    #[cfg(feature = "faults")]
     faults: Faults,
     done: bool,
 }
@@ -953,6 +961,7 @@ impl WatchLoop {
             return Some(buf.freeze());
         }
         loop {
+            #[cfg(feature = "faults")]
             self.faults.wait_unpaused().await;
             let bookmark_at = tokio::time::Instant::now() + BOOKMARK_INTERVAL;
             let item = tokio::select! {

@@ -138,14 +138,14 @@ fn memory(m: usize) {
     let per_json = json_bytes as f64 / m as f64;
 
     let before = allocated();
-    let indexer = wasmctrl::cache::Indexer::new();
+    let writer = wasmctrl::cache::Writer::new();
     for j in &jsons {
         let obj = Object::from_api_json(j, None, Transform::default()).expect("object");
-        indexer.upsert(Arc::new(obj));
+        writer.upsert(Arc::new(obj));
     }
     let ours = allocated() - before;
-    assert_eq!(indexer.len(), m);
-    drop(indexer);
+    assert_eq!(writer.reader().len(), m);
+    drop(writer);
 
     let before = allocated();
     let ar = KubeApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());

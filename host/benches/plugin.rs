@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use k8s_openapi::api::core::v1::ConfigMap;
-use wasmctrl::cache::Indexer;
+use wasmctrl::cache::Writer;
 use wasmctrl::controller::{Action, ReconcileError, Reconciler, Request};
 use wasmctrl::object::Object;
 use wasmctrl::plugin::pool::Pool;
@@ -180,9 +180,9 @@ fn main() {
 
     let json = configmap_json();
     let object = Arc::new(Object::from_json(json.clone()).unwrap_or_else(|e| panic!("{e}")));
-    let indexer = Indexer::new();
-    indexer.upsert(object);
-    let cache: Arc<dyn CacheReader> = Arc::new(indexer);
+    let writer = Writer::new();
+    writer.upsert(object);
+    let cache: Arc<dyn CacheReader> = Arc::new(writer.reader());
     let configmap = Gvk::new("v1", "ConfigMap");
     let env = PluginEnv { caches: [(configmap.clone(), cache.clone())].into_iter().collect(), kube: None };
     let spec = PluginSpec::new("bench", configmap);

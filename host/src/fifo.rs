@@ -11,6 +11,9 @@
 //!
 //! `pop` runs the caller's `process` while holding the lock, as client-go does, so a key's
 //! deltas are fully applied before anyone can observe `has_synced` flip.
+//!
+//! What the FIFO needs from the store it feeds is stated here, as [`KnownObjects`] (client-go's
+//! `KeyListerGetter`); the cache implements it, so this stage never imports a later one.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -18,8 +21,16 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::cache::KnownObjects;
 use crate::object::{DeletedObject, Object};
+
+/// What a [`DeltaFifo`] needs from the store it feeds: which keys exist (for delete
+/// detection on `Replace`, resync, and ignoring unknown deletes).
+pub trait KnownObjects: Send + Sync {
+    /// Every key the store holds.
+    fn known_keys(&self) -> Vec<String>;
+    /// The stored object for `key`.
+    fn known_object(&self, key: &str) -> Option<Arc<Object>>;
+}
 
 /// One change to one object.
 #[derive(Debug, Clone)]
@@ -443,20 +454,43 @@ impl DeltaFifo {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
-    use crate::cache::Indexer;
+
+    /// The store a FIFO feeds, as the FIFO sees it: a key → object map.
+    #[derive(Default)]
+    struct MapStore(Mutex<BTreeMap<String, Arc<Object>>>);
+
+    impl MapStore {
+        fn upsert(&self, obj: Arc<Object>) {
+            self.0.lock().insert(obj.key().to_owned(), obj);
+        }
+        fn delete(&self, key: &str) {
+            self.0.lock().remove(key);
+        }
+    }
+
+    impl KnownObjects for MapStore {
+        fn known_keys(&self) -> Vec<String> {
+            self.0.lock().keys().cloned().collect()
+        }
+        fn known_object(&self, key: &str) -> Option<Arc<Object>> {
+            self.0.lock().get(key).cloned()
+        }
+    }
 
     fn obj(name: &str, rv: u64) -> Arc<Object> {
         let json = format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{rv}"}}}}"#);
         Arc::new(Object::from_json(json.into()).unwrap())
     }
 
-    fn store(objs: &[Arc<Object>]) -> (Indexer, Arc<dyn KnownObjects>) {
-        let s = Indexer::new();
+    fn store(objs: &[Arc<Object>]) -> (Arc<MapStore>, Arc<dyn KnownObjects>) {
+        let s = Arc::new(MapStore::default());
         for o in objs {
             s.upsert(o.clone());
         }
-        let known: Arc<dyn KnownObjects> = Arc::new(s.clone());
+        let known: Arc<dyn KnownObjects> = s.clone();
         (s, known)
     }
 
@@ -807,7 +841,6 @@ mod tests {
     mod prop {
         use super::*;
         use proptest::prelude::*;
-        use std::collections::BTreeMap;
 
         #[derive(Debug, Clone)]
         enum Op {
@@ -850,7 +883,7 @@ mod tests {
         }
 
         /// HandleDeltas applied to a plain store.
-        fn apply(cache: &Indexer, deltas: &[Delta]) {
+        fn apply(cache: &MapStore, deltas: &[Delta]) {
             for d in deltas {
                 match d {
                     Delta::Deleted(x) => {
@@ -869,8 +902,8 @@ mod tests {
             fn fifo_invariant_and_cache_converges(ops in proptest::collection::vec(op(), 1..80)) {
                 let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
                 rt.block_on(async {
-                    let cache = Indexer::new();
-                    let f = DeltaFifo::new(Some(Arc::new(cache.clone())));
+                    let cache = Arc::new(MapStore::default());
+                    let f = DeltaFifo::new(Some(cache.clone()));
                     // The API server's truth: name -> resourceVersion.
                     let mut truth: BTreeMap<String, u64> = BTreeMap::new();
                     let mut rv = 0u64;
@@ -917,8 +950,9 @@ mod tests {
                         check_invariant(&f);
                     }
                     let cached: BTreeMap<String, u64> = cache
-                        .list()
-                        .iter()
+                        .0
+                        .lock()
+                        .values()
                         .map(|o| (o.key().to_owned(), o.resource_version().parse().unwrap()))
                         .collect();
                     assert_eq!(cached, truth, "cache == source of truth");

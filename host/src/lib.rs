@@ -5,7 +5,8 @@
 //! [`cache`] (store + indexes) and are fanned out by the [`informer`] to listeners, whose
 //! keys wait in a [`queue`] until a [`controller`] worker hands them to a [`plugin`].
 //! [`config`] and [`reload`] turn a plugins directory into running controllers;
-//! [`fixture`] runs one plugin against fixture files (`wasmctrl test`);
+//! `fixture` runs one plugin against fixture files on the embedded dev cluster (`wasmctrl
+//! test`; with the default-on `embedded` feature);
 //! [`metrics`] and [`server`] make the whole visible.
 
 pub mod object;
@@ -28,6 +29,7 @@ pub mod config;
 
 pub mod reload;
 
+#[cfg(feature = "embedded")]
 pub mod fixture;
 
 pub mod metrics;

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use wasmctrl::cache::{IndexFunc, Indexer};
+use wasmctrl::cache::{IndexFunc, Indexer, Writer};
 use wasmctrl::controller::{Action, ReconcileError, Reconciler, Request};
 use wasmctrl::metrics::Metrics;
 use wasmctrl::object::{DeletedObject, Object};
@@ -68,7 +68,7 @@ fn cm(ns: &str, name: &str, labels: &str) -> Arc<Object> {
 /// An informer's indexer holding `objects`, with a `by-app` label index besides the
 /// built-in `namespace` one.
 fn indexer(objects: impl IntoIterator<Item = Arc<Object>>) -> Arc<Indexer> {
-    let idx = Indexer::new();
+    let idx = Writer::new();
     idx.add_indexers([(
         "by-app".to_owned(),
         IndexFunc::custom(|o: &Object| o.label("app").map(|v| vec![v.to_owned()]).unwrap_or_default()),
@@ -77,7 +77,7 @@ fn indexer(objects: impl IntoIterator<Item = Arc<Object>>) -> Arc<Indexer> {
     for o in objects {
         idx.upsert(o);
     }
-    Arc::new(idx)
+    Arc::new(idx.reader())
 }
 
 fn env_with(cache: Arc<Indexer>) -> PluginEnv {

@@ -1,4 +1,9 @@
-//! The thread-safe indexed store (client-go's `threadSafeStore` + `Indexer`).
+//! The thread-safe indexed store (client-go's `threadSafeStore`) and its read handle.
+//!
+//! The store is split the way kube-runtime splits `reflector::store`: [`Indexer`] is the
+//! cheap-to-clone, read-only handle every controller and plugin import holds, and
+//! [`Writer`](super::Writer) is the one handle that can change the content, held by the
+//! informer that feeds the store.
 //!
 //! Invariants (all kept under one `RwLock`):
 //! - `items` holds at most one object per key; objects are shared `Arc`s, never copied.
@@ -7,6 +12,7 @@
 //!   old object's values are removed before the new ones are added; empty value sets are
 //!   dropped so `list_index_values` only returns values some object has.
 //! - The namespace index ([`NAMESPACE_INDEX`]) always exists.
+//! - Nothing reachable from an [`Indexer`] takes the write lock.
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -17,6 +23,7 @@ use parking_lot::RwLock;
 
 use super::index::{IndexError, IndexFunc, NAMESPACE_INDEX};
 use super::selector::LabelSelector;
+use crate::fifo::KnownObjects;
 use crate::object::Object;
 
 type Hasher_ = foldhash::fast::RandomState;
@@ -43,12 +50,14 @@ impl Borrow<str> for ByKey {
 }
 
 type KeySet = HashSet<ByKey, Hasher_>;
+type Index = HashMap<Box<str>, KeySet, Hasher_>;
 
+/// The store's content; only [`Writer`](super::Writer) calls the methods that change it.
 #[derive(Default)]
-struct Inner {
+pub(super) struct Inner {
     items: KeySet,
     indexers: BTreeMap<String, IndexFunc>,
-    indices: HashMap<String, HashMap<Box<str>, KeySet, Hasher_>, Hasher_>,
+    indices: HashMap<String, Index, Hasher_>,
 }
 
 impl Inner {
@@ -105,7 +114,7 @@ impl Inner {
         }
     }
 
-    fn upsert(&mut self, obj: Arc<Object>) -> Option<Arc<Object>> {
+    pub(super) fn upsert(&mut self, obj: Arc<Object>) -> Option<Arc<Object>> {
         let old = self.items.replace(ByKey(obj.clone())).map(|b| b.0);
         match &old {
             Some(old) => self.update_indices(old, &obj),
@@ -113,26 +122,66 @@ impl Inner {
         }
         old
     }
+
+    pub(super) fn delete(&mut self, key: &str) -> Option<Arc<Object>> {
+        let old = self.items.take(key)?.0;
+        self.remove_from_indices(&old);
+        Some(old)
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.items.clear();
+        self.indices.clear();
+    }
+
+    /// Adds index functions, indexing every stored object; all-or-nothing on a conflict.
+    pub(super) fn add_indexers(&mut self, new: Vec<(String, IndexFunc)>) -> Result<(), IndexError> {
+        for (name, func) in &new {
+            if let Some(existing) = self.indexers.get(name)
+                && !existing.same_as(func)
+            {
+                return Err(IndexError::Conflict {
+                    name: name.clone(),
+                    existing: format!("{existing:?}"),
+                    requested: format!("{func:?}"),
+                });
+            }
+        }
+        for (name, func) in new {
+            if self.indexers.contains_key(&name) {
+                continue;
+            }
+            let mut index = Index::default();
+            for b in &self.items {
+                for v in func.values(&b.0) {
+                    index.entry(v.into_boxed_str()).or_default().insert(b.clone());
+                }
+            }
+            self.indices.insert(name.clone(), index);
+            self.indexers.insert(name, func);
+        }
+        Ok(())
+    }
 }
 
-/// A cheap-to-clone, thread-safe handle to an indexed object cache.
+/// A cheap-to-clone, read-only handle to an indexed object cache.
 ///
 /// Readers get `Arc<Object>`s (shared, immutable). Every store has the namespace index;
-/// more are added with [`Indexer::add_indexers`].
+/// the [`Writer`](super::Writer) that owns the store adds more and changes the content.
 ///
 /// ```
 /// use std::sync::Arc;
-/// use wasmctrl::cache::{IndexFunc, IndexSpec, Indexer, LabelSelector, NAMESPACE_INDEX};
+/// use wasmctrl::cache::{IndexFunc, IndexSpec, LabelSelector, NAMESPACE_INDEX, Writer};
 /// use wasmctrl::object::Object;
 ///
-/// let indexer = Indexer::new();
-/// indexer.add_indexers([("by-app".to_string(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())]).unwrap();
+/// let writer = Writer::new();
+/// writer.add_indexers([("by-app".to_string(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())]).unwrap();
 /// let obj = |ns: &str, name: &str, app: &str| Arc::new(Object::from_json(format!(
 ///     r#"{{"metadata":{{"namespace":"{ns}","name":"{name}","labels":{{"app":"{app}"}}}}}}"#).into()).unwrap());
-/// indexer.upsert(obj("a", "one", "web"));
-/// indexer.upsert(obj("b", "two", "db"));
+/// writer.upsert(obj("a", "one", "web"));
+/// writer.upsert(obj("b", "two", "db"));
 ///
-/// let reader = indexer.clone(); // cheap: an Arc
+/// let reader = writer.reader(); // cheap: an Arc; it cannot write
 /// assert_eq!(reader.get("a/one").unwrap().name(), "one");
 /// assert_eq!(reader.by_index(NAMESPACE_INDEX, "b").unwrap().len(), 1);
 /// assert_eq!(reader.by_index("by-app", "web").unwrap()[0].key(), "a/one");
@@ -162,11 +211,22 @@ impl std::fmt::Debug for Indexer {
 }
 
 impl Indexer {
-    /// An empty store with only the namespace index.
+    /// A handle on an empty store that has no writer, so it stays empty (a cache for a kind
+    /// nothing feeds). A store with content comes from [`Writer::reader`](super::Writer::reader).
     pub fn new() -> Self {
+        Self::fresh()
+    }
+
+    /// A new store with only the namespace index (its writer keeps the other handle).
+    pub(super) fn fresh() -> Self {
         let mut inner = Inner::default();
         inner.indexers.insert(NAMESPACE_INDEX.to_owned(), IndexFunc::namespace());
         Self { inner: Arc::new(RwLock::new(inner)) }
+    }
+
+    /// The write lock, for the store's [`Writer`](super::Writer) only.
+    pub(super) fn write(&self) -> parking_lot::RwLockWriteGuard<'_, Inner> {
+        self.inner.write()
     }
 
     /// Whether two handles share one store.
@@ -277,94 +337,16 @@ impl Indexer {
         self.inner.read().indexers.get(name).cloned()
     }
 
-    fn index_of<'a>(
-        inner: &'a Inner,
-        name: &str,
-    ) -> Result<&'a HashMap<Box<str>, KeySet, Hasher_>, IndexError> {
-        static EMPTY: std::sync::OnceLock<HashMap<Box<str>, KeySet, Hasher_>> = std::sync::OnceLock::new();
+    fn index_of<'a>(inner: &'a Inner, name: &str) -> Result<&'a Index, IndexError> {
+        static EMPTY: std::sync::OnceLock<Index> = std::sync::OnceLock::new();
         if !inner.indexers.contains_key(name) {
             return Err(IndexError::UnknownIndex(name.to_owned()));
         }
         Ok(inner.indices.get(name).unwrap_or_else(|| EMPTY.get_or_init(HashMap::default)))
     }
-
-    // ----- writes (used by the informer; public for custom sources and tests) -----
-
-    /// Adds index functions, indexing every object already stored. Redefining an index with
-    /// the same definition is a no-op; with a different one it is an error (nothing changes).
-    pub fn add_indexers(
-        &self,
-        indexers: impl IntoIterator<Item = (String, IndexFunc)>,
-    ) -> Result<(), IndexError> {
-        let new: Vec<(String, IndexFunc)> = indexers.into_iter().collect();
-        let mut inner = self.inner.write();
-        for (name, func) in &new {
-            if let Some(existing) = inner.indexers.get(name)
-                && !existing.same_as(func)
-            {
-                return Err(IndexError::Conflict {
-                    name: name.clone(),
-                    existing: format!("{existing:?}"),
-                    requested: format!("{func:?}"),
-                });
-            }
-        }
-        for (name, func) in new {
-            if inner.indexers.contains_key(&name) {
-                continue;
-            }
-            let mut index: HashMap<Box<str>, KeySet, Hasher_> = HashMap::default();
-            for b in &inner.items {
-                for v in func.values(&b.0) {
-                    index.entry(v.into_boxed_str()).or_default().insert(b.clone());
-                }
-            }
-            inner.indices.insert(name.clone(), index);
-            inner.indexers.insert(name, func);
-        }
-        Ok(())
-    }
-
-    /// Inserts or replaces the object under its key; returns the previous one.
-    pub fn upsert(&self, obj: Arc<Object>) -> Option<Arc<Object>> {
-        self.inner.write().upsert(obj)
-    }
-
-    /// Removes the object stored under `key`; returns it.
-    pub fn delete(&self, key: &str) -> Option<Arc<Object>> {
-        let mut inner = self.inner.write();
-        let old = inner.items.take(key)?.0;
-        inner.remove_from_indices(&old);
-        Some(old)
-    }
-
-    /// Replaces the whole content with `objects`, rebuilding every index.
-    pub fn replace(&self, objects: impl IntoIterator<Item = Arc<Object>>) {
-        let mut inner = self.inner.write();
-        inner.items.clear();
-        inner.indices.clear();
-        for obj in objects {
-            inner.upsert(obj);
-        }
-    }
-
-    /// Removes every object.
-    pub fn clear(&self) {
-        let mut inner = self.inner.write();
-        inner.items.clear();
-        inner.indices.clear();
-    }
 }
 
-/// What a [`DeltaFifo`](crate::fifo::DeltaFifo) needs from the store it feeds: which keys
-/// exist (for delete detection on `Replace`, resync, and ignoring unknown deletes).
-pub trait KnownObjects: Send + Sync {
-    /// Every key the store holds.
-    fn known_keys(&self) -> Vec<String>;
-    /// The stored object for `key`.
-    fn known_object(&self, key: &str) -> Option<Arc<Object>>;
-}
-
+/// The store is what the informer's DeltaFIFO consults for the keys it already holds.
 impl KnownObjects for Indexer {
     fn known_keys(&self) -> Vec<String> {
         self.keys()
@@ -377,7 +359,7 @@ impl KnownObjects for Indexer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{IndexSpec, OwnerIndex};
+    use crate::cache::{IndexSpec, OwnerIndex, Writer};
 
     fn obj(ns: &str, name: &str, labels: &str) -> Arc<Object> {
         let json = format!(r#"{{"metadata":{{"namespace":"{ns}","name":"{name}","labels":{{{labels}}}}}}}"#);
@@ -396,45 +378,48 @@ mod tests {
     // store_test.go: TestCache / doTestStore
     #[test]
     fn store_add_update_delete_list_get() {
-        let s = Indexer::new();
-        s.upsert(obj("ns", "foo", r#""v":"1""#));
+        let w = Writer::new();
+        let s = w.reader();
+        w.upsert(obj("ns", "foo", r#""v":"1""#));
         assert_eq!(s.get("ns/foo").unwrap().label("v"), Some("1"));
-        let old = s.upsert(obj("ns", "foo", r#""v":"2""#)).unwrap();
+        let old = w.upsert(obj("ns", "foo", r#""v":"2""#)).unwrap();
         assert_eq!(old.label("v"), Some("1"));
         assert_eq!(s.get("ns/foo").unwrap().label("v"), Some("2"));
-        assert_eq!(s.delete("ns/foo").unwrap().label("v"), Some("2"));
+        assert_eq!(w.delete("ns/foo").unwrap().label("v"), Some("2"));
         assert!(s.get("ns/foo").is_none());
-        assert!(s.delete("ns/foo").is_none());
+        assert!(w.delete("ns/foo").is_none());
 
-        s.upsert(obj("ns", "a", ""));
-        s.upsert(obj("ns", "c", ""));
-        s.upsert(obj("other", "e", ""));
+        w.upsert(obj("ns", "a", ""));
+        w.upsert(obj("ns", "c", ""));
+        w.upsert(obj("other", "e", ""));
         assert_eq!(sorted(s.keys()), ["ns/a", "ns/c", "other/e"]);
         assert_eq!(keys(s.list()), ["ns/a", "ns/c", "other/e"]);
 
         // Replace: afterwards exactly the given set.
-        s.replace([obj("ns", "foo", ""), obj("ns", "bar", "")]);
+        w.replace([obj("ns", "foo", ""), obj("ns", "bar", "")]);
         assert_eq!(sorted(s.keys()), ["ns/bar", "ns/foo"]);
         assert!(s.by_index(NAMESPACE_INDEX, "other").unwrap().is_empty());
         assert_eq!(s.list_index_values(NAMESPACE_INDEX).unwrap(), ["ns"]);
     }
 
-    fn with_label_index() -> Indexer {
-        let s = Indexer::new();
-        s.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
+    fn with_label_index() -> (Writer, Indexer) {
+        let w = Writer::new();
+        let s = w.reader();
+        w.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
             .unwrap();
-        s
+        (w, s)
     }
 
     // index_test.go: TestGetIndexFuncValues / store_test.go: doTestIndex
     #[test]
     fn index_queries() {
-        let s = Indexer::new();
+        let w = Writer::new();
+        let s = w.reader();
         let multi = IndexFunc::custom(|o| o.labels().map(|(_, v)| v.to_owned()).collect());
-        s.add_indexers([("values".into(), multi)]).unwrap();
-        s.upsert(obj("ns", "one", r#""a":"x","b":"y""#));
-        s.upsert(obj("ns", "two", r#""a":"y""#));
-        s.upsert(obj("ns", "three", r#""a":"z""#));
+        w.add_indexers([("values".into(), multi)]).unwrap();
+        w.upsert(obj("ns", "one", r#""a":"x","b":"y""#));
+        w.upsert(obj("ns", "two", r#""a":"y""#));
+        w.upsert(obj("ns", "three", r#""a":"z""#));
         assert_eq!(sorted(s.list_index_values("values").unwrap()), ["x", "y", "z"]);
         assert_eq!(keys(s.by_index("values", "y").unwrap()), ["ns/one", "ns/two"]);
         assert_eq!(sorted(s.index_keys("values", "y").unwrap()), ["ns/one", "ns/two"]);
@@ -450,35 +435,36 @@ mod tests {
     // index_test.go: TestMultiIndexKeys / TestUpdateIndex — old values removed on update.
     #[test]
     fn update_moves_index_entries() {
-        let s = with_label_index();
-        s.upsert(obj("ns", "p", r#""app":"web""#));
+        let (w, s) = with_label_index();
+        w.upsert(obj("ns", "p", r#""app":"web""#));
         assert_eq!(s.index_keys("by-app", "web").unwrap(), ["ns/p"]);
-        s.upsert(obj("ns", "p", r#""app":"db""#));
+        w.upsert(obj("ns", "p", r#""app":"db""#));
         assert!(s.index_keys("by-app", "web").unwrap().is_empty());
         assert_eq!(s.index_keys("by-app", "db").unwrap(), ["ns/p"]);
         assert_eq!(s.list_index_values("by-app").unwrap(), ["db"], "empty value sets are dropped");
         // by_index returns the newest object, not a stale one held by the index.
         let fresh = obj("ns", "p", r#""app":"db","v":"2""#);
-        s.upsert(fresh.clone());
+        w.upsert(fresh.clone());
         assert!(Arc::ptr_eq(&s.by_index("by-app", "db").unwrap()[0], &fresh));
-        s.upsert(obj("ns", "p", ""));
+        w.upsert(obj("ns", "p", ""));
         assert!(s.list_index_values("by-app").unwrap().is_empty());
-        s.delete("ns/p");
+        w.delete("ns/p");
         assert!(s.list_index_values(NAMESPACE_INDEX).unwrap().is_empty());
     }
 
     // index_test.go: TestAddIndexerAfterAdd
     #[test]
     fn add_indexers_after_objects_exist_and_conflicts() {
-        let s = Indexer::new();
-        s.upsert(obj("ns", "p", r#""app":"web""#));
-        s.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
+        let w = Writer::new();
+        let s = w.reader();
+        w.upsert(obj("ns", "p", r#""app":"web""#));
+        w.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
             .unwrap();
         assert_eq!(s.index_keys("by-app", "web").unwrap(), ["ns/p"]);
         // Same definition again: fine. Different one under the same name: refused.
-        s.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
+        w.add_indexers([("by-app".into(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())])
             .unwrap();
-        let err = s
+        let err = w
             .add_indexers([(
                 "by-app".into(),
                 IndexFunc::from_spec(IndexSpec::Owner(OwnerIndex::Uid)).unwrap(),
@@ -489,10 +475,11 @@ mod tests {
 
     #[test]
     fn list_with_selector_and_namespace() {
-        let s = Indexer::new();
-        s.upsert(obj("a", "1", r#""app":"web""#));
-        s.upsert(obj("a", "2", r#""app":"db""#));
-        s.upsert(obj("b", "3", r#""app":"web""#));
+        let w = Writer::new();
+        let s = w.reader();
+        w.upsert(obj("a", "1", r#""app":"web""#));
+        w.upsert(obj("a", "2", r#""app":"db""#));
+        w.upsert(obj("b", "3", r#""app":"web""#));
         let web = LabelSelector::parse("app=web").unwrap();
         assert_eq!(keys(s.list_selected(None, &web)), ["a/1", "b/3"]);
         assert_eq!(keys(s.list_selected(Some("a"), &web)), ["a/1"]);
@@ -502,9 +489,9 @@ mod tests {
 
     #[test]
     fn concurrent_readers_and_writer() {
-        let s = with_label_index();
+        let (w, s) = with_label_index();
         std::thread::scope(|scope| {
-            let w = s.clone();
+            let w = &w;
             scope.spawn(move || {
                 for i in 0..500 {
                     w.upsert(obj("ns", &format!("o{}", i % 50), &format!(r#""app":"a{}""#, i % 7)));

@@ -5,7 +5,7 @@
 //! hint where one helps (a misspelt key, a kind the cluster does not serve):
 //!
 //! ```text
-//! plugins/mirror.toml:9:1: `for.lable-selector`: unknown key `lable-selector` in [for]
+//! plugins/mirror.toml:9:1: `for.lable-selector`: unknown key `lable-selector` in table `for`
 //!   |
 //! 9 | lable-selector = "mirror=true"
 //!   | ^^^^^^^^^^^^^^

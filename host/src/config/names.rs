@@ -1,10 +1,10 @@
 //! Syntax checks for names and selectors that configuration files carry to the API server:
-//! DNS labels and subdomains, label keys and values, field selectors. (Label selectors are
-//! checked with the cache's own parser, [`crate::cache::LabelSelector`].)
+//! DNS labels and subdomains, label keys and values, field selectors. (Selectors are parsed
+//! by the workspace's `wasmctrl-selectors` crate, the parser the cache and the dev cluster
+//! use, so what passes here is what the server accepts.)
 //!
 //! These only validate (so a typo is reported at load time with its place in the file);
-//! matching objects against selectors is the cache's job. The grammar follows
-//! apimachinery's `fields.ParseSelector`.
+//! matching objects against selectors is the cache's job.
 
 /// RFC 1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric, ≤ 63.
 pub fn is_dns_label(s: &str) -> bool {
@@ -58,26 +58,10 @@ pub fn check_label_value(value: &str) -> Result<(), String> {
     }
 }
 
-/// Checks a field selector (`metadata.name!=x,status.phase=Running`).
+/// Checks a field selector (`metadata.name!=x,status.phase=Running`) with the workspace's
+/// selector grammar, the one the dev cluster applies.
 pub fn check_field_selector(selector: &str) -> Result<(), String> {
-    if selector.trim().is_empty() {
-        return Ok(());
-    }
-    for r in selector.split(',') {
-        let r = r.trim();
-        let field =
-            ["!=", "==", "="].iter().find_map(|op| r.split_once(op).map(|(f, _)| f.trim())).ok_or_else(
-                || format!("`{r}` in field selector `{selector}` has no operator (`=`, `==` or `!=`)"),
-            )?;
-        let ok = !field.is_empty()
-            && field.split('.').all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric()));
-        if !ok {
-            return Err(format!(
-                "`{field}` in field selector `{selector}` is not a field path like `metadata.name`"
-            ));
-        }
-    }
-    Ok(())
+    wasmctrl_selectors::FieldSelector::parse(selector).map(drop).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! notifications out to listeners, plus per-listener resync.
 //!
 //! Invariants:
-//! - the indexer is only written by `handle_deltas`, under the FIFO lock, and a popped batch's
+//! - the cache is only written by `handle_deltas` (through the informer's one [`Writer`]),
+//!   under the FIFO lock, and a popped batch's
 //!   notifications are handed to the listeners before that lock is released; registering a
 //!   handler takes the same lock, so its synthetic adds are exactly the cache at that instant
 //!   and every later change reaches it as a notification;
@@ -31,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::ResourceEventHandler;
 use super::processor::{Listener, Notification, Processor, SyncState};
-use crate::cache::{IndexError, IndexFunc, Indexer, KnownObjects};
-use crate::fifo::{Delta, DeltaFifo, PopOutcome};
+use crate::cache::{IndexError, IndexFunc, Indexer, Writer};
+use crate::fifo::{Delta, DeltaFifo, KnownObjects, PopOutcome};
 use crate::source::Reflector;
 
 /// How many keys the processing loop pops per FIFO lock.
@@ -51,6 +52,9 @@ pub struct InformerOptions {
 
 struct Shared {
     name: Arc<str>,
+    /// The cache's only writer; `handle_deltas` is its only user.
+    cache: Writer,
+    /// Read handle on the same cache.
     indexer: Indexer,
     fifo: Arc<DeltaFifo>,
     processor: Processor,
@@ -107,12 +111,14 @@ impl std::fmt::Debug for SharedIndexInformer {
 impl SharedIndexInformer {
     /// A stopped informer with an empty cache.
     pub fn new(options: InformerOptions) -> Result<Self, IndexError> {
-        let indexer = Indexer::new();
-        indexer.add_indexers(options.indexes)?;
+        let cache = Writer::new();
+        cache.add_indexers(options.indexes)?;
+        let indexer = cache.reader();
         let known: Arc<dyn KnownObjects> = Arc::new(indexer.clone());
         Ok(Self {
             shared: Arc::new(Shared {
                 name: Arc::from(options.name),
+                cache,
                 indexer,
                 fifo: Arc::new(DeltaFifo::new(Some(known))),
                 processor: Processor::default(),
@@ -142,7 +148,7 @@ impl SharedIndexInformer {
 
     /// Adds indexes to the (possibly running) cache; existing objects are indexed at once.
     pub fn add_indexers(&self, indexes: Vec<(String, IndexFunc)>) -> Result<(), IndexError> {
-        self.shared.indexer.add_indexers(indexes)
+        self.shared.cache.add_indexers(indexes)
     }
 
     /// Registers a handler. `resync`: `None` uses the informer's default period,
@@ -334,11 +340,11 @@ impl Shared {
         for delta in deltas {
             match delta {
                 Delta::Deleted(deleted) => {
-                    self.indexer.delete(deleted.key());
+                    self.cache.delete(deleted.key());
                     pending.push((Notification::Delete(deleted.clone()), false));
                 }
                 Delta::Added(obj) | Delta::Updated(obj) | Delta::Replaced(obj) | Delta::Sync(obj) => {
-                    match self.indexer.upsert(obj.clone()) {
+                    match self.cache.upsert(obj.clone()) {
                         Some(old) => {
                             // client-go's `OnUpdate`: an unchanged resourceVersion makes it a
                             // sync, delivered to the syncing listeners only.

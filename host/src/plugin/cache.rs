@@ -50,9 +50,8 @@ impl CacheReader for crate::cache::Indexer {
         label_selector: Option<&str>,
     ) -> Result<Vec<Arc<Object>>, CacheReadError> {
         let selector = match label_selector.filter(|s| !s.trim().is_empty()) {
-            Some(text) => crate::cache::LabelSelector::parse(text).map_err(|e| {
-                CacheReadError::InvalidSelector { selector: text.to_owned(), reason: e.to_string() }
-            })?,
+            Some(text) => crate::cache::LabelSelector::parse(text)
+                .map_err(|e| CacheReadError::InvalidSelector { selector: e.selector, reason: e.reason })?,
             None => crate::cache::LabelSelector::default(),
         };
         Ok(self.list_selected(namespace, &selector))

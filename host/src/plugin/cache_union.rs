@@ -90,7 +90,7 @@ impl CacheReader for UnionCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::{IndexFunc, Indexer};
+    use crate::cache::{IndexFunc, Writer};
 
     fn cm(name: &str, rv: u64, app: &str) -> Arc<Object> {
         let json = format!(
@@ -100,7 +100,7 @@ mod tests {
     }
 
     fn cache(objects: &[Arc<Object>], indexed: bool) -> Arc<dyn CacheReader> {
-        let idx = Indexer::new();
+        let idx = Writer::new();
         if indexed {
             idx.add_indexers([(
                 "by-app".to_owned(),
@@ -113,7 +113,7 @@ mod tests {
         for o in objects {
             idx.upsert(o.clone());
         }
-        Arc::new(idx)
+        Arc::new(idx.reader())
     }
 
     fn names(list: Vec<Arc<Object>>) -> Vec<(String, String)> {

@@ -2,8 +2,8 @@
 //! as a [`KindResolver`]-like lookup.
 //!
 //! Thin adapters only (newtypes, so they never collide with impls other modules add):
-//! leases, indexers as the runtime's [`CacheReader`], handler registrations as the
-//! controller's [`EventRegistration`].
+//! leases, handler registrations as the controller's [`EventRegistration`]. An informer's
+//! read handle is the runtime's [`CacheReader`] as it is (the plugin module implements it).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,13 +12,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::wiring::{InformerLeases, LeasedInformer, LeasedRegistration, WatchKey};
-use crate::cache::{IndexError, IndexSpec, Indexer, LabelSelector};
+use crate::cache::IndexSpec;
 use crate::config::{KindLookupError, ResolvedKind};
 use crate::controller::source::EventRegistration;
 use crate::informer::HandlerRegistration;
 use crate::informer::{InformerFactory, InformerLease, InformerSpec, ResourceEventHandler};
-use crate::object::Object;
-use crate::plugin::{CacheReadError, CacheReader, Gvk};
+use crate::plugin::{CacheReader, Gvk};
 use crate::source::DiscoveryError;
 
 /// An [`InformerFactory`] seen by the plugins manager.
@@ -80,7 +79,7 @@ impl LeasedInformer for Lease {
     }
 
     fn cache(&self) -> Arc<dyn CacheReader> {
-        Arc::new(IndexerCache(self.lease.indexer()))
+        Arc::new(self.lease.indexer())
     }
 
     fn keys(&self) -> Vec<String> {
@@ -112,35 +111,6 @@ impl LeasedInformer for Lease {
                 self.add_handler(handler, resync)
             }
         }
-    }
-}
-
-/// An informer's indexer as a plugin's cache.
-pub struct IndexerCache(pub Indexer);
-
-impl CacheReader for IndexerCache {
-    fn get(&self, key: &str) -> Option<Arc<Object>> {
-        self.0.get(key)
-    }
-
-    fn list(
-        &self,
-        namespace: Option<&str>,
-        label_selector: Option<&str>,
-    ) -> Result<Vec<Arc<Object>>, CacheReadError> {
-        let selector = match label_selector.filter(|s| !s.trim().is_empty()) {
-            Some(s) => LabelSelector::parse(s)
-                .map_err(|e| CacheReadError::InvalidSelector { selector: e.selector, reason: e.reason })?,
-            None => LabelSelector::everything(),
-        };
-        Ok(self.0.list_selected(namespace, &selector))
-    }
-
-    fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<Object>>, CacheReadError> {
-        self.0.by_index(index, value).map_err(|e| match e {
-            IndexError::UnknownIndex(name) => CacheReadError::UnknownIndex(name),
-            other => CacheReadError::UnknownIndex(other.to_string()),
-        })
     }
 }
 

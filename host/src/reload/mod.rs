@@ -19,7 +19,7 @@ pub use check::{
     CheckOptions, CheckReport, CheckedPlugin, ComponentInfo, ComponentValidator, EngineValidator, Hooks,
     check_paths, validate_plugin, version_of,
 };
-pub use factory::{FactoryLeases, IndexerCache};
+pub use factory::FactoryLeases;
 pub use manager::{ManagerDeps, ManagerError, ManagerOptions, PluginManager};
 pub use rbac::{RbacManifests, RbacObject, RbacOptions, rbac_for};
 pub use status::{PluginState, PluginStatus, StatusBoard};

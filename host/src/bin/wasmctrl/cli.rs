@@ -19,7 +19,24 @@ use wasmctrl::reload::{
     StatusBoard, check_paths, rbac_for,
 };
 use wasmctrl::server::{Readiness, StatusSource};
+#[cfg(feature = "embedded")]
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+
+/// What `wasmctrl` says when asked for the embedded dev cluster it was built without.
+#[cfg(not(feature = "embedded"))]
+pub const NOT_EMBEDDED: &str = "the embedded dev cluster is not compiled into this wasmctrl (built without the \
+     `embedded` feature); set `[cluster] kubeconfig` in the host TOML, or rebuild with `--features embedded`";
+
+/// Without the `embedded` feature no dev cluster can be running: the type has no values.
+#[cfg(not(feature = "embedded"))]
+enum DevCluster {}
+
+#[cfg(not(feature = "embedded"))]
+impl DevCluster {
+    async fn shutdown(self) {
+        match self {}
+    }
+}
 
 /// `wasmctrl run`.
 #[derive(Args, Debug)]
@@ -224,6 +241,12 @@ async fn connect(
     kubeconfig_out: Option<&std::path::Path>,
 ) -> Result<(kube::Client, Option<DevCluster>)> {
     let config = match cluster {
+        #[cfg(not(feature = "embedded"))]
+        ClusterConfig::Embedded { .. } => {
+            let _ = kubeconfig_out;
+            anyhow::bail!(NOT_EMBEDDED);
+        }
+        #[cfg(feature = "embedded")]
         ClusterConfig::Embedded { seed, state_file } => {
             let config = DevClusterConfig {
                 seed: read_seeds(seed)?,
@@ -343,6 +366,12 @@ pub fn rbac(args: RbacArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(not(feature = "embedded"))]
+pub fn dev_cluster(_args: DevClusterArgs) -> Result<ExitCode> {
+    anyhow::bail!(NOT_EMBEDDED)
+}
+
+#[cfg(feature = "embedded")]
 pub fn dev_cluster(args: DevClusterArgs) -> Result<ExitCode> {
     let seed = read_seeds(&args.seed)?;
     let config = DevClusterConfig {
@@ -366,6 +395,7 @@ pub fn dev_cluster(args: DevClusterArgs) -> Result<ExitCode> {
 }
 
 /// Reads seed YAML files, naming the file that failed.
+#[cfg(feature = "embedded")]
 pub fn read_seeds(paths: &[PathBuf]) -> Result<Vec<String>> {
     paths
         .iter()

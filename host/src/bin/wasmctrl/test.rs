@@ -3,9 +3,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+#[cfg(feature = "embedded")]
+use anyhow::Context;
+use anyhow::Result;
 use clap::Args;
+#[cfg(feature = "embedded")]
 use wasmctrl::fixture::{fixture_files, run_fixture};
+#[cfg(feature = "embedded")]
 use wasmctrl::plugin::{EngineConfig, PluginEngine};
 
 /// `wasmctrl test`.
@@ -23,6 +27,16 @@ pub struct TestArgs {
     pub wasm: Option<PathBuf>,
 }
 
+/// Fixtures run on a fresh embedded API server, so they need the `embedded` feature.
+#[cfg(not(feature = "embedded"))]
+pub fn test(_args: TestArgs) -> Result<ExitCode> {
+    anyhow::bail!(
+        "`wasmctrl test` runs fixtures on the embedded dev cluster, but {}",
+        crate::cli::NOT_EMBEDDED
+    )
+}
+
+#[cfg(feature = "embedded")]
 pub fn test(args: TestArgs) -> Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
