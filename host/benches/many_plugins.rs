@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use wasmctrl::cache::{IndexFunc, Indexer};
+use wasmctrl::cache::{IndexFunc, Writer};
 use wasmctrl::controller::{Action, Request};
 use wasmctrl::object::Object;
 use wasmctrl::plugin::{
@@ -101,7 +101,7 @@ fn steady_state_env() -> PluginEnv {
             "data": data,
         }))
     };
-    let configmaps = Indexer::new();
+    let configmaps = Writer::new();
     configmaps
         .add_indexers([(
             "by-source".to_owned(),
@@ -113,15 +113,15 @@ fn steady_state_env() -> PluginEnv {
     for o in [source, copy("team-a"), copy("team-b")] {
         configmaps.upsert(o);
     }
-    let namespaces = Indexer::new();
+    let namespaces = Writer::new();
     for ns in ["default", "team-a", "team-b"] {
         namespaces.upsert(object(
             serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
         ));
     }
     let mut caches: HashMap<Gvk, Arc<dyn CacheReader>> = HashMap::new();
-    caches.insert(configmap_gvk(), Arc::new(configmaps));
-    caches.insert(namespace_gvk(), Arc::new(namespaces));
+    caches.insert(configmap_gvk(), Arc::new(configmaps.reader()));
+    caches.insert(namespace_gvk(), Arc::new(namespaces.reader()));
     PluginEnv { caches, kube: None }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use wasmctrl::cache::Indexer;
+use wasmctrl::cache::Writer;
 use wasmctrl::controller::{Action, Request};
 use wasmctrl::object::Object;
 use wasmctrl::plugin::{CacheReader, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginSpec};
@@ -27,14 +27,14 @@ fn wasm(crate_name: &str) -> Vec<u8> {
 fn load(crate_name: &str, objects: &[&str]) -> Plugin {
     let engine = PluginEngine::new(EngineConfig::default(), None).unwrap_or_else(|e| panic!("engine: {e}"));
     let configmap = Gvk::new("v1", "ConfigMap");
-    let indexer = Indexer::new();
+    let writer = Writer::new();
     for json in objects {
-        indexer.upsert(Arc::new(
+        writer.upsert(Arc::new(
             Object::from_json(Bytes::from(json.to_string())).unwrap_or_else(|e| panic!("{e}")),
         ));
     }
     let mut caches: HashMap<Gvk, Arc<dyn CacheReader>> = HashMap::new();
-    caches.insert(configmap.clone(), Arc::new(indexer));
+    caches.insert(configmap.clone(), Arc::new(writer.reader()));
     let mut spec = PluginSpec::new(crate_name, configmap);
     spec.limits.deadline = Duration::from_secs(5);
     spec.limits.memory = 16 << 20;
