@@ -245,7 +245,8 @@ fn lint(root: &Path) -> Result<()> {
 
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
 /// `differential` compares the dev cluster with the real server, request by request.
-const BACKEND_AWARE_SUITES: &[&str] = &["informer", "controller", "plugin", "examples", "differential"];
+const BACKEND_AWARE_SUITES: &[&str] =
+    &["informer", "controller", "plugin", "examples", "differential", "reload", "chaos", "semantics"];
 
 /// Builds the real API server, timing the build.
 fn build_real_server() -> Result<PathBuf> {
