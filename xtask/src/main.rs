@@ -117,10 +117,17 @@ fn ensure_wasm_target() -> Result<()> {
     }
 }
 
+/// Builds every guest: the Rust ones ([`build_rust_guests`]), then the TypeScript and Python
+/// ones.
+fn build_guests(root: &Path) -> Result<()> {
+    build_rust_guests(root)?;
+    guest_langs::build(root, run)
+}
+
 /// Where the guests are built. Host tests read the `.wasm` files from
 /// `guests/target/wasm32-wasip2/release/`; when the build goes elsewhere (a shared
 /// `CARGO_TARGET_DIR`), the results are copied there.
-fn build_guests(root: &Path) -> Result<()> {
+fn build_rust_guests(root: &Path) -> Result<()> {
     ensure_wasm_target()?;
     let local = root.join("guests/target");
     let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
@@ -154,7 +161,7 @@ fn build_guests(root: &Path) -> Result<()> {
             }
         }
     }
-    guest_langs::build(root, run)
+    Ok(())
 }
 
 fn demo(root: &Path, rest: &[String]) -> Result<()> {

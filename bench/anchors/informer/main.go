@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,7 @@ func main() {
 	objects := flag.Int64("objects", 20000, "objects in the initial list")
 	updates := flag.Uint64("updates", 200000, "updates in the watch stream")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the watch phase to this file")
 	flag.Parse()
 	if *url == "" || *objects <= 0 || *updates == 0 {
 		measure.Fail(fmt.Errorf("usage: informer -url URL -objects N -updates M"))
@@ -81,11 +83,23 @@ func main() {
 	start := time.Now()
 	stop := make(chan struct{})
 	factory.Start(stop)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			measure.Fail(fmt.Errorf("creating the CPU profile: %w", err))
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			measure.Fail(fmt.Errorf("starting the CPU profile: %w", err))
+		}
+	}
 	select {
 	case <-done:
 	case <-time.After(*timeout):
 		measure.Fail(fmt.Errorf("timed out after %s: %d of %d listed objects, %d of %d updates seen",
 			*timeout, adds.Load(), *objects, seen.Load(), *updates))
+	}
+	if *cpuProfile != "" {
+		pprof.StopCPUProfile()
 	}
 
 	runtime.GC()
