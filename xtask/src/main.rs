@@ -93,8 +93,30 @@ fn project_root() -> PathBuf {
     manifest_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// A `cargo` command without the variables `cargo run` gave this process: build scripts
+/// that watch them (`ring`'s watches `CARGO_MANIFEST_DIR` and `CARGO_PKG_*`) would otherwise
+/// see them change between `cargo xtask ...` and plain `cargo ...`, and rebuild everything
+/// that depends on them each time one follows the other.
 fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        let from_cargo_run = key.starts_with("CARGO_PKG_")
+            || matches!(
+                key,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "OUT_DIR"
+            );
+        if from_cargo_run {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
