@@ -27,6 +27,22 @@
 //! - latency: at reconcile start, now − the `sent` stamp of the object in the cache, over the
 //!   updates after the first tenth; percentile q = the sorted samples' ⌊(n − 1)·q⌋-th.
 //!
+//! What each informer does per watch event, on the same JSON stream (no consumer asks for
+//! protobuf; the stream server speaks JSON only), with the same handler work (count the
+//! update and read its sequence annotation):
+//! - wasmctrl: splits the event envelope, parses the object's metadata (name, namespace,
+//!   resourceVersion, labels, annotations, owner references) and keeps the object's JSON
+//!   bytes as received (plugins are handed those bytes); `data` is validated, not built;
+//!   then the DeltaFIFO, the indexer (namespace index) and the handler's listener;
+//! - kube-rs: deserializes the event and the whole typed `ConfigMap` (serde), then the
+//!   reflector's store;
+//! - client-go: a typed `ConfigMap` SharedIndexInformer as its users write one (factory,
+//!   no resync, default rate limits — which apply to requests, and there are two: the list
+//!   and the watch). Its JSON watch path reads each event's bytes five times: the stream
+//!   framer, `encoding/json`'s validation and skip of the envelope (the object is kept as a
+//!   `RawExtension`), then `sigs.k8s.io/json`'s validation and typed decode of the object;
+//!   a CPU profile (`-cpuprofile` on `bench/anchors/informer`) puts ~75% of its time there.
+//!
 //! Sizes: `BENCH_OBJECTS` (20000), `BENCH_UPDATES` (200000), `BENCH_RATES` ("5000,20000"),
 //! `BENCH_SECONDS` (6), `BENCH_ROUNDS` (1; the best informer round is kept).
 
@@ -648,7 +664,8 @@ fn print_table(rows: &[Row]) {
     let ratio = |row: &Row, other: &Cell| match (&row.cells[0], other) {
         (Ok(ours), Ok(theirs)) if *ours > 0.0 && *theirs > 0.0 => {
             let r = if row.higher_is_better { ours / theirs } else { theirs / ours };
-            format!("{r:.2}×")
+            // Two significant digits below 0.1, so a large loss does not read as 0.00×.
+            if r < 0.1 { format!("{r:.2e}×") } else { format!("{r:.2}×") }
         }
         _ => "–".into(),
     };

@@ -2,7 +2,8 @@
 //!
 //! A witness plugin (`guests/test-plugins/witness-{a,b}`: it changes nothing and logs every
 //! call with the key and the resourceVersion it saw; the host tags each line with the
-//! plugin's version) runs against the dev cluster while ConfigMaps are created, updated and
+//! plugin's version) runs against a Kubernetes API server (the dev cluster, or a real one with
+//! `WASMCTRL_TEST_BACKEND=real`; see `wasmctrl-testkit`) while ConfigMaps are created, updated and
 //! deleted at a steady rate and the plugin is reloaded over and over: `.wasm` swaps between
 //! the two builds, TOML edits (predicates, resync, label selector, namespace, concurrency,
 //! `for` kind, hooks on or off), the plugin removed and added back, broken versions (a
@@ -49,14 +50,17 @@ use wasmctrl::metrics::Metrics;
 use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
 use wasmctrl::reload::{FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, version_of};
 use wasmctrl::source::BackoffConfig;
-use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+use wasmctrl_testkit::TestCluster;
 
 const NS: &str = "chaos";
 const PLUGIN: &str = "witness";
 
-/// The cluster the test runs against (one place to change the backend).
-async fn dev_cluster() -> DevCluster {
-    DevCluster::start(DevClusterConfig::plain_http()).await.expect("dev cluster starts")
+/// The cluster the test runs against, with the namespace [`NS`] (the only test of this file
+/// runs once per server, so the fixed name is its own).
+async fn cluster() -> TestCluster {
+    let cluster = TestCluster::start().await.expect("test cluster starts");
+    cluster.namespace_exact(NS).await.expect("namespace");
+    cluster
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -515,11 +519,8 @@ async fn churn_and_reload() {
     install_capture();
     let started = Instant::now();
 
-    let cluster = dev_cluster().await;
-    cluster
-        .apply_yaml(&format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"))
-        .expect("namespace");
-    let client = cluster.client().expect("client");
+    let cluster = cluster().await;
+    let client = cluster.client();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
 
     // Seed.
@@ -796,5 +797,5 @@ async fn churn_and_reload() {
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(60), manager.stopped()).await.expect("manager stops");
     assert_eq!(factory.informer_count(), 0, "informers released at shutdown");
-    cluster.shutdown().await;
+    drop(cluster);
 }

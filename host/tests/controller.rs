@@ -1041,11 +1041,21 @@ mod live {
 
     /// One replica: its own informers and controller, workers run only while it leads.
     async fn replica(client: &kube::Client, ns: &str, id: &str) -> Replica {
+        replica_electing_with(client, client, ns, id).await
+    }
+
+    /// A replica whose elector uses `elector_client` (its informers use `client`).
+    async fn replica_electing_with(
+        client: &kube::Client,
+        elector_client: &kube::Client,
+        ns: &str,
+        id: &str,
+    ) -> Replica {
         let mut config = LeaderElectionConfig::new(ns, "wasmctrl-test", id);
         config.lease_duration = Duration::from_secs(4);
         config.renew_deadline = Duration::from_secs(3);
         config.retry_period = Duration::from_millis(500);
-        let elector = Arc::new(LeaderElector::new(client.clone(), config).unwrap());
+        let elector = Arc::new(LeaderElector::new(elector_client.clone(), config).unwrap());
         let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
         let source =
             InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap").namespace(ns)).await.unwrap();
@@ -1090,14 +1100,25 @@ mod live {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn leader_stops_workers_when_renewals_fail() {
         let (cluster, client, ns) = cluster().await;
-        let Some(dev) = cluster.dev_or_skip("fault injection (failing Lease requests)") else { return };
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
         cms.create(&PostParams::default(), &cm(&ns, "x")).await.unwrap();
-        let mut a = replica(&client, &ns, "replica-a").await;
+        // On the real server the elector acts as a user allowed to use Leases in `ns` until its
+        // RoleBinding is deleted (the dev cluster does not authorize: it gets faults instead).
+        let holder = "lease-holder";
+        let rules = serde_json::json!([{
+            "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"],
+        }]);
+        cluster.grant(&ns, holder, "lease-holder", rules).await.unwrap();
+        let elector_client = cluster.client_as(holder).unwrap();
+        let mut a = replica_electing_with(&client, &elector_client, &ns, "replica-a").await;
         until_leader(&a).await;
         until_seen(&mut a.calls, &req(&ns, "x")).await;
-        // The API refuses every Lease request: renewals fail until the renew deadline passes.
-        dev.faults().inject(FaultRule::error("/apis/coordination.k8s.io", 500));
+        // The API refuses every Lease request (dev: 500; real: 403 Forbidden): renewals fail
+        // until the renew deadline passes.
+        match cluster.dev() {
+            Some(dev) => dev.faults().inject(FaultRule::error("/apis/coordination.k8s.io", 500)),
+            None => cluster.revoke(&ns, "lease-holder").await.unwrap(),
+        }
         let ended = tokio::time::timeout(WAIT, a.task).await.expect("leader never gave up").unwrap();
         assert!(matches!(ended, Err(LeaderElectionError::LeadershipLost { .. })), "{ended:?}");
         assert!(!a.elector.is_leader());

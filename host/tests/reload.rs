@@ -1,4 +1,5 @@
-//! Hot reload of the plugins directory against the embedded dev cluster, through real
+//! Hot reload of the plugins directory against a Kubernetes API server (the dev cluster, or a
+//! real kube-apiserver with `WASMCTRL_TEST_BACKEND=real`; see `wasmctrl-testkit`), through real
 //! compiled guests (`guests/test-plugins/reload-stamp-{a,b,bad}`: the same logic, stamping
 //! "a" or "b" into the `out-N` ConfigMap they write for each `src-N`; "bad" fails `init`).
 //!
@@ -26,7 +27,7 @@ use wasmctrl::reload::{
     FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, PluginState, PluginStatus, version_of,
 };
 use wasmctrl::source::BackoffConfig;
-use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+use wasmctrl_testkit::TestCluster;
 
 /// Bound on every wait for the system to get somewhere (not a timing assertion).
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -98,7 +99,10 @@ fn record_line(f: guest_log::Fields) {
 }
 
 struct Host {
-    cluster: DevCluster,
+    /// Dropped with the host: the dev cluster stops, or the test's namespace is deleted.
+    _cluster: TestCluster,
+    /// The test's namespace (the name asked for, with the cluster's unique suffix).
+    ns: String,
     client: kube::Client,
     factory: InformerFactory,
     metrics: Arc<Metrics>,
@@ -120,19 +124,13 @@ fn engine(metrics: &Metrics) -> PluginEngine {
         .clone()
 }
 
-/// The cluster the tests run against (one place to change the backend).
-async fn dev_cluster() -> DevCluster {
-    DevCluster::start(DevClusterConfig::plain_http()).await.expect("dev cluster starts")
-}
-
 impl Host {
+    /// A host whose cluster has a fresh namespace named after `namespace` (see [`Host::ns`]).
     async fn start(namespace: &str, watch: bool) -> Host {
         guest_logs();
-        let cluster = dev_cluster().await;
-        cluster
-            .apply_yaml(&format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n"))
-            .expect("namespace");
-        let client = cluster.client().expect("client");
+        let cluster = TestCluster::start().await.expect("test cluster starts");
+        let ns = cluster.namespace_named(namespace).await.expect("namespace");
+        let client = cluster.client();
         let factory = InformerFactory::new(
             client.clone(),
             FactoryOptions {
@@ -147,7 +145,8 @@ impl Host {
         let metrics = Metrics::new();
         let dir = tempfile::tempdir().expect("tempdir");
         let mut host = Host {
-            cluster,
+            _cluster: cluster,
+            ns,
             client,
             factory,
             metrics,
@@ -234,7 +233,6 @@ impl Host {
         if let Some(m) = self.manager.take() {
             tokio::time::timeout(PATIENCE, m.stopped()).await.expect("manager stops");
         }
-        self.cluster.shutdown().await;
     }
 }
 
@@ -390,8 +388,8 @@ async fn hot_reload_under_load_loses_and_doubles_nothing() {
     let swaps = env_or("RELOAD_SWAPS", 50);
     let edits = env_or("RELOAD_EDITS", 10);
     let keys = 200;
-    let ns = "reload-load";
-    let host = Host::start(ns, true).await;
+    let host = Host::start("reload-load", true).await;
+    let ns = &host.ns.clone();
     let (a, b) = (build("reload-stamp-a"), build("reload-stamp-b"));
     host.install("stamp.toml", stamp_toml(ns, 0).as_bytes());
     host.install("stamp.wasm", &a);
@@ -468,8 +466,8 @@ async fn hot_reload_under_load_loses_and_doubles_nothing() {
 /// reconciling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_versions_are_rejected_and_the_old_one_keeps_serving() {
-    let ns = "reload-broken";
-    let host = Host::start(ns, true).await;
+    let host = Host::start("reload-broken", true).await;
+    let ns = &host.ns.clone();
     let a = build("reload-stamp-a");
     host.install("stamp.toml", stamp_toml(ns, 0).as_bytes());
     host.install("stamp.wasm", &a);
@@ -530,8 +528,8 @@ async fn broken_versions_are_rejected_and_the_old_one_keeps_serving() {
 /// version runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partially_written_wasm_is_never_loaded() {
-    let ns = "reload-partial";
-    let host = Host::start(ns, true).await;
+    let host = Host::start("reload-partial", true).await;
+    let ns = &host.ns.clone();
     let (a, b) = (build("reload-stamp-a"), build("reload-stamp-b"));
     host.install("stamp.toml", stamp_toml(ns, 0).as_bytes());
     host.install("stamp.wasm", &a);
@@ -566,8 +564,8 @@ async fn a_partially_written_wasm_is_never_loaded() {
 /// explicit rescan (what SIGHUP does) instead of file events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugins_come_and_go_with_their_files() {
-    let ns = "reload-life";
-    let host = Host::start(ns, false).await;
+    let host = Host::start("reload-life", false).await;
+    let ns = &host.ns.clone();
     assert!(host.manager().status().snapshot().is_empty());
     assert_eq!(host.factory.informer_count(), 0);
     let a = build("reload-stamp-a");
@@ -704,8 +702,8 @@ impl AtomicUsizeCounter {
 /// deleted. The delete is reconciled afterwards (and sees the object gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn controller_restart_during_a_drain_hands_over_a_delete() {
-    let ns = "handoff-restart";
-    let host = Host::start(ns, true).await;
+    let host = Host::start("handoff-restart", true).await;
+    let ns = &host.ns.clone();
     let a = build("witness-a");
     let settings = "slow = \"slow\"\nslow-ms = 4000\n";
     host.install("restart.toml", witness_toml(ns, "concurrency = 1", "", settings).as_bytes());
@@ -748,8 +746,8 @@ async fn controller_restart_during_a_drain_hands_over_a_delete() {
 /// buffered delete reaches the successor and is reconciled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replaced_registration_hands_its_buffer_to_its_successor() {
-    let ns = "handoff-replace";
-    let host = Host::start(ns, true).await;
+    let host = Host::start("handoff-replace", true).await;
+    let ns = &host.ns.clone();
     let a = build("witness-a");
     let settings = "slow-filter = \"blocker\"\nslow-ms = 5000\n";
     host.install("replace.toml", witness_toml(ns, "resync = \"0s\"", "filter = true", settings).as_bytes());
@@ -781,8 +779,8 @@ async fn a_replaced_registration_hands_its_buffer_to_its_successor() {
 /// that runs has synced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_swap_during_the_first_versions_initial_sync_hands_everything_over() {
-    let ns = "handoff-initial";
-    let host = Host::start(ns, true).await;
+    let host = Host::start("handoff-initial", true).await;
+    let ns = &host.ns.clone();
     let (a, b) = (build("witness-a"), build("witness-b"));
     let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
     apply_cm(&api, "blocker", "1").await;
@@ -813,8 +811,8 @@ async fn a_swap_during_the_first_versions_initial_sync_hands_everything_over() {
 /// version's synthetic adds come before its live events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hook_calls_of_two_versions_never_overlap_and_each_event_goes_to_one() {
-    let ns = "handoff-hooks";
-    let host = Host::start(ns, true).await;
+    let host = Host::start("handoff-hooks", true).await;
+    let ns = &host.ns.clone();
     let (a, b) = (build("witness-a"), build("witness-b"));
     let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
     for i in 0..5 {
@@ -944,8 +942,8 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 /// none; a rejected reload of a running plugin is listed but keeps the host ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_ready_while_every_plugin_has_a_running_version() {
-    let ns = "handoff-readyz";
-    let host = Host::start(ns, false).await;
+    let host = Host::start("handoff-readyz", false).await;
+    let ns = &host.ns.clone();
     let a = build("witness-a");
     let token = CancellationToken::new();
     let (addr, _server) = wasmctrl::server::serve(

@@ -17,7 +17,9 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
@@ -90,6 +92,9 @@ pub enum TestClusterError {
     /// A namespace got no `default` ServiceAccount in time.
     #[error("namespace {0} got no default ServiceAccount within {1:?}")]
     NamespaceNotReady(String, Duration),
+    /// A user granted access by [`TestCluster::grant`] was not authorized in time.
+    #[error("user {0} was not authorized within {1:?} after its RoleBinding was made")]
+    NotAuthorized(String, Duration),
     /// A CRD did not become established in time.
     #[error("CustomResourceDefinition {0} not established within {1:?}")]
     NotEstablished(String, Duration),
@@ -298,6 +303,122 @@ impl TestCluster {
         self.track_namespace(&name);
         self.wait_namespace_usable(&name).await?;
         Ok(name)
+    }
+
+    /// Creates the namespace `name` exactly, without the unique suffix, for a test that runs
+    /// once per server (and so owns the name). A namespace of that name still terminating
+    /// (a previous run on the same server) is waited out first; one that exists and is
+    /// active is reused. It is deleted when this `TestCluster` drops, like the others.
+    pub async fn namespace_exact(&self, name: &str) -> Result<String, TestClusterError> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let gone = async {
+            loop {
+                let existing =
+                    api.get_opt(name).await.map_err(api_err(format!("reading namespace {name}")))?;
+                let terminating = existing
+                    .and_then(|ns| ns.status)
+                    .and_then(|status| status.phase)
+                    .is_some_and(|phase| phase == "Terminating");
+                if !terminating {
+                    return Ok::<(), TestClusterError>(());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        tokio::time::timeout(CRD_PATIENCE, gone)
+            .await
+            .map_err(|_| TestClusterError::NamespaceNotReady(name.to_owned(), CRD_PATIENCE))??;
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+        }))
+        .map_err(|e| TestClusterError::Yaml(e.to_string()))?;
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(source) => {
+                return Err(TestClusterError::Api { what: format!("creating namespace {name}"), source });
+            }
+        }
+        self.track_namespace(name);
+        self.wait_namespace_usable(name).await?;
+        Ok(name.to_owned())
+    }
+
+    /// A client that acts as the user `user` (the admin credentials impersonate it), so a
+    /// test can give and take permissions with [`Self::grant`] and [`Self::revoke`]: on the
+    /// real server the user may do only what a Role bound to it allows. The dev cluster does
+    /// not authorize requests: there this client may do everything, like [`Self::client`].
+    pub fn client_as(&self, user: &str) -> Result<kube::Client, TestClusterError> {
+        let mut config = self.config.clone();
+        config.auth_info.impersonate = Some(user.to_owned());
+        kube::Client::try_from(config).map_err(api_err(format!("building a client acting as {user}")))
+    }
+
+    /// Creates (or updates) the Role `name` in `ns` with `rules` (RBAC policy rules, as
+    /// JSON) and the RoleBinding `name` binding it to the user `user`, then waits until the
+    /// authorizer lets `user` do the first verb of the first rule on its first resource.
+    /// The dev cluster does not authorize requests: there it does nothing.
+    pub async fn grant(
+        &self,
+        ns: &str,
+        user: &str,
+        name: &str,
+        rules: Value,
+    ) -> Result<(), TestClusterError> {
+        if self.backend != Backend::Real {
+            return Ok(());
+        }
+        let role = serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": ns}, "rules": rules,
+        });
+        let binding = serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        });
+        self.apply_yaml(&format!("{role}\n---\n{binding}\n")).await?;
+        let first = |field: &str| rules[0][field][0].as_str().unwrap_or_default().to_owned();
+        let (group, resource, verb) = (first("apiGroups"), first("resources"), first("verbs"));
+        let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "metadata": {},
+            "spec": {"user": user, "resourceAttributes": {
+                "namespace": ns, "group": group, "resource": resource, "verb": verb,
+            }},
+        }))
+        .map_err(|e| TestClusterError::Yaml(e.to_string()))?;
+        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let allowed = async {
+            loop {
+                let answer = api
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(api_err(format!("reviewing {user}'s access in {ns}")))?;
+                if answer.status.is_some_and(|status| status.allowed) {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(CRD_PATIENCE, allowed)
+            .await
+            .map_err(|_| TestClusterError::NotAuthorized(user.to_owned(), CRD_PATIENCE))?
+    }
+
+    /// Deletes the RoleBinding `name` in `ns` made by [`Self::grant`]: from now on (once the
+    /// authorizer has seen the deletion) its user may no longer do what the Role allowed.
+    /// Nothing on the dev cluster (see [`Self::grant`]).
+    pub async fn revoke(&self, ns: &str, name: &str) -> Result<(), TestClusterError> {
+        if self.backend != Backend::Real {
+            return Ok(());
+        }
+        let api: Api<RoleBinding> = Api::namespaced(self.client.clone(), ns);
+        api.delete(name, &DeleteParams::default())
+            .await
+            .map_err(api_err(format!("deleting RoleBinding {ns}/{name}")))?;
+        Ok(())
     }
 
     fn track_namespace(&self, name: &str) {

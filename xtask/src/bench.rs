@@ -4,7 +4,8 @@
 //!   harness-free benchmark of the host and the dev cluster, each printing its own table, and
 //!   runs `anchors` last, so its table (wasmctrl next to kube-rs, client-go and
 //!   controller-runtime, with ratios) closes the output.
-//! - `cargo xtask bench anchors` builds the guests and runs only that table.
+//! - `cargo xtask bench anchors` builds the Rust guests (its no-op plugin is one) and runs
+//!   only that table.
 //!
 //! A benchmark is a file `<package>/benches/<name>.rs` declared as `[[bench]] name = "<name>"`
 //! in its package; new ones are picked up without changing this task. The Go programs the
@@ -14,7 +15,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
-use super::{build_guests, cargo, run};
+use super::{build_guests, build_rust_guests, cargo, run};
 
 /// The benchmark that prints the comparison table.
 const ANCHORS: &str = "anchors";
@@ -44,7 +45,7 @@ pub fn bench(root: &Path, rest: &[String]) -> Result<()> {
             anchors(root)
         }
         Some(ANCHORS) => {
-            build_guests(root)?;
+            build_rust_guests(root)?;
             anchors(root)
         }
         Some(other) => {

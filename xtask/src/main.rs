@@ -93,8 +93,30 @@ fn project_root() -> PathBuf {
     manifest_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// A `cargo` command without the variables `cargo run` gave this process: build scripts
+/// that watch them (`ring`'s watches `CARGO_MANIFEST_DIR` and `CARGO_PKG_*`) would otherwise
+/// see them change between `cargo xtask ...` and plain `cargo ...`, and rebuild everything
+/// that depends on them each time one follows the other.
 fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        let from_cargo_run = key.starts_with("CARGO_PKG_")
+            || matches!(
+                key,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "OUT_DIR"
+            );
+        if from_cargo_run {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -117,10 +139,17 @@ fn ensure_wasm_target() -> Result<()> {
     }
 }
 
+/// Builds every guest: the Rust ones ([`build_rust_guests`]), then the TypeScript and Python
+/// ones.
+fn build_guests(root: &Path) -> Result<()> {
+    build_rust_guests(root)?;
+    guest_langs::build(root, run)
+}
+
 /// Where the guests are built. Host tests read the `.wasm` files from
 /// `guests/target/wasm32-wasip2/release/`; when the build goes elsewhere (a shared
 /// `CARGO_TARGET_DIR`), the results are copied there.
-fn build_guests(root: &Path) -> Result<()> {
+fn build_rust_guests(root: &Path) -> Result<()> {
     ensure_wasm_target()?;
     let local = root.join("guests/target");
     let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
@@ -154,7 +183,7 @@ fn build_guests(root: &Path) -> Result<()> {
             }
         }
     }
-    guest_langs::build(root, run)
+    Ok(())
 }
 
 fn demo(root: &Path, rest: &[String]) -> Result<()> {
@@ -245,7 +274,8 @@ fn lint(root: &Path) -> Result<()> {
 
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
 /// `differential` compares the dev cluster with the real server, request by request.
-const BACKEND_AWARE_SUITES: &[&str] = &["informer", "controller", "plugin", "examples", "differential"];
+const BACKEND_AWARE_SUITES: &[&str] =
+    &["informer", "controller", "plugin", "examples", "differential", "reload", "chaos", "semantics"];
 
 /// Builds the real API server, timing the build.
 fn build_real_server() -> Result<PathBuf> {

@@ -348,9 +348,14 @@ impl Reflector {
         let mut objects = Vec::new();
         let mut continue_token: Option<String> = None;
         let limit = self.config.page_size.to_string();
+        // As client-go's reflector: a relist from a specific resourceVersion is not paged. With
+        // `limit` the API server serves exactly that version (resourceVersionMatch=Exact): the
+        // same stale snapshot on every relist until it is compacted; without, anything at
+        // least as new, from its watch cache.
+        let paged = self.config.page_size > 0 && (rv.is_empty() || rv == "0");
         loop {
             let mut params: Vec<(&str, &str)> = Vec::new();
-            if self.config.page_size > 0 {
+            if paged {
                 params.push(("limit", &limit));
             }
             match &continue_token {
