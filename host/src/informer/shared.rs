@@ -33,6 +33,7 @@ use super::ResourceEventHandler;
 use super::processor::{Listener, Notification, Processor, SyncState};
 use crate::cache::{IndexError, IndexFunc, Indexer, KnownObjects};
 use crate::fifo::{Delta, DeltaFifo, PopOutcome};
+use crate::object::DeletedObject;
 use crate::source::Reflector;
 
 /// How many keys the processing loop pops per FIFO lock.
@@ -444,6 +445,45 @@ impl HandlerRegistration {
             }
             None => false,
         }
+    }
+
+    /// Unregisters the handler like [`remove_draining`](Self::remove_draining), and first
+    /// appends to its buffer a delete (`DeletedFinalStateUnknown`, with the last state this
+    /// informer knows) for every object in this informer's cache, at the instant of the
+    /// removal, that `present` says is gone. Returns how many such deletes were sent.
+    ///
+    /// For a successor that watches the same kind through another informer: that informer
+    /// may be ahead of this one, so an object it no longer has (deleted, or out of its scope)
+    /// but this one still caches has a delete on its way here that no handler would receive
+    /// once this one leaves, and that the successor never sees (its synthetic adds start
+    /// after it). Taken under the FIFO lock, the cache and the removal are one instant of
+    /// this informer's stream: every delete before it reached the buffer, every object still
+    /// cached at it is judged by `present`.
+    pub fn remove_draining_departed(&self, present: &dyn Fn(&str) -> bool) -> usize {
+        let Some(shared) = self.shared.upgrade() else { return 0 };
+        shared.fifo.locked(|| {
+            let Some(l) = shared.processor.take(self.listener.id) else { return 0 };
+            let departed: Vec<Notification> = shared
+                .indexer
+                .list()
+                .into_iter()
+                .filter(|o| !present(o.key()))
+                .map(|o| {
+                    Notification::Delete(DeletedObject::FinalStateUnknown {
+                        key: Arc::from(o.key()),
+                        last_known: o,
+                    })
+                })
+                .collect();
+            let sent = departed.len();
+            l.send_batch(departed);
+            l.drain();
+            if sent > 0 {
+                tracing::debug!(informer = %shared.name, listener = l.id, departed = sent,
+                    "handler removed with deletes for objects its successor no longer has");
+            }
+            sent
+        })
     }
 
     /// Whether the handler was removed or its informer stopped.
