@@ -11,7 +11,10 @@
 //!   same informer is *replaced*: its undelivered notifications are handed, in order, to
 //!   its successor ahead of the successor's synthetic adds (one instant of the informer's
 //!   stream separates the two); one the next generation does not need *drains* (delivers its
-//!   buffer into the queue, then ends) when the old generation retires;
+//!   buffer into the queue, then ends) when the old generation retires, after a delete for
+//!   every object its informer still caches that the next generation's informers of that
+//!   kind no longer have (a lagging informer's unprocessed delete reaches no handler once
+//!   its own has left, and the successor's synthetic adds never name the object);
 //! - hook handlers (`on-*`) are never carried over or handed over: the old one is cut at the
 //!   successor's registration and delivers what it already had to the old version, which
 //!   [`Generation::retire`] waits for (listener and dispatcher), so the caller can open the
