@@ -668,6 +668,29 @@ mod tests {
         inf.stop();
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn remove_draining_departed_adds_deletes_for_what_is_gone_elsewhere() {
+        let (inf, old, mut old_rx, gate) = held_with_buffer().await;
+        inf.fifo().add(obj("c", 4));
+        while inf.indexer().get("ns/c").is_none() {
+            tokio::task::yield_now().await;
+        }
+        // Elsewhere, b is gone and c is still there: only b gets a delete, after the buffer.
+        assert_eq!(old.remove_draining_departed(&|key| key != "ns/b"), 1);
+        assert_eq!(old.remove_draining_departed(&|_| false), 0, "second removal is a no-op");
+        assert_eq!(inf.handler_count(), 0);
+        inf.fifo().add(obj("d", 5));
+        open(&gate);
+        assert_eq!(next(&mut old_rx).await, add("a", 1, false));
+        assert_eq!(next(&mut old_rx).await, add("b", 2, false));
+        assert_eq!(next(&mut old_rx).await, Ev::Delete("ns/a".into(), "3".into(), false));
+        assert_eq!(next(&mut old_rx).await, add("c", 4, false));
+        assert_eq!(next(&mut old_rx).await, Ev::Delete("ns/b".into(), "2".into(), true));
+        old.finished().await;
+        assert!(old_rx.recv().await.is_none(), "d came after the removal");
+        inf.stop();
+    }
+
     fn open(g: &Gate) {
         *g.0.lock().unwrap() = true;
         g.1.notify_all();
