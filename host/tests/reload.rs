@@ -27,6 +27,7 @@ use wasmctrl::reload::{
     FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, PluginState, PluginStatus, version_of,
 };
 use wasmctrl::source::BackoffConfig;
+use wasmctrl_devcluster::FaultRule;
 use wasmctrl_testkit::TestCluster;
 
 /// Bound on every wait for the system to get somewhere (not a timing assertion).
@@ -770,6 +771,48 @@ async fn a_replaced_registration_hands_its_buffer_to_its_successor() {
     host.install("replace.toml", toml.as_bytes());
     host.until("the TOML edit to load", |h| h.status("replace").is_some_and(|s| s.reloads >= 2)).await;
     until_reconciled_gone("replace", &victim, mark, "victim reconciled after its buffered delete").await;
+    host.stop().await;
+}
+
+/// A reload that moves the plugin to another informer of its `for` kind (namespaced →
+/// cluster-wide) while the old informer lags behind (its watch is down): the new
+/// informer's list no longer has `victim`, the old one has not seen its delete when its
+/// handler leaves. The delete is still reconciled afterwards, by the new version, which
+/// sees the object gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delete_a_lagging_informer_has_not_seen_is_reconciled_when_the_scope_changes() {
+    let host = Host::start("handoff-scope", true).await;
+    let Some(faults) =
+        host._cluster.dev_or_skip("fault injection (failing the namespaced watch)").map(|d| d.faults())
+    else {
+        host.stop().await;
+        return;
+    };
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    host.install("scope.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.install("scope.wasm", &a);
+    host.until_version("scope", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("scope", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+
+    // The namespaced informer stops hearing of changes: every re-watch fails (no relist).
+    faults.inject(FaultRule::error(format!("/api/v1/namespaces/{ns}/configmaps"), 500).watch(true));
+    faults.drop_watches();
+    let mark = guest_logs().lock().len();
+    delete_src(&api, "victim").await;
+    // The same plugin, cluster-wide: a new informer, listed after the delete.
+    let cluster_wide =
+        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[settings]\nedit = 1\n";
+    host.install("scope.toml", cluster_wide.as_bytes());
+    host.until("the TOML edit to load", |h| h.status("scope").is_some_and(|s| s.reloads >= 2)).await;
+    faults.clear();
+    until_reconciled_gone("scope", &victim, mark, "victim reconciled after its delete").await;
     host.stop().await;
 }
 

@@ -34,6 +34,7 @@ use super::ResourceEventHandler;
 use super::processor::{Listener, Notification, Processor, SyncState};
 use crate::cache::{IndexError, IndexFunc, Indexer, Writer};
 use crate::fifo::{Delta, DeltaFifo, KnownObjects, PopOutcome};
+use crate::object::DeletedObject;
 use crate::source::Reflector;
 
 /// How many keys the processing loop pops per FIFO lock.
@@ -452,6 +453,45 @@ impl HandlerRegistration {
         }
     }
 
+    /// Unregisters the handler like [`remove_draining`](Self::remove_draining), and first
+    /// appends to its buffer a delete (`DeletedFinalStateUnknown`, with the last state this
+    /// informer knows) for every object in this informer's cache, at the instant of the
+    /// removal, that `present` says is gone. Returns how many such deletes were sent.
+    ///
+    /// For a successor that watches the same kind through another informer: that informer
+    /// may be ahead of this one, so an object it no longer has (deleted, or out of its scope)
+    /// but this one still caches has a delete on its way here that no handler would receive
+    /// once this one leaves, and that the successor never sees (its synthetic adds start
+    /// after it). Taken under the FIFO lock, the cache and the removal are one instant of
+    /// this informer's stream: every delete before it reached the buffer, every object still
+    /// cached at it is judged by `present`.
+    pub fn remove_draining_departed(&self, present: &dyn Fn(&str) -> bool) -> usize {
+        let Some(shared) = self.shared.upgrade() else { return 0 };
+        shared.fifo.locked(|| {
+            let Some(l) = shared.processor.take(self.listener.id) else { return 0 };
+            let departed: Vec<Notification> = shared
+                .indexer
+                .list()
+                .into_iter()
+                .filter(|o| !present(o.key()))
+                .map(|o| {
+                    Notification::Delete(DeletedObject::FinalStateUnknown {
+                        key: Arc::from(o.key()),
+                        last_known: o,
+                    })
+                })
+                .collect();
+            let sent = departed.len();
+            l.send_batch(departed);
+            l.drain();
+            if sent > 0 {
+                tracing::debug!(informer = %shared.name, listener = l.id, departed = sent,
+                    "handler removed with deletes for objects its successor no longer has");
+            }
+            sent
+        })
+    }
+
     /// Whether the handler was removed or its informer stopped.
     pub fn is_removed(&self) -> bool {
         self.listener.is_stopped()
@@ -631,6 +671,29 @@ mod tests {
         assert_eq!(next(&mut old_rx).await, Ev::Delete("ns/a".into(), "3".into(), false));
         old.finished().await;
         assert!(old_rx.recv().await.is_none(), "c came after the removal");
+        inf.stop();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn remove_draining_departed_adds_deletes_for_what_is_gone_elsewhere() {
+        let (inf, old, mut old_rx, gate) = held_with_buffer().await;
+        inf.fifo().add(obj("c", 4));
+        while inf.indexer().get("ns/c").is_none() {
+            tokio::task::yield_now().await;
+        }
+        // Elsewhere, b is gone and c is still there: only b gets a delete, after the buffer.
+        assert_eq!(old.remove_draining_departed(&|key| key != "ns/b"), 1);
+        assert_eq!(old.remove_draining_departed(&|_| false), 0, "second removal is a no-op");
+        assert_eq!(inf.handler_count(), 0);
+        inf.fifo().add(obj("d", 5));
+        open(&gate);
+        assert_eq!(next(&mut old_rx).await, add("a", 1, false));
+        assert_eq!(next(&mut old_rx).await, add("b", 2, false));
+        assert_eq!(next(&mut old_rx).await, Ev::Delete("ns/a".into(), "3".into(), false));
+        assert_eq!(next(&mut old_rx).await, add("c", 4, false));
+        assert_eq!(next(&mut old_rx).await, Ev::Delete("ns/b".into(), "2".into(), true));
+        old.finished().await;
+        assert!(old_rx.recv().await.is_none(), "d came after the removal");
         inf.stop();
     }
 

@@ -132,6 +132,10 @@ impl LeasedRegistration for Registration {
         self.0.remove_draining();
     }
 
+    fn remove_draining_departed(&self, present: &dyn Fn(&str) -> bool) {
+        self.0.remove_draining_departed(present);
+    }
+
     fn finished(&self) -> BoxFuture<'static, ()> {
         Box::pin(self.0.finished())
     }

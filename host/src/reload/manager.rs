@@ -756,7 +756,7 @@ impl Shared {
             tracing::warn!(plugin = %new.config.name, version = %new.version,
                 "the new version's handlers did not sync in time; retiring the old version anyway");
         }
-        old.retire().await;
+        old.retire(Some(new)).await;
         new.plugin.open_hooks();
     }
 
@@ -768,7 +768,7 @@ impl Shared {
         self.status.update(stem, self.toml_of(stem), |s| s.state = PluginState::Stopping);
         let parked = RateLimitingQueue::new(r.controller.queue().limiter().clone());
         r.controller.queue().hand_over_to(&parked);
-        r.generation.retire().await;
+        r.generation.retire(None).await;
         r.stop.cancel();
         match r.task.await {
             Ok(Ok(())) => {}

@@ -11,7 +11,10 @@
 //!   same informer is *replaced*: its undelivered notifications are handed, in order, to
 //!   its successor ahead of the successor's synthetic adds (one instant of the informer's
 //!   stream separates the two); one the next generation does not need *drains* (delivers its
-//!   buffer into the queue, then ends) when the old generation retires;
+//!   buffer into the queue, then ends) when the old generation retires, after a delete for
+//!   every object its informer still caches that the next generation's informers of that
+//!   kind no longer have (a lagging informer's unprocessed delete reaches no handler once
+//!   its own has left, and the successor's synthetic adds never name the object);
 //! - hook handlers (`on-*`) are never carried over or handed over: the old one is cut at the
 //!   successor's registration and delivers what it already had to the old version, which
 //!   [`Generation::retire`] waits for (listener and dispatcher), so the caller can open the
@@ -143,6 +146,10 @@ pub trait LeasedInformer: Send + Sync + 'static {
 pub trait LeasedRegistration: EventRegistration {
     /// Unregisters the handler after it delivered what it was already sent.
     fn remove_draining(&self);
+    /// As [`remove_draining`](Self::remove_draining), after sending the handler a delete for
+    /// every object its informer caches at the removal that `present` says is gone (see
+    /// [`crate::informer::HandlerRegistration::remove_draining_departed`]).
+    fn remove_draining_departed(&self, present: &dyn Fn(&str) -> bool);
     /// Resolves once the handler will be called no more (after any kind of removal).
     fn finished(&self) -> BoxFuture<'static, ()>;
     /// For [`LeasedInformer::replace_handler`] to find its own registration type.
@@ -474,6 +481,23 @@ impl Generation {
         Ok(generation)
     }
 
+    /// Keys of every object cached by the informers this generation's enqueuers of `kind`
+    /// listen to (`None`: it enqueues nothing from that kind). Any later delete of one of
+    /// them reaches one of those enqueuers.
+    fn enqueued_keys_of_kind(&self, kind: &Gvk) -> Option<std::collections::HashSet<String>> {
+        let watched: std::collections::BTreeSet<WatchKey> = self
+            .enqueuers
+            .lock()
+            .iter()
+            .filter(|(id, _)| &id.key.kind == kind)
+            .map(|(id, _)| id.key.clone())
+            .collect();
+        if watched.is_empty() {
+            return None;
+        }
+        Some(watched.iter().filter_map(|k| self.leases.informers.get(k)).flat_map(|i| i.keys()).collect())
+    }
+
     /// Whether every handler has received its informer's initial contents.
     pub fn has_synced(&self) -> bool {
         self.enqueuers.lock().iter().all(|(_, r)| r.has_synced())
@@ -483,12 +507,25 @@ impl Generation {
     /// Takes this generation out of service without losing anything it was sent: every
     /// handler it still has is removed after delivering its buffer; returns once none of
     /// its handlers will be called again and its version's last hook call has returned.
-    pub async fn retire(&self) {
+    ///
+    /// With a `successor` (the generation that follows this one), an enqueuer on a kind the
+    /// successor watches too also delivers a delete for each object its informer still
+    /// caches but the successor's informers of that kind no longer have: when the two
+    /// watch through different informers (another scope, selector or transform), this one
+    /// may lag behind, and a delete it has not processed yet when its handler leaves would
+    /// otherwise reach no handler at all (the successor's synthetic adds start after it).
+    pub async fn retire(&self, successor: Option<&Generation>) {
         let mut waits = Vec::new();
         {
             let mut leaving = self.leaving.lock();
-            for (_, r) in self.enqueuers.lock().drain(..) {
-                r.remove_draining();
+            for (id, r) in self.enqueuers.lock().drain(..) {
+                // The successor's view of the kind, taken after its handlers were registered
+                // (anything it drops later, its own handlers receive) and before this removal.
+                let present = successor.and_then(|s| s.enqueued_keys_of_kind(&id.key.kind));
+                match present {
+                    Some(present) => r.remove_draining_departed(&|key| present.contains(key)),
+                    None => r.remove_draining(),
+                }
                 leaving.push(r);
             }
             for (_, r) in self.hooks.lock().drain(..) {
