@@ -112,6 +112,11 @@ struct State {
     /// Keys from the first replace still to pop.
     initial_population: usize,
     closed: bool,
+    /// The source's progress (see [`SourceProgress`]).
+    received: Option<Arc<str>>,
+    delivered: Option<Arc<str>>,
+    streaming: bool,
+    quiet_since: Option<tokio::time::Instant>,
 }
 
 impl State {
@@ -147,6 +152,24 @@ fn dedup_deltas(deltas: &mut Deltas) {
     } else {
         deltas.pop();
     }
+}
+
+/// How far the source feeding a FIFO has got, and how much of it the consumer has processed.
+///
+/// Invariant: every change the source pushed before it noted `delivered` has been popped and
+/// processed (`delivered` is the `received` of the last moment the queue was empty after a
+/// batch, or when progress was noted on an empty queue). Resource versions are the source's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SourceProgress {
+    /// The newest resourceVersion the source has pushed everything up to (a list's, an
+    /// event's or a bookmark's).
+    pub received: Option<Arc<str>>,
+    /// The newest resourceVersion up to which everything has been processed.
+    pub delivered: Option<Arc<str>>,
+    /// Whether the source's watch is open now.
+    pub streaming: bool,
+    /// Since when the source has pushed no change (nor reopened its watch).
+    pub quiet_since: Option<tokio::time::Instant>,
 }
 
 /// The DeltaFIFO between a reflector and an informer's processing loop.
@@ -368,6 +391,9 @@ impl DeltaFifo {
                         }
                     }
                     finish();
+                    if s.queue.is_empty() {
+                        s.delivered = s.received.clone();
+                    }
                     self.publish_synced(&s);
                     return Ok(n);
                 }
@@ -413,6 +439,41 @@ impl DeltaFifo {
         self.publish_synced(&s);
         drop(s);
         self.notify.notify_waiters();
+    }
+
+    /// Records that the source has pushed every change up to `resource_version`
+    /// (`changed`: this step pushed some). Call after the push.
+    pub fn note_progress(&self, resource_version: &str, changed: bool) {
+        let mut s = self.state.lock();
+        if s.received.as_deref() != Some(resource_version) {
+            s.received = Some(Arc::from(resource_version));
+        }
+        if changed {
+            s.quiet_since = Some(tokio::time::Instant::now());
+        }
+        if s.queue.is_empty() {
+            s.delivered = s.received.clone();
+        }
+    }
+
+    /// Records whether the source's watch is open.
+    pub fn note_streaming(&self, open: bool) {
+        let mut s = self.state.lock();
+        s.streaming = open;
+        if open {
+            s.quiet_since = Some(tokio::time::Instant::now());
+        }
+    }
+
+    /// The source's progress and how much of it has been processed.
+    pub fn progress(&self) -> SourceProgress {
+        let s = self.state.lock();
+        SourceProgress {
+            received: s.received.clone(),
+            delivered: s.delivered.clone(),
+            streaming: s.streaming,
+            quiet_since: s.quiet_since,
+        }
     }
 
     /// Wakes every waiting `pop` with [`Closed`] (after the queue drains).
@@ -543,6 +604,36 @@ mod tests {
             }
         }
         assert!(f.is_empty());
+    }
+
+    #[tokio::test]
+    async fn delivered_progress_waits_until_everything_pushed_before_it_is_processed() {
+        let f = DeltaFifo::new(None);
+        assert_eq!(f.progress(), SourceProgress::default());
+        f.add(obj("a", 5));
+        f.add(obj("b", 6));
+        f.note_progress("6", true);
+        let p = f.progress();
+        assert_eq!((p.received.as_deref(), p.delivered), (Some("6"), None), "nothing processed yet");
+        assert!(p.quiet_since.is_some());
+        f.pop(|_, _, _| PopOutcome::Processed).await.unwrap();
+        assert_eq!(f.progress().delivered, None, "b is still queued");
+        // A bookmark while b is queued moves what was received, not what was delivered.
+        f.note_progress("9", false);
+        f.pop(|_, _, _| PopOutcome::Processed).await.unwrap();
+        assert_eq!(f.progress().delivered.as_deref(), Some("9"), "the queue emptied after the bookmark");
+        // Progress noted on an empty queue is delivered at once.
+        f.note_progress("12", false);
+        assert_eq!(f.progress().delivered.as_deref(), Some("12"));
+        // A requeued key keeps the queue non-empty: nothing more is delivered.
+        f.add(obj("c", 13));
+        f.note_progress("13", true);
+        f.pop(|_, _, _| PopOutcome::Requeue).await.unwrap();
+        assert_eq!(f.progress().delivered.as_deref(), Some("12"));
+        f.note_streaming(true);
+        assert!(f.progress().streaming);
+        f.note_streaming(false);
+        assert!(!f.progress().streaming);
     }
 
     // TestDeltaFIFO_requeueOnPop

@@ -496,6 +496,20 @@ pub fn key_of(namespace: Option<&str>, name: &str) -> String {
     }
 }
 
+/// Orders two resourceVersions of one resource, as Kubernetes ≥ 1.35 defines it (KEP-5504,
+/// client-go `resourceversion.CompareResourceVersion`): decimal integers without leading
+/// zeros, of any length. `None` if either is not one (an older or non-etcd server), in which
+/// case a caller must treat them as opaque, as client-go did before.
+pub fn compare_resource_versions(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    fn well_formed(rv: &str) -> bool {
+        !rv.is_empty() && rv.bytes().all(|c| c.is_ascii_digit()) && (rv == "0" || !rv.starts_with('0'))
+    }
+    if !well_formed(a) || !well_formed(b) {
+        return None;
+    }
+    Some(a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+}
+
 /// What a delete notification carries.
 #[derive(Clone, Debug)]
 pub enum DeletedObject {
@@ -533,6 +547,19 @@ mod tests {
 
     fn text(o: &Object) -> &str {
         std::str::from_utf8(o.json()).unwrap()
+    }
+
+    #[test]
+    fn resource_versions_compare_as_integers_of_any_length() {
+        use std::cmp::Ordering::*;
+        assert_eq!(compare_resource_versions("9", "10"), Some(Less));
+        assert_eq!(compare_resource_versions("123", "123"), Some(Equal));
+        assert_eq!(compare_resource_versions("1000000000000000000000000000001", "999"), Some(Greater));
+        assert_eq!(compare_resource_versions("0", "1"), Some(Less));
+        for bad in ["", "01", "-1", "1a", " 1", "abc"] {
+            assert_eq!(compare_resource_versions(bad, "1"), None, "{bad:?}");
+            assert_eq!(compare_resource_versions("1", bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -816,6 +816,56 @@ async fn a_delete_a_lagging_informer_has_not_seen_is_reconciled_when_the_scope_c
     host.stop().await;
 }
 
+/// Like the test above, but `ghost` is created *and* deleted while the old informer lags:
+/// it is in neither informer's cache when the scope changes, so only the old informer can
+/// still deliver it. The old version's handler stays until its informer has caught up with
+/// the new informer's point, and the ghost's delete is reconciled (it sees not-found).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_object_created_and_deleted_while_the_old_informer_lags_is_reconciled_when_the_scope_changes() {
+    let host = Host::start("handoff-ghost", true).await;
+    let Some(faults) =
+        host._cluster.dev_or_skip("fault injection (failing the namespaced watch)").map(|d| d.faults())
+    else {
+        host.stop().await;
+        return;
+    };
+    let ns = &host.ns.clone();
+    let other = host._cluster.namespace_named("handoff-ghost-other").await.expect("namespace");
+    let a = build("witness-a");
+    host.install("ghost.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.install("ghost.wasm", &a);
+    host.until_version("ghost", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    let outside: Api<ConfigMap> = Api::namespaced(host.client.clone(), &other);
+    apply_cm(&outside, "outsider", "1").await;
+    apply_cm(&api, "anchor", "1").await;
+    until_line("ghost", "reconcile-end", "anchor's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&format!("{ns}/anchor"))
+    })
+    .await;
+
+    // The namespaced informer stops hearing of changes; ghost comes and goes meanwhile.
+    faults.inject(FaultRule::error(format!("/api/v1/namespaces/{ns}/configmaps"), 500).watch(true));
+    faults.drop_watches();
+    apply_cm(&api, "ghost", "1").await;
+    delete_src(&api, "ghost").await;
+    let mark = guest_logs().lock().len();
+    let cluster_wide =
+        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[settings]\nedit = 1\n";
+    host.install("ghost.toml", cluster_wide.as_bytes());
+    // The new version works (it reconciles a ConfigMap only the cluster-wide informer has)
+    // while the old informer still lags; then the old informer's watch comes back.
+    let outsider = format!("{other}/outsider");
+    until_line("ghost", "reconcile-end", "the cluster-wide version's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&outsider)
+    })
+    .await;
+    faults.clear();
+    until_reconciled_gone("ghost", &format!("{ns}/ghost"), mark, "ghost reconciled after its delete").await;
+    host.until("the TOML edit to load", |h| h.status("ghost").is_some_and(|s| s.reloads >= 2)).await;
+    host.stop().await;
+}
+
 /// Issue scenario 3: a new version arrives while the first one is still syncing its
 /// handlers (held in a slow `filter` over its initial list). Objects created and deleted
 /// meanwhile are reconciled, by the new version, and workers start only once the version

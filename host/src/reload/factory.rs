@@ -86,6 +86,10 @@ impl LeasedInformer for Lease {
         self.lease.indexer().keys()
     }
 
+    fn progress(&self) -> crate::fifo::SourceProgress {
+        self.lease.fifo().progress()
+    }
+
     fn add_handler(
         &self,
         handler: Arc<dyn ResourceEventHandler>,

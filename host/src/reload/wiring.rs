@@ -11,10 +11,13 @@
 //!   same informer is *replaced*: its undelivered notifications are handed, in order, to
 //!   its successor ahead of the successor's synthetic adds (one instant of the informer's
 //!   stream separates the two); one the next generation does not need *drains* (delivers its
-//!   buffer into the queue, then ends) when the old generation retires, after a delete for
-//!   every object its informer still caches that the next generation's informers of that
-//!   kind no longer have (a lagging informer's unprocessed delete reaches no handler once
-//!   its own has left, and the successor's synthetic adds never name the object);
+//!   buffer into the queue, then ends) when the old generation retires, once its informer
+//!   has caught up with the point the next generation's informers of that kind have reached
+//!   (a change from before that point, say an object created and deleted, is in no cache the
+//!   successor lists), and after a delete for every object its informer still caches that
+//!   the next generation's informers of that kind no longer have (a lagging informer's
+//!   unprocessed delete reaches no handler once its own has left, and the successor's
+//!   synthetic adds never name the object);
 //! - hook handlers (`on-*`) are never carried over or handed over: the old one is cut at the
 //!   successor's registration and delivers what it already had to the old version, which
 //!   [`Generation::retire`] waits for (listener and dispatcher), so the caller can open the
@@ -41,8 +44,9 @@ use crate::controller::predicate::{
 };
 use crate::controller::source::EventRegistration;
 use crate::controller::{HotSwap, Request};
+use crate::fifo::SourceProgress;
 use crate::informer::ResourceEventHandler;
-use crate::object::{Object, Transform};
+use crate::object::{Object, Transform, compare_resource_versions};
 use crate::plugin::{CacheReader, FilterInput, Gvk, PluginReconciler, UnionCache};
 use crate::queue::RateLimitingQueue;
 
@@ -123,6 +127,8 @@ pub trait LeasedInformer: Send + Sync + 'static {
     fn cache(&self) -> Arc<dyn CacheReader>;
     /// Keys of every cached object.
     fn keys(&self) -> Vec<String>;
+    /// How far the informer's source has got, and how much of it its handlers were sent.
+    fn progress(&self) -> SourceProgress;
     /// Registers `handler` (it first receives the current contents as initial-list adds).
     fn add_handler(
         &self,
@@ -498,6 +504,55 @@ impl Generation {
         Some(watched.iter().filter_map(|k| self.leases.informers.get(k)).flat_map(|i| i.keys()).collect())
     }
 
+    /// Before its handlers leave, lets each informer of this generation that the successor
+    /// does not use catch up with the successor's informers of the same kind: whatever
+    /// happened before the successor's informers' current point is either in their caches
+    /// (the successor's synthetic adds) or must reach this generation's handlers. An object
+    /// created and deleted while this informer lagged is in neither cache, so only this
+    /// informer can still deliver it.
+    ///
+    /// Resource versions of one resource are compared as integers (Kubernetes ≥ 1.35,
+    /// KEP-5504; both our servers issue them so). A watch that is open, has handed out all it
+    /// received and brought nothing for [`QUIET_STREAM`] counts as caught up (a quiet
+    /// informer would otherwise wait for the server's next bookmark, about a minute on
+    /// kube-apiserver). The wait is bounded by [`CATCH_UP_TIMEOUT`]; then a warning names the
+    /// informer and what it had not reached.
+    async fn catch_up_with(&self, successor: &Generation) {
+        let mine: std::collections::BTreeSet<WatchKey> = self
+            .enqueuers
+            .lock()
+            .iter()
+            .map(|(id, _)| id.key.clone())
+            .chain(self.hooks.lock().iter().map(|(key, _)| key.clone()))
+            .filter(|key| !successor.leases.informers.contains_key(key))
+            .collect();
+        let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
+        for key in mine {
+            let Some(informer) = self.leases.informers.get(&key) else { continue };
+            let Some(target) = successor
+                .leases
+                .informers
+                .iter()
+                .filter(|(k, _)| k.kind == key.kind)
+                .filter_map(|(_, i)| i.progress().received)
+                .max_by(|a, b| compare_resource_versions(a, b).unwrap_or(std::cmp::Ordering::Equal))
+            else {
+                continue;
+            };
+            let outcome = catch_up(&**informer, &target, deadline).await;
+            match outcome {
+                CatchUp::TimedOut(progress) => tracing::warn!(
+                    plugin = %self.config.name, version = %self.version, informer = %key, %target,
+                    delivered = progress.delivered.as_deref().unwrap_or(""),
+                    "the retiring version's informer did not catch up with its successor's in time; \
+                     changes it has not processed yet may reach no version"
+                ),
+                outcome => tracing::debug!(plugin = %self.config.name, version = %self.version,
+                    informer = %key, %target, ?outcome, "retiring informer caught up"),
+            }
+        }
+    }
+
     /// Whether every handler has received its informer's initial contents.
     pub fn has_synced(&self) -> bool {
         self.enqueuers.lock().iter().all(|(_, r)| r.has_synced())
@@ -515,6 +570,9 @@ impl Generation {
     /// may lag behind, and a delete it has not processed yet when its handler leaves would
     /// otherwise reach no handler at all (the successor's synthetic adds start after it).
     pub async fn retire(&self, successor: Option<&Generation>) {
+        if let Some(successor) = successor {
+            self.catch_up_with(successor).await;
+        }
         let mut waits = Vec::new();
         {
             let mut leaving = self.leaving.lock();
@@ -543,6 +601,47 @@ impl Generation {
         if let Err(e) = tokio::task::spawn_blocking(move || plugin.drain_notifications()).await {
             tracing::warn!(plugin = %self.config.name, version = %self.version, error = %e, "waiting for the hook dispatcher failed");
         }
+    }
+}
+
+/// Upper bound of [`Generation::catch_up_with`].
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an open watch that handed out everything it received must have brought nothing
+/// to count as caught up (watch latency on a healthy server is milliseconds).
+const QUIET_STREAM: Duration = Duration::from_secs(1);
+
+/// How a wait for an informer to reach a resourceVersion ended.
+#[derive(Debug)]
+enum CatchUp {
+    Reached,
+    Quiet,
+    /// The resource versions are not integers: nothing to wait for by them.
+    Incomparable,
+    TimedOut(SourceProgress),
+}
+
+/// Waits until `informer` has handed out every change up to `target` (see
+/// [`Generation::catch_up_with`]).
+async fn catch_up(informer: &dyn LeasedInformer, target: &str, deadline: tokio::time::Instant) -> CatchUp {
+    loop {
+        let progress = informer.progress();
+        if let Some(delivered) = &progress.delivered {
+            match compare_resource_versions(delivered, target) {
+                Some(std::cmp::Ordering::Less) => {}
+                Some(_) => return CatchUp::Reached,
+                None => return CatchUp::Incomparable,
+            }
+        }
+        if progress.streaming
+            && progress.delivered == progress.received
+            && progress.quiet_since.is_some_and(|t| t.elapsed() >= QUIET_STREAM)
+        {
+            return CatchUp::Quiet;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return CatchUp::TimedOut(progress);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

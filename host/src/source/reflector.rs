@@ -246,6 +246,7 @@ impl Reflector {
                 Ok((objects, rv)) => {
                     tracing::debug!(resource = %name, objects = objects.len(), %rv, "listed");
                     fifo.replace(objects);
+                    fifo.note_progress(&rv, true);
                     *self.last_rv.lock() = rv;
                 }
                 Err(error) => {
@@ -265,7 +266,9 @@ impl Reflector {
             }
             loop {
                 let started = tokio::time::Instant::now();
-                match self.watch_once(&fifo, &cancel).await {
+                let end = self.watch_once(&fifo, &cancel).await;
+                fifo.note_streaming(false);
+                match end {
                     WatchEnd::Cancelled => return,
                     WatchEnd::Closed { events } => {
                         tracing::debug!(resource = %name, events, "watch closed; re-watching");
@@ -415,6 +418,17 @@ impl Reflector {
             Ok(r) => r.into_body(),
             Err(e) => return WatchEnd::Failed(e),
         };
+        fifo.note_streaming(true);
+        // Each push is followed by the resourceVersion it brings the FIFO's source to
+        // (bookmarks included), for consumers that wait for a given point of the stream.
+        let push = |changes: Vec<Delta>| {
+            let changed = !changes.is_empty();
+            fifo.push_all(changes);
+            let rv = self.last_rv.lock().clone();
+            if !rv.is_empty() {
+                fifo.note_progress(&rv, changed);
+            }
+        };
         let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut events = 0usize;
         // The changes of one network frame go to the FIFO together (one lock, one wake-up).
@@ -438,13 +452,13 @@ impl Reflector {
                 let line = &buf[consumed..consumed + nl];
                 consumed += nl + 1;
                 if let Err(end) = self.handle_event(line, &mut changes) {
-                    fifo.push_all(changes);
+                    push(changes);
                     return end;
                 }
                 events += 1;
             }
             buf.drain(..consumed);
-            fifo.push_all(std::mem::take(&mut changes));
+            push(std::mem::take(&mut changes));
         }
         if buf.iter().any(|b| !b.is_ascii_whitespace()) {
             // The stream ended inside an event (client-go: an unexpected EOF closes the
@@ -454,7 +468,7 @@ impl Reflector {
                 Err(_) => tracing::debug!(resource = %self.name(), bytes = buf.len(),
                     "watch stream ended inside an event; re-watching"),
             }
-            fifo.push_all(changes);
+            push(changes);
         }
         WatchEnd::Closed { events }
     }
