@@ -89,6 +89,9 @@ struct Witness {
     last: HashMap<String, (Instant, String)>,
     /// Generation → hook calls in progress.
     hooking: HashMap<String, usize>,
+    /// Key → its last few calls (when, generation, message, resourceVersion), to explain a
+    /// failure.
+    history: HashMap<String, std::collections::VecDeque<(Instant, String)>>,
     reconcile_overlaps: u64,
     hook_overlaps: u64,
     reconciles: u64,
@@ -97,6 +100,43 @@ struct Witness {
 }
 
 static WITNESS: Mutex<Option<Witness>> = Mutex::new(None);
+
+/// Calls kept per key in [`Witness::history`].
+const HISTORY: usize = 8;
+
+/// Every rescan of the churn: (start, end, the `.wasm` version and TOML it loaded).
+static TIMELINE: Mutex<Vec<(Instant, Instant, String)>> = Mutex::new(Vec::new());
+
+/// `manager.rescan()`, recorded in [`TIMELINE`].
+async fn rescan(manager: &PluginManager, files: &Files) {
+    let toml = std::fs::read_to_string(files.dir.join("witness.toml"))
+        .map(|t| t.lines().filter(|l| !l.trim().is_empty()).collect::<Vec<_>>().join("; "))
+        .unwrap_or_else(|_| "(removed)".into());
+    let wasm = std::fs::read(files.dir.join("witness.wasm")).map(|w| version_of(&w)).unwrap_or_default();
+    let from = Instant::now();
+    manager.rescan().await;
+    TIMELINE.lock().push((from, Instant::now(), format!("wasm {wasm}; {toml}")));
+}
+
+/// What the witness and the reloads did around the final delete of `key`, sent at `sent`
+/// (times in seconds from `t0`).
+fn explain(key: &str, sent: Instant, t0: Instant) -> String {
+    let at = |t: Instant| t.saturating_duration_since(t0).as_secs_f64();
+    let mut out = format!("{key}: deleted at {:.3} s\n", at(sent));
+    if let Some(w) = WITNESS.lock().as_ref()
+        && let Some(history) = w.history.get(key)
+    {
+        for (t, line) in history {
+            out.push_str(&format!("    call {:.3} s: {line}\n", at(*t)));
+        }
+    }
+    for (from, to, what) in TIMELINE.lock().iter() {
+        if *to + Duration::from_secs(3) >= sent && *from <= sent + Duration::from_secs(3) {
+            out.push_str(&format!("    reload {:.3}–{:.3} s: {what}\n", at(*from), at(*to)));
+        }
+    }
+    out
+}
 
 /// Parses the host's rendering of guest fields: `k="v" k2="v2"` (values without spaces).
 fn fields(rendered: &str) -> HashMap<&str, &str> {
@@ -112,6 +152,14 @@ impl Witness {
             f.get("edit").copied().unwrap_or("")
         );
         let key = f.get("key").copied().unwrap_or("").to_owned();
+        if !key.is_empty() {
+            let history = self.history.entry(key.clone()).or_default();
+            if history.len() == HISTORY {
+                history.pop_front();
+            }
+            let rv = f.get("rv").copied().unwrap_or("");
+            history.push_back((Instant::now(), format!("{generation} {message} rv={rv}")));
+        }
         match message {
             "reconcile-start" => {
                 self.reconciles += 1;
@@ -591,11 +639,11 @@ async fn churn_and_reload() {
     // initial list, a restart into the configuration of the start (build a, concurrency 2).
     files.install("witness.toml", Config { concurrency: 1, ..Config::base(edit) }.toml().as_bytes());
     files.install("witness.wasm", &b);
-    manager.rescan().await;
+    rescan(&manager, &files).await;
     edit += 1;
     files.install("witness.toml", Config::base(edit).toml().as_bytes());
     files.install("witness.wasm", &a);
-    manager.rescan().await;
+    rescan(&manager, &files).await;
     let wait_running = |wasm: Vec<u8>| {
         let status = manager.status();
         async move {
@@ -667,9 +715,9 @@ async fn churn_and_reload() {
             0 => {
                 let from = Instant::now();
                 files.remove("witness.toml");
-                manager.rescan().await;
+                rescan(&manager, &files).await;
                 files.install("witness.toml", config.toml().as_bytes());
-                manager.rescan().await;
+                rescan(&manager, &files).await;
                 absent.push((from, Instant::now()));
                 if step.is_multiple_of(100) {
                     edit += 1;
@@ -679,31 +727,31 @@ async fn churn_and_reload() {
                 }
                 files.install("witness.wasm", &other(wasm_is_a));
                 wasm_is_a = !wasm_is_a;
-                manager.rescan().await;
+                rescan(&manager, &files).await;
             }
             // Broken: not a component.
             7 | 31 => {
                 files.install("witness.wasm", b"\0asm but not a component");
-                manager.rescan().await;
+                rescan(&manager, &files).await;
                 files.install("witness.wasm", if wasm_is_a { &a } else { &b });
-                manager.rescan().await;
+                rescan(&manager, &files).await;
             }
             // Broken: `init` fails.
             13 => {
                 edit += 1;
                 let broken = Config { fail_init: true, edit, ..config.clone() };
                 files.install("witness.toml", broken.toml().as_bytes());
-                manager.rescan().await;
+                rescan(&manager, &files).await;
             }
             // Broken: a kind the cluster does not serve.
             23 => {
                 let broken = config.toml().replace("kind = \"ConfigMap\"", "kind = \"ConfigMapp\"");
                 files.install("witness.toml", broken.as_bytes());
-                manager.rescan().await;
+                rescan(&manager, &files).await;
                 edit += 1;
                 config.edit = edit;
                 files.install("witness.toml", config.toml().as_bytes());
-                manager.rescan().await;
+                rescan(&manager, &files).await;
             }
             // A TOML edit (often a controller restart) and, without waiting for it to sync,
             // a swap.
@@ -713,18 +761,18 @@ async fn churn_and_reload() {
                 files.install("witness.toml", config.toml().as_bytes());
                 files.install("witness.wasm", &other(wasm_is_a));
                 wasm_is_a = !wasm_is_a;
-                manager.rescan().await;
+                rescan(&manager, &files).await;
             }
             s if s % 2 == 0 => {
                 edit += 1;
                 config = Config::random(&mut rng, edit);
                 files.install("witness.toml", config.toml().as_bytes());
-                manager.rescan().await;
+                rescan(&manager, &files).await;
             }
             _ => {
                 files.install("witness.wasm", &other(wasm_is_a));
                 wasm_is_a = !wasm_is_a;
-                manager.rescan().await;
+                rescan(&manager, &files).await;
             }
         }
     }
@@ -745,7 +793,7 @@ async fn churn_and_reload() {
     edit += 1;
     files.install("witness.toml", Config::base(edit).toml().as_bytes());
     files.install("witness.wasm", &a);
-    manager.rescan().await;
+    rescan(&manager, &files).await;
     wait_running(a.clone()).await;
     let (lost, stale) =
         settle(&finals, &absent, Duration::from_secs(if objects > 1_000 { 600 } else { 120 })).await;
@@ -770,6 +818,18 @@ async fn churn_and_reload() {
         stale.len(),
         started.elapsed().as_secs_f64()
     );
+    if !lost.is_empty() {
+        let explained: Vec<String> = lost
+            .iter()
+            .take(5)
+            .filter_map(|line| line.split(':').next())
+            .filter_map(|key| {
+                let i: usize = key.strip_prefix(&format!("{NS}/cm-"))?.parse().ok()?;
+                Some(explain(key, finals.get(&i)?.sent, churn_started))
+            })
+            .collect();
+        eprintln!("chaos: the first lost deletes, explained:\n{}", explained.join(""));
+    }
     assert!(lost.is_empty(), "lost deletes ({}): {:?}", lost.len(), &lost[..lost.len().min(10)]);
     assert!(stale.is_empty(), "stale final states ({}): {:?}", stale.len(), &stale[..stale.len().min(10)]);
     assert_eq!((reconcile_overlaps, hook_overlaps), (0, 0), "overlaps: {first_overlaps:?}");

@@ -70,8 +70,15 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RealServerError
 }
 
 /// The Go module of the real server (`realcluster/` at the repository root).
+///
+/// Cargo sets `CARGO_MANIFEST_DIR` for the processes it runs (tests, `cargo run`), always a
+/// package one level below the root here; it is preferred to the path baked in when this
+/// crate was compiled, which is another clone's when clones share a target directory.
 pub fn source_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("realcluster")
+    let at_runtime = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(|d| Path::new(&d).join("..").join("realcluster"))
+        .filter(|d| d.join("go.mod").is_file());
+    at_runtime.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("realcluster"))
 }
 
 /// Where the binary is built: `$CARGO_TARGET_DIR/realcluster`, else

@@ -294,9 +294,58 @@ impl SharedIndexInformer {
     pub fn stop(&self) {
         self.shared.stop();
     }
+
+    /// Removes several handlers of this informer at one instant of its stream (each as
+    /// [`HandlerRegistration::remove_draining`], or
+    /// [`remove_draining_departed`](HandlerRegistration::remove_draining_departed) when it
+    /// comes with a `present`): a notification reaches all of them or none. Registrations
+    /// of another informer are ignored.
+    pub fn remove_handlers_draining(
+        &self,
+        removals: &[(&HandlerRegistration, Option<&dyn Fn(&str) -> bool>)],
+    ) {
+        self.shared.fifo.locked(|| {
+            for (registration, present) in removals {
+                if std::ptr::eq(registration.shared.as_ptr(), Arc::as_ptr(&self.shared)) {
+                    self.shared.leave(registration.listener.id, *present);
+                }
+            }
+        });
+    }
 }
 
 impl Shared {
+    /// Takes listener `id` out (the caller holds the FIFO lock), after appending a delete
+    /// for every cached object `present` says is gone (see
+    /// [`HandlerRegistration::remove_draining_departed`]); it then delivers its buffer and
+    /// ends. Returns how many deletes were appended.
+    fn leave(&self, id: u64, present: Option<&dyn Fn(&str) -> bool>) -> usize {
+        let Some(l) = self.processor.take(id) else { return 0 };
+        let mut sent = 0;
+        if let Some(present) = present {
+            let departed: Vec<Notification> = self
+                .indexer
+                .list()
+                .into_iter()
+                .filter(|o| !present(o.key()))
+                .map(|o| {
+                    Notification::Delete(DeletedObject::FinalStateUnknown {
+                        key: Arc::from(o.key()),
+                        last_known: o,
+                    })
+                })
+                .collect();
+            sent = departed.len();
+            l.send_batch(departed);
+            if sent > 0 {
+                tracing::debug!(informer = %self.name, listener = l.id, departed = sent,
+                    "handler removed with deletes for objects its successor no longer has");
+            }
+        }
+        l.drain();
+        sent
+    }
+
     fn stop(&self) {
         if self.cancel.is_cancelled() {
             return;
@@ -467,31 +516,10 @@ impl HandlerRegistration {
     /// cached at it is judged by `present`.
     pub fn remove_draining_departed(&self, present: &dyn Fn(&str) -> bool) -> usize {
         let Some(shared) = self.shared.upgrade() else { return 0 };
-        shared.fifo.locked(|| {
-            let Some(l) = shared.processor.take(self.listener.id) else { return 0 };
-            let departed: Vec<Notification> = shared
-                .indexer
-                .list()
-                .into_iter()
-                .filter(|o| !present(o.key()))
-                .map(|o| {
-                    Notification::Delete(DeletedObject::FinalStateUnknown {
-                        key: Arc::from(o.key()),
-                        last_known: o,
-                    })
-                })
-                .collect();
-            let sent = departed.len();
-            l.send_batch(departed);
-            l.drain();
-            if sent > 0 {
-                tracing::debug!(informer = %shared.name, listener = l.id, departed = sent,
-                    "handler removed with deletes for objects its successor no longer has");
-            }
-            sent
-        })
+        shared.fifo.locked(|| shared.leave(self.listener.id, Some(present)))
     }
 
+    /// Whether the handler was removed or its informer stopped.
     /// Whether the handler was removed or its informer stopped.
     pub fn is_removed(&self) -> bool {
         self.listener.is_stopped()

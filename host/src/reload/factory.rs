@@ -90,6 +90,21 @@ impl LeasedInformer for Lease {
         self.lease.fifo().progress()
     }
 
+    fn remove_handlers(&self, removals: &[(&dyn LeasedRegistration, Option<&dyn Fn(&str) -> bool>)]) {
+        let mut ours = Vec::with_capacity(removals.len());
+        for (r, present) in removals {
+            match r.as_any().downcast_ref::<Registration>() {
+                Some(Registration(registration)) => ours.push((registration, *present)),
+                // Not ours (cannot happen with one provider): on its own.
+                None => match present {
+                    Some(present) => r.remove_draining_departed(present),
+                    None => r.remove_draining(),
+                },
+            }
+        }
+        self.lease.remove_handlers_draining(&ours);
+    }
+
     fn add_handler(
         &self,
         handler: Arc<dyn ResourceEventHandler>,

@@ -129,6 +129,10 @@ pub trait LeasedInformer: Send + Sync + 'static {
     fn keys(&self) -> Vec<String>;
     /// How far the informer's source has got, and how much of it its handlers were sent.
     fn progress(&self) -> SourceProgress;
+    /// Removes registrations of this informer at one instant of its stream, each draining
+    /// (with a `present`: as [`LeasedRegistration::remove_draining_departed`]); a
+    /// notification reaches all of them or none.
+    fn remove_handlers(&self, removals: &[(&dyn LeasedRegistration, Option<&dyn Fn(&str) -> bool>)]);
     /// Registers `handler` (it first receives the current contents as initial-list adds).
     fn add_handler(
         &self,
@@ -573,22 +577,55 @@ impl Generation {
         if let Some(successor) = successor {
             self.catch_up_with(successor).await;
         }
+        type Leaving = (Box<dyn LeasedRegistration>, Option<Arc<std::collections::HashSet<String>>>);
+        let mut by_informer: BTreeMap<WatchKey, Vec<Leaving>> = BTreeMap::new();
+        // The successor's view of each kind, taken after its handlers were registered
+        // (anything it drops later, its own handlers receive) and before these removals.
+        let mut present_by_kind: HashMap<Gvk, Option<Arc<std::collections::HashSet<String>>>> =
+            HashMap::new();
+        for (id, r) in self.enqueuers.lock().drain(..) {
+            let present = present_by_kind
+                .entry(id.key.kind.clone())
+                .or_insert_with(|| {
+                    successor.and_then(|s| s.enqueued_keys_of_kind(&id.key.kind)).map(Arc::new)
+                })
+                .clone();
+            by_informer.entry(id.key).or_default().push((r, present));
+        }
+        for (key, r) in self.hooks.lock().drain(..) {
+            by_informer.entry(key).or_default().push((r, None));
+        }
         let mut waits = Vec::new();
         {
             let mut leaving = self.leaving.lock();
-            for (id, r) in self.enqueuers.lock().drain(..) {
-                // The successor's view of the kind, taken after its handlers were registered
-                // (anything it drops later, its own handlers receive) and before this removal.
-                let present = successor.and_then(|s| s.enqueued_keys_of_kind(&id.key.kind));
-                match present {
-                    Some(present) => r.remove_draining_departed(&|key| present.contains(key)),
-                    None => r.remove_draining(),
+            for (key, registrations) in by_informer {
+                // All of this version's handlers on one informer leave at one instant of its
+                // stream: a notification reaches all of them or none (an enqueuer must not
+                // miss a delete its sibling hook handler still saw).
+                let tests: Vec<Option<Box<dyn Fn(&str) -> bool + '_>>> = registrations
+                    .iter()
+                    .map(|(_, present)| {
+                        present
+                            .as_ref()
+                            .map(|p| Box::new(move |key: &str| p.contains(key)) as Box<dyn Fn(&str) -> bool>)
+                    })
+                    .collect();
+                let removals: Vec<(&dyn LeasedRegistration, Option<&dyn Fn(&str) -> bool>)> =
+                    registrations.iter().zip(&tests).map(|((r, _), t)| (&**r, t.as_deref())).collect();
+                match self.leases.informers.get(&key) {
+                    Some(informer) => informer.remove_handlers(&removals),
+                    None => {
+                        for &(r, present) in &removals {
+                            match present {
+                                Some(present) => r.remove_draining_departed(present),
+                                None => r.remove_draining(),
+                            }
+                        }
+                    }
                 }
-                leaving.push(r);
-            }
-            for (_, r) in self.hooks.lock().drain(..) {
-                r.remove_draining();
-                leaving.push(r);
+                drop(removals);
+                drop(tests);
+                leaving.extend(registrations.into_iter().map(|(r, _)| r));
             }
             for r in leaving.iter() {
                 waits.push(r.finished());
