@@ -7,7 +7,9 @@
 //! (`certificate-authority-data`) when, and only when, the server speaks HTTPS.
 
 use base64::Engine;
-use kube_client::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext, Preferences};
+use kube_client::config::{
+    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext, Preferences,
+};
 
 /// The name of the cluster, user and context.
 pub const NAME: &str = "wasmctrl-dev";

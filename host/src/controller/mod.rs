@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use arc_swap::ArcSwap;
+use futures::future::BoxFuture;
 
 pub mod handler;
 pub mod leader;
