@@ -12,9 +12,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{ConfigError, ConfigErrors, PathSeg, SourceMap, from_toml_error};
+use super::decode::decode;
+use super::error::{ConfigError, ConfigErrors};
 use super::names::is_dns_label;
 use super::plugin::PluginDefaults;
+use super::source::{PathSeg, SourceMap};
 use super::units::{ByteSize, DurationValue};
 
 /// The host TOML as written. Every key is optional.
@@ -171,7 +173,7 @@ impl HostConfig {
     /// Checks `text` as the contents of `path` (which need not exist).
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigErrors> {
         let map = SourceMap::new(path, text);
-        let file: HostToml = toml::from_str(text).map_err(|e| from_toml_error(&map, &e))?;
+        let file: HostToml = decode(&map)?;
         let base = path.parent().unwrap_or(Path::new("")).to_path_buf();
         resolve(&map, file, &base, Some(path.to_path_buf()))
     }

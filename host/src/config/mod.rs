@@ -15,11 +15,13 @@
 //! The file forms ([`HostToml`], [`PluginToml`]) serialize back to TOML, so documented
 //! examples round-trip. The reference of every key is `docs/configuration.md`.
 
+mod decode;
 mod error;
 mod host;
 mod kinds;
 pub mod names;
 mod plugin;
+mod source;
 mod units;
 
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};

@@ -21,8 +21,10 @@ pub use schema::{
     IndexToml, OwnerIndex, PermissionsToml, PluginToml, PredicatesToml, SourceToml, TransformToml,
 };
 
-use super::error::{ConfigError, ConfigErrors, PathSeg, SourceMap, did_you_mean, from_toml_error};
+use super::decode::decode;
+use super::error::{ConfigError, ConfigErrors, did_you_mean};
 use super::kinds::{BuiltinKinds, KindLookupError, KindResolver};
+use super::source::{SourceMap, parse_path};
 use crate::cache::IndexSpec;
 use crate::object::Transform;
 use crate::plugin::spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
@@ -139,7 +141,7 @@ impl PluginConfig {
     /// Checks `text` as the contents of `toml_path` (which need not exist).
     pub fn parse(toml_path: &Path, text: &str, defaults: &PluginDefaults) -> Result<Self, ConfigErrors> {
         let map = SourceMap::new(toml_path, text);
-        let file: PluginToml = toml::from_str(text).map_err(|e| from_toml_error(&map, &e))?;
+        let file: PluginToml = decode(&map)?;
         resolver::resolve(&map, file, defaults)
     }
 
@@ -276,21 +278,4 @@ impl PluginConfig {
             field_manager: self.field_manager.clone(),
         }
     }
-}
-
-/// `owns[1].kind` → `[Key(owns), Index(1), Key(kind)]`.
-pub(crate) fn parse_path(field: &str) -> Vec<PathSeg> {
-    let mut out = Vec::new();
-    for part in field.split('.') {
-        let (key, rest) = part.split_once('[').unwrap_or((part, ""));
-        if !key.is_empty() {
-            out.push(PathSeg::Key(key.to_owned()));
-        }
-        for idx in rest.split('[') {
-            if let Ok(i) = idx.trim_end_matches(']').parse() {
-                out.push(PathSeg::Index(i));
-            }
-        }
-    }
-    out
 }

@@ -13,9 +13,10 @@ use std::time::Duration;
 use super::schema::{IndexToml, OwnerIndex, PluginToml, SourceToml};
 use super::{PluginConfig, PluginDefaults, Predicates, WatchSource};
 use crate::cache::{IndexFunc, IndexSpec, LabelSelector, OwnerIndex as CacheOwnerIndex};
-use crate::config::error::{ConfigError, ConfigErrors, PathSeg, SourceMap};
+use crate::config::error::{ConfigError, ConfigErrors};
 use crate::config::kinds::{BuiltinKinds, check_api_version, check_kind_name};
 use crate::config::names::{check_field_selector, check_label_key, is_dns_label};
+use crate::config::source::{PathSeg, SourceMap};
 use crate::object::Transform;
 use crate::plugin::spec::Gvk;
 
