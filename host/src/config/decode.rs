@@ -16,21 +16,22 @@ use serde::de::value::{MapDeserializer, SeqDeserializer};
 use serde::de::{self, DeserializeOwned, Deserializer, IntoDeserializer, Visitor};
 use toml::de::{DeTable, DeValue};
 
-use super::error::{ConfigError, did_you_mean};
+use super::error::{ConfigError, ConfigErrors, did_you_mean};
 use super::source::{PathSeg, SourceMap, render_path};
 
-/// Deserializes the file `map` holds into `T`.
-pub(crate) fn decode<T: DeserializeOwned>(map: &SourceMap<'_>) -> Result<T, ConfigError> {
+/// Deserializes the file `map` holds into `T`. serde stops at the first problem, so the
+/// error holds one.
+pub(crate) fn decode<T: DeserializeOwned>(map: &SourceMap<'_>) -> Result<T, ConfigErrors> {
     let tree = match map.parsed() {
         Ok(tree) => tree,
-        Err(e) => return Err(syntax_error(map, e)),
+        Err(e) => return Err(syntax_error(map, e).into()),
     };
     // The root's own span is the start of the file: the only error placed at the root
     // itself is a missing top-level key, shown at line 1.
     let root = Node { tree: Tree::Table(tree.get_ref()), span: 0..0 };
     serde_path_to_error::deserialize(root).map_err(|e| {
         let path = e.path().iter().map(segment).collect::<Vec<_>>();
-        schema_error(map, path, e.into_inner())
+        schema_error(map, path, e.into_inner()).into()
     })
 }
 
@@ -332,8 +333,13 @@ mod tests {
         any: Option<toml::Table>,
     }
 
-    fn decode_str(text: &str) -> Result<T, ConfigError> {
+    fn decode_str(text: &str) -> Result<T, ConfigErrors> {
         decode(&SourceMap::new(Path::new("t.toml"), text))
+    }
+
+    fn only(e: ConfigErrors) -> ConfigError {
+        assert_eq!(e.0.len(), 1, "{e}");
+        e.0[0].clone()
     }
 
     #[test]
@@ -348,12 +354,12 @@ mod tests {
 
     #[test]
     fn errors_are_placed_at_the_innermost_key_or_value() {
-        let e = decode_str("list = [\"a\", 2]\n").unwrap_err();
+        let e = only(decode_str("list = [\"a\", 2]\n").unwrap_err());
         assert_eq!((e.field.as_deref(), e.location.map(|l| l.column)), (Some("list[1]"), Some(14)));
         assert_eq!(e.message, "expected a string, found integer `2`");
-        let e = decode_str("count = -1\n").unwrap_err();
+        let e = only(decode_str("count = -1\n").unwrap_err());
         assert_eq!(e.message, "expected a whole number, found integer `-1`");
-        let e = decode_str("[any]\n[cont]\n").unwrap_err();
+        let e = only(decode_str("[any]\n[cont]\n").unwrap_err());
         assert_eq!((e.field.as_deref(), e.location.map(|l| l.line)), (Some("cont"), Some(2)));
         assert_eq!(e.hint.as_deref(), Some("did you mean `count`?"));
     }
