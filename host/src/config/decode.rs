@@ -5,9 +5,11 @@
 //! reach the message as data, never by reading serde's or toml's message text; the field
 //! path comes from `serde_path_to_error`; the place is the span of the key or value the
 //! error is about (the innermost one that raised it); a syntax error is toml's own message
-//! at toml's own place. Values are handed to serde exactly as `toml::from_str` hands them
-//! (integers as `i64`, then `u64`; datetimes as toml's datetime map), so a file is accepted
-//! here if and only if `toml::from_str` accepts it.
+//! at toml's own place. Values are handed to serde as `toml::from_str` hands them (integers
+//! as `i64`, then `u64`, `i128`, `u128`; datetimes as toml's datetime map; unit enum
+//! variants as strings), so for the types of these files (no `toml::Spanned`, no enum
+//! written as a table) a file decodes here exactly when, and to what, `toml::from_str`
+//! decodes it.
 
 use std::fmt;
 use std::ops::Range;
@@ -40,6 +42,7 @@ fn segment(s: &serde_path_to_error::Segment) -> PathSeg {
         serde_path_to_error::Segment::Seq { index } => PathSeg::Index(*index),
         serde_path_to_error::Segment::Map { key } => PathSeg::Key(key.clone()),
         serde_path_to_error::Segment::Enum { variant } => PathSeg::Key(variant.clone()),
+        // Only a non-string map key gives an unknown segment; TOML keys are strings.
         serde_path_to_error::Segment::Unknown => PathSeg::Key("?".to_owned()),
     }
 }
@@ -239,12 +242,17 @@ impl<'de, 'a> Deserializer<'de> for Node<'a> {
                     visitor.visit_i64(n)
                 } else if let Ok(n) = u64::from_str_radix(i.as_str(), i.radix()) {
                     visitor.visit_u64(n)
+                } else if let Ok(n) = i128::from_str_radix(i.as_str(), i.radix()) {
+                    visitor.visit_i128(n)
+                } else if let Ok(n) = u128::from_str_radix(i.as_str(), i.radix()) {
+                    visitor.visit_u128(n)
                 } else {
                     Err(de::Error::custom("integer number overflowed"))
                 }
             }
+            // An infinity not written as `inf` is a literal too large for f64.
             DeValue::Float(x) => match x.as_str().parse::<f64>() {
-                Ok(f) if f.is_finite() || x.as_str().contains("inf") || f.is_nan() => visitor.visit_f64(f),
+                Ok(f) if !f.is_infinite() || x.as_str().contains("inf") => visitor.visit_f64(f),
                 _ => Err(de::Error::custom("floating-point number overflowed")),
             },
             DeValue::Boolean(b) => visitor.visit_bool(*b),
@@ -350,6 +358,26 @@ mod tests {
         let theirs: T = toml::from_str(text).unwrap();
         assert_eq!(ours, theirs);
         assert!(ours.any.unwrap()["when"].is_datetime(), "datetimes stay datetimes");
+    }
+
+    #[test]
+    fn the_example_files_decode_as_toml_from_str_decodes_them() {
+        use crate::config::{HostToml, PluginToml};
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let host = std::fs::read_to_string(examples.join("wasmctrl.toml")).unwrap();
+        let ours: HostToml = decode(&SourceMap::new(Path::new("wasmctrl.toml"), &host)).unwrap();
+        assert_eq!(ours, toml::from_str::<HostToml>(&host).unwrap());
+        let mut plugins = 0;
+        for entry in std::fs::read_dir(examples.join("plugins")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let ours: PluginToml = decode(&SourceMap::new(&path, &text)).unwrap();
+                assert_eq!(ours, toml::from_str::<PluginToml>(&text).unwrap(), "{}", path.display());
+                plugins += 1;
+            }
+        }
+        assert!(plugins >= 3, "found {plugins} example plugin TOMLs");
     }
 
     #[test]
