@@ -207,4 +207,20 @@ mod tests {
         assert!(e.to_string().starts_with("p.toml:12:3: `a.b`: bad\n"), "{e}");
         assert_eq!(ConfigError::file_level("p.toml", "cannot read").to_string(), "p.toml: cannot read");
     }
+
+    #[test]
+    fn rendering_any_span_of_any_line_does_not_panic() {
+        let lines =
+            ["", "a", "\tx = 1", "bé = \"ü\"", "k = \"\u{200d}\u{1f600}\"", "x\ry", "\u{7}\u{1b}[31m"];
+        for line in lines {
+            let chars = line.chars().count();
+            for start in 0..=chars + 1 {
+                for len in 0..=chars + 2 {
+                    let mut e = ConfigError::file_level("f.toml", "m").with_hint("h");
+                    e.place(Location { line: 1, column: start + 1 }, line, len);
+                    assert!(ConfigErrors::from(e).to_string().starts_with("error: f.toml:1:"));
+                }
+            }
+        }
+    }
 }
