@@ -31,6 +31,9 @@ pub enum Error {
         /// The API error.
         error: ApiError,
     },
+    /// The kubeconfig could not be serialised.
+    #[error("dev cluster kubeconfig: {0}")]
+    Kubeconfig(#[source] serde_norway::Error),
     /// The kube client could not be built (feature `kube`).
     #[error("dev cluster kube client: {0}")]
     Client(String),

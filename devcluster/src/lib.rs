@@ -24,6 +24,7 @@
 pub mod error;
 #[cfg(feature = "faults")]
 pub mod faults;
+pub mod kubeconfig;
 mod managed;
 pub mod patch;
 mod proto;
@@ -188,19 +189,13 @@ impl DevCluster {
     }
 
     /// A kubeconfig (context `wasmctrl-dev`, namespace `default`) for this server.
-    pub fn kubeconfig_yaml(&self) -> String {
-        let ca = match &self.ca_pem {
-            Some(pem) => format!(
-                "    certificate-authority-data: {}\n",
-                base64::engine::general_purpose::STANDARD.encode(pem)
-            ),
-            None => String::new(),
-        };
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: wasmctrl-dev\n  cluster:\n    server: {url}\n{ca}contexts:\n- name: wasmctrl-dev\n  context:\n    cluster: wasmctrl-dev\n    user: wasmctrl-dev\n    namespace: default\ncurrent-context: wasmctrl-dev\nusers:\n- name: wasmctrl-dev\n  user:\n    token: {token}\npreferences: {{}}\n",
-            url = self.url(),
-            token = self.token,
-        )
+    pub fn kubeconfig(&self) -> kube_client::config::Kubeconfig {
+        kubeconfig::build(&self.url(), &self.token, self.ca_pem.as_deref())
+    }
+
+    /// [`Self::kubeconfig`] as YAML.
+    pub fn kubeconfig_yaml(&self) -> Result<String, Error> {
+        kubeconfig::to_yaml(&self.kubeconfig()).map_err(Error::Kubeconfig)
     }
 
     /// Writes [`Self::kubeconfig_yaml`] to `path` (mode 0600 on Unix).
@@ -210,7 +205,7 @@ impl DevCluster {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
-        std::fs::write(path, self.kubeconfig_yaml()).map_err(io)?;
+        std::fs::write(path, self.kubeconfig_yaml()?).map_err(io)?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;

@@ -51,6 +51,7 @@ lable-selector = "mirror=true"
   |
 4 | lable-selector = "mirror=true"
   | ^^^^^^^^^^^^^^
+  |
   = hint: did you mean `label-selector`?"#
     );
 }
@@ -72,6 +73,7 @@ generaton-changed = true
   |
 5 | generaton-changed = true
   | ^^^^^^^^^^^^^^^^^
+  |
   = hint: did you mean `generation-changed`?"#
     );
 }
@@ -95,6 +97,7 @@ namspace = "x"
   |
 7 | namspace = "x"
   | ^^^^^^^^
+  |
   = hint: did you mean `namespace`?"#
     );
 }
@@ -115,6 +118,7 @@ kind = "ConfigMap"
   |
 1 | frobnicate = 1
   | ^^^^^^^^^^
+  |
   = hint: allowed keys: name, wasm, concurrency, resync, deadline, memory, max-output, field-manager, for, owns, watches, permissions, transform, settings"#
     );
 }
@@ -149,6 +153,7 @@ fn error_missing_for_table() {
   |
 1 | concurrency = 2
   | ^
+  |
   = hint: add a `[for]` table with the `api-version` and `kind` to reconcile"#
     );
 }
@@ -268,6 +273,7 @@ kind = "configmap"
   |
 3 | kind = "configmap"
   |        ^^^^^^^^^^^
+  |
   = hint: kinds are written as in manifests: `ConfigMap`"#
     );
 }
@@ -287,6 +293,7 @@ kind = "Deployment"
   |
 2 | api-version = "apps"
   |               ^^^^^^
+  |
   = hint: `Deployment` is in `apps/v1`"#
     );
 }
@@ -308,6 +315,7 @@ write = ["v1/ConfigMap", "Deployment"]
   |
 5 | write = ["v1/ConfigMap", "Deployment"]
   |                          ^^^^^^^^^^^^
+  |
   = hint: write `apps/v1/Deployment`"#
     );
 }
@@ -329,6 +337,7 @@ read = ["v1/secrets"]
   |
 5 | read = ["v1/secrets"]
   |         ^^^^^^^^^^^^
+  |
   = hint: use the kind, `v1/Secret`, not the resource name"#
     );
 }
@@ -388,6 +397,7 @@ by-node = { field = "spec.nodeName", label = "x" }
   |
 5 | by-node = { field = "spec.nodeName", label = "x" }
   |           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  |
   = hint: e.g. `by-node = { field = "spec.nodeName" }`"#
     );
 }
@@ -409,6 +419,7 @@ by-node = { field = "spec..nodeName" }
   |
 5 | by-node = { field = "spec..nodeName" }
   |                     ^^^^^^^^^^^^^^^^
+  |
   = hint: write a dotted path like `spec.nodeName`; bracket segments holding dots: `metadata.labels['app.kubernetes.io/name']`"#
     );
 }
@@ -434,6 +445,7 @@ kind = "ConfigMap"
   |
 9 | kind = "ConfigMap"
   |        ^^^^^^^^^^^
+  |
   = hint: merge the two entries (one informer per kind and namespace)"#
     );
 }
@@ -471,6 +483,7 @@ mode = "embeded"
   |
 2 | mode = "embeded"
   |        ^^^^^^^^^
+  |
   = hint: did you mean "embedded"?"#
     );
 }
@@ -490,6 +503,7 @@ seed = ["a.yaml"]
   |
 3 | seed = ["a.yaml"]
   | ^^^^
+  |
   = hint: `seed` is used with mode = "embedded""#
     );
 }
@@ -526,6 +540,7 @@ address = "localhost"
   |
 2 | address = "localhost"
   |           ^^^^^^^^^^^
+  |
   = hint: write `host:port` with an IP address, e.g. "127.0.0.1:9090" or "0.0.0.0:9090""#
     );
 }
@@ -543,6 +558,7 @@ fn error_unknown_host_key() {
   |
 1 | plugin-dir = "x"
   | ^^^^^^^^^^
+  |
   = hint: did you mean `plugins-dir`?"#
     );
 }
@@ -570,11 +586,13 @@ fn error_unknown_kind_from_discovery() {
   |
 3 | kind = "ConfigMapp"
   |        ^^^^^^^^^^^^
+  |
   = hint: did you mean `ConfigMap`?
 error: plugins/mirror.toml:6:8: `watches[0].kind`: the cluster does not serve `apps/v1beta9`
   |
 6 | kind = "Deployment"
   |        ^^^^^^^^^^^^
+  |
   = hint: `Deployment` is in `apps/v1`"#
     );
 }
@@ -591,11 +609,13 @@ fn error_hooks_the_plugin_does_not_declare() {
   |
 6 | [[watches]]
   | ^^^^^^^^^^^
+  |
   = hint: implement `map` in the plugin, or remove `[[watches]]`
 error: plugins/mirror.toml:5:10: `for.predicates.filter`: `filter = true` needs the plugin to export `filter`, and it does not
   |
 5 | filter = true
   |          ^^^^
+  |
   = hint: implement `filter` in the plugin, or remove this predicate"#
     );
 }

@@ -9,17 +9,25 @@
 //!   |
 //! 9 | lable-selector = "mirror=true"
 //!   | ^^^^^^^^^^^^^^
+//!   |
 //!   = hint: did you mean `label-selector`?
 //! ```
+//!
+//! The stages: `source` holds the text and span-annotated tree and maps field paths to
+//! places; `decode` deserializes the tree into the file form with serde's error kinds as
+//! data (paths from `serde_path_to_error`); `host` and `plugin` check and default the file
+//! forms; `error` renders every problem (with `annotate-snippets`).
 //!
 //! The file forms ([`HostToml`], [`PluginToml`]) serialize back to TOML, so documented
 //! examples round-trip. The reference of every key is `docs/configuration.md`.
 
+mod decode;
 mod error;
 mod host;
 mod kinds;
 pub mod names;
 mod plugin;
+mod source;
 mod units;
 
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};

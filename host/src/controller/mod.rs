@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use futures::future::BoxFuture;
-use parking_lot::RwLock;
 
 pub mod handler;
 pub mod leader;
@@ -118,7 +118,12 @@ where
 /// A shared slot holding the current implementation of something hot-swappable (a
 /// reconciler, mapper or filter). `load` returns the current one; a caller keeps using what
 /// it loaded even if a `store` happens meanwhile, so calls in flight finish on the old version.
-pub struct HotSwap<T: ?Sized>(Arc<RwLock<Arc<T>>>);
+///
+/// A thin wrapper over [`arc_swap::ArcSwap`], so loads on the hot path take no lock.
+/// `ArcSwap` needs a sized, thin-pointer payload, and the slots hold trait objects
+/// (`dyn Reconciler`), so the payload is the `Arc<T>` itself: a store allocates one extra
+/// `Arc`, a load clones the inner one.
+pub struct HotSwap<T: ?Sized>(Arc<ArcSwap<Arc<T>>>);
 
 impl<T: ?Sized> Clone for HotSwap<T> {
     fn clone(&self) -> Self {
@@ -134,16 +139,43 @@ impl<T: ?Sized> std::fmt::Debug for HotSwap<T> {
 
 impl<T: ?Sized> HotSwap<T> {
     pub fn new(value: Arc<T>) -> Self {
-        HotSwap(Arc::new(RwLock::new(value)))
+        HotSwap(Arc::new(ArcSwap::from_pointee(value)))
     }
 
     /// The current value.
     pub fn load(&self) -> Arc<T> {
-        self.0.read().clone()
+        Arc::clone(&self.0.load())
     }
 
     /// Replaces the value; returns the previous one.
     pub fn store(&self, value: Arc<T>) -> Arc<T> {
-        std::mem::replace(&mut *self.0.write(), value)
+        Arc::unwrap_or_clone(self.0.swap(Arc::new(value)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    trait Named: Send + Sync {
+        fn name(&self) -> &'static str;
+    }
+    struct N(&'static str);
+    impl Named for N {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+    }
+
+    #[test]
+    fn hot_swap_keeps_loaded_values_and_returns_the_previous_one() {
+        let slot: HotSwap<dyn Named> = HotSwap::new(Arc::new(N("v1")));
+        let other = slot.clone();
+        let in_flight = slot.load();
+        let previous = other.store(Arc::new(N("v2")));
+        assert_eq!(previous.name(), "v1");
+        assert_eq!(in_flight.name(), "v1", "a loaded value outlives the store");
+        assert_eq!(slot.load().name(), "v2", "clones share one slot");
+        assert!(Arc::ptr_eq(&previous, &in_flight));
     }
 }

@@ -1,0 +1,103 @@
+//! The host TOML (`wasmctrl.toml`): where plugins live, how to reach the cluster, the
+//! HTTP address, leader election and the defaults plugins fall back to. The file form
+//! ([`HostToml`]) is in `schema`, the checks and defaults in `resolver`, and the checked
+//! form the host runs ([`HostConfig`]) here.
+//!
+//! Invariants of a [`HostConfig`]: paths are resolved against the TOML's directory (and `~`
+//! against `$HOME`); cluster keys that do not apply to the chosen mode are errors, not
+//! ignored; leader-election timings satisfy client-go's ordering
+//! (lease-duration > renew-deadline > 1.2 × retry-period).
+
+mod resolver;
+mod schema;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use schema::{ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, ServerToml};
+
+use super::decode::decode;
+use super::error::{ConfigError, ConfigErrors};
+use super::plugin::PluginDefaults;
+use super::source::SourceMap;
+
+/// Cluster access, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterConfig {
+    Embedded {
+        /// YAML files applied at start.
+        seed: Vec<PathBuf>,
+        /// Where the dev cluster persists its state, if anywhere.
+        state_file: Option<PathBuf>,
+    },
+    Kubeconfig {
+        /// `None`: `$KUBECONFIG` or `~/.kube/config`.
+        path: Option<PathBuf>,
+        context: Option<String>,
+    },
+    InCluster,
+}
+
+/// Leader election, checked. Only present when enabled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderElectionConfig {
+    pub namespace: String,
+    pub name: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// A checked host TOML with defaults applied and paths resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostConfig {
+    /// The TOML this came from (`None` for the built-in default).
+    pub path: Option<PathBuf>,
+    pub plugins_dir: PathBuf,
+    pub cache_dir: PathBuf,
+    /// Plugin instances idle this long are released (zero: never).
+    pub idle_instance_timeout: Duration,
+    pub cluster: ClusterConfig,
+    pub server_address: SocketAddr,
+    pub leader_election: Option<LeaderElectionConfig>,
+    pub plugin_defaults: PluginDefaults,
+    /// How long a controller waits for its informers to sync before failing.
+    pub cache_sync_timeout: Duration,
+    /// The file as written.
+    pub file: HostToml,
+}
+
+impl HostConfig {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::file_level(path, format!("cannot read: {e}")))?;
+        Self::parse(path, &text)
+    }
+
+    /// Checks `text` as the contents of `path` (which need not exist).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigErrors> {
+        let map = SourceMap::new(path, text);
+        let file: HostToml = decode(&map)?;
+        let base = path.parent().unwrap_or(Path::new("")).to_path_buf();
+        resolver::resolve(&map, file, &base, Some(path.to_path_buf()))
+    }
+
+    /// The configuration used without a host TOML: everything default, relative to `base`
+    /// (the same values an empty host TOML in `base` gives).
+    pub fn default_in(base: &Path) -> Self {
+        HostConfig {
+            path: None,
+            plugins_dir: base.join("plugins"),
+            cache_dir: base.join(".wasmctrl-cache"),
+            idle_instance_timeout: crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT,
+            cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
+            server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            leader_election: None,
+            plugin_defaults: PluginDefaults::default(),
+            cache_sync_timeout: Duration::from_secs(120),
+            file: HostToml::default(),
+        }
+    }
+}

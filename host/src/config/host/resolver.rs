@@ -1,0 +1,212 @@
+//! Turns a [`HostToml`] (as written) into a [`HostConfig`] (checked, defaulted, with
+//! paths resolved against the TOML's directory).
+//!
+//! Invariants: every problem is collected, not only the first, each placed at its field in
+//! the file; a value that fails its check is replaced by its default so the rest can still
+//! be checked, and the result is then an error; cluster keys that do not apply to the
+//! chosen mode are errors, not ignored.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::schema::{ClusterMode, HostToml};
+use super::{ClusterConfig, HostConfig, LeaderElectionConfig};
+use crate::config::error::ConfigErrors;
+use crate::config::names::{is_dns_label, is_dns_subdomain};
+use crate::config::plugin::PluginDefaults;
+use crate::config::source::{PathSeg, SourceMap};
+use crate::config::units::DurationValue;
+
+fn key(k: &str) -> PathSeg {
+    PathSeg::Key(k.to_owned())
+}
+
+fn expand_home(p: &str, base: &Path) -> PathBuf {
+    if let Some(rest) = p.strip_prefix("~/")
+        && let Some(home) = std::env::var_os("HOME")
+    {
+        return PathBuf::from(home).join(rest);
+    }
+    base.join(p)
+}
+
+pub(super) fn resolve(
+    map: &SourceMap<'_>,
+    file: HostToml,
+    base: &Path,
+    path: Option<PathBuf>,
+) -> Result<HostConfig, ConfigErrors> {
+    let mut errors = ConfigErrors::default();
+    let mut err = |p: &[PathSeg], at_key: bool, m: String, hint: Option<&str>| {
+        let mut e = map.error_for(p, at_key, m);
+        e.hint = hint.map(str::to_owned);
+        errors.push(e);
+    };
+
+    let plugins_dir = base.join(file.plugins_dir.as_deref().unwrap_or("plugins"));
+    let cache_dir = base.join(file.cache_dir.as_deref().unwrap_or(".wasmctrl-cache"));
+    let idle_instance_timeout =
+        file.idle_instance_timeout.map_or(crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT, DurationValue::get);
+
+    let c = &file.cluster;
+    let mode_name = match c.mode {
+        ClusterMode::Embedded => "embedded",
+        ClusterMode::Kubeconfig => "kubeconfig",
+        ClusterMode::InCluster => "in-cluster",
+    };
+    let mut only = |present: bool, k: &str, modes: &str| {
+        if present {
+            err(
+                &[key("cluster"), key(k)],
+                true,
+                format!("`{k}` does not apply to mode = \"{mode_name}\""),
+                Some(&format!("`{k}` is used with mode = {modes}")),
+            );
+        }
+    };
+    let cluster = match c.mode {
+        ClusterMode::Embedded => {
+            only(c.kubeconfig.is_some(), "kubeconfig", "\"kubeconfig\"");
+            only(c.context.is_some(), "context", "\"kubeconfig\"");
+            ClusterConfig::Embedded {
+                seed: c.seed.iter().map(|s| base.join(s)).collect(),
+                state_file: c.state_file.as_ref().map(|s| base.join(s)),
+            }
+        }
+        ClusterMode::Kubeconfig => {
+            only(!c.seed.is_empty(), "seed", "\"embedded\"");
+            only(c.state_file.is_some(), "state-file", "\"embedded\"");
+            ClusterConfig::Kubeconfig {
+                path: c.kubeconfig.as_deref().map(|p| expand_home(p, base)),
+                context: c.context.clone(),
+            }
+        }
+        ClusterMode::InCluster => {
+            only(c.kubeconfig.is_some(), "kubeconfig", "\"kubeconfig\"");
+            only(c.context.is_some(), "context", "\"kubeconfig\"");
+            only(!c.seed.is_empty(), "seed", "\"embedded\"");
+            only(c.state_file.is_some(), "state-file", "\"embedded\"");
+            ClusterConfig::InCluster
+        }
+    };
+
+    let address = file.server.address.as_deref().unwrap_or("127.0.0.1:9090");
+    let server_address = match address.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => {
+            err(
+                &[key("server"), key("address")],
+                false,
+                format!("`{address}` is not an address"),
+                Some("write `host:port` with an IP address, e.g. \"127.0.0.1:9090\" or \"0.0.0.0:9090\""),
+            );
+            SocketAddr::from(([127, 0, 0, 1], 9090))
+        }
+    };
+
+    let le = &file.leader_election;
+    let lease_duration = le.lease_duration.map_or(Duration::from_secs(15), |d| d.0);
+    let renew_deadline = le.renew_deadline.map_or(Duration::from_secs(10), |d| d.0);
+    let retry_period = le.retry_period.map_or(Duration::from_secs(2), |d| d.0);
+    let le_path = |k: &str| [key("leader-election"), key(k)];
+    if lease_duration <= renew_deadline {
+        err(
+            &le_path("lease-duration"),
+            false,
+            "lease-duration must be longer than renew-deadline".into(),
+            None,
+        );
+    }
+    if renew_deadline.as_millis() * 10 <= retry_period.as_millis() * 12 {
+        err(
+            &le_path("renew-deadline"),
+            false,
+            "renew-deadline must be longer than 1.2 × retry-period".into(),
+            None,
+        );
+    }
+    if retry_period.is_zero() {
+        err(&le_path("retry-period"), false, "retry-period must be more than 0".into(), None);
+    }
+    let le_namespace = le.namespace.clone().unwrap_or_else(|| "default".into());
+    let le_name = le.name.clone().unwrap_or_else(|| "wasmctrl".into());
+    if !is_dns_label(&le_namespace) {
+        err(&le_path("namespace"), false, format!("`{le_namespace}` is not a valid namespace name"), None);
+    }
+    if le_name.is_empty() || !is_dns_subdomain(&le_name) {
+        err(&le_path("name"), false, format!("`{le_name}` is not a valid Lease name"), None);
+    }
+    let leader_election = le.enabled.unwrap_or(false).then_some(LeaderElectionConfig {
+        namespace: le_namespace,
+        name: le_name,
+        lease_duration,
+        renew_deadline,
+        retry_period,
+    });
+
+    let d = &file.defaults;
+    let base_defaults = PluginDefaults::default();
+    let dp = |k: &str| [key("defaults"), key(k)];
+    let concurrency = match d.concurrency {
+        Some(0) => {
+            err(&dp("concurrency"), false, "concurrency must be at least 1".into(), None);
+            1
+        }
+        Some(n) => n as usize,
+        None => base_defaults.concurrency,
+    };
+    let deadline = match d.deadline {
+        Some(x) if x.0.is_zero() => {
+            err(&dp("deadline"), false, "the deadline must be more than 0".into(), None);
+            base_defaults.deadline
+        }
+        Some(x) => x.0,
+        None => base_defaults.deadline,
+    };
+    let memory = match d.memory {
+        Some(m) if m.0 < (1 << 20) => {
+            err(&dp("memory"), false, format!("memory `{m}` is below the minimum, 1MiB"), None);
+            base_defaults.memory
+        }
+        Some(m) => m.0,
+        None => base_defaults.memory,
+    };
+    let max_output = match d.max_output {
+        Some(m) if m.0 < 1024 => {
+            err(&dp("max-output"), false, format!("max-output `{m}` is below the minimum, 1KiB"), None);
+            base_defaults.max_output
+        }
+        Some(m) => m.0,
+        None => base_defaults.max_output,
+    };
+    let resync = d.resync.map(|r| r.0).filter(|r| !r.is_zero());
+    if let Some(r) = resync
+        && r < Duration::from_secs(1)
+    {
+        err(
+            &dp("resync"),
+            false,
+            format!("resync `{}` is below the minimum, 1s", DurationValue(r)),
+            Some("use \"0s\" to turn resync off"),
+        );
+    }
+    let cache_sync_timeout = d.cache_sync_timeout.map_or(Duration::from_secs(120), |t| t.0);
+    if cache_sync_timeout.is_zero() {
+        err(&dp("cache-sync-timeout"), false, "cache-sync-timeout must be more than 0".into(), None);
+    }
+
+    let config = HostConfig {
+        path,
+        plugins_dir,
+        cache_dir,
+        idle_instance_timeout,
+        cluster,
+        server_address,
+        leader_election,
+        plugin_defaults: PluginDefaults { concurrency, deadline, memory, max_output, resync },
+        cache_sync_timeout,
+        file,
+    };
+    errors.into_result(config)
+}

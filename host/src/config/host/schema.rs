@@ -1,0 +1,107 @@
+//! The host TOML as written (`wasmctrl.toml`): the serde types, and nothing else.
+//!
+//! Invariants: every table refuses unknown keys (`deny_unknown_fields`) and every key is
+//! kebab-case; every key is optional; a value left out stays `None` / empty here (the
+//! defaults are applied by the resolver, not by serde, except `cluster.mode`, whose default
+//! is `embedded`); serialising skips what was left out, so a file round-trips.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::units::{ByteSize, DurationValue};
+
+/// The host TOML as written. Every key is optional.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct HostToml {
+    /// Plugins directory, relative to this file. Default `plugins`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugins_dir: Option<String>,
+    /// Compiled-component cache, relative to this file. Default `.wasmctrl-cache`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_dir: Option<String>,
+    /// Release plugin instances idle this long; `"0s"` keeps them. Default `60s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_instance_timeout: Option<DurationValue>,
+    #[serde(default)]
+    pub cluster: ClusterToml,
+    #[serde(default)]
+    pub server: ServerToml,
+    #[serde(default)]
+    pub leader_election: LeaderElectionToml,
+    #[serde(default)]
+    pub defaults: DefaultsToml,
+}
+
+/// How the host reaches a cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClusterMode {
+    /// Start the in-memory dev cluster in-process.
+    #[default]
+    Embedded,
+    /// Use a kubeconfig file.
+    Kubeconfig,
+    /// Use the pod's service account.
+    InCluster,
+}
+
+/// `[cluster]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ClusterToml {
+    #[serde(default)]
+    pub mode: ClusterMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seed: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_file: Option<String>,
+}
+
+/// `[server]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ServerToml {
+    /// `host:port` of /metrics, /healthz, /readyz, /plugins. Default `127.0.0.1:9090`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+}
+
+/// `[leader-election]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LeaderElectionToml {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration: Option<DurationValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_deadline: Option<DurationValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_period: Option<DurationValue>,
+}
+
+/// `[defaults]`: what plugin TOMLs fall back to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DefaultsToml {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DurationValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync: Option<DurationValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_sync_timeout: Option<DurationValue>,
+}

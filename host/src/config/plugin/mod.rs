@@ -1,0 +1,281 @@
+//! A plugin's TOML (`plugins/<name>.toml`, next to `<name>.wasm`): the file form
+//! ([`PluginToml`], in [`schema`], round-trips through serde), the resolver that checks it
+//! ([`resolver`]) and the checked, defaulted form the host runs ([`PluginConfig`], here).
+//!
+//! Invariants of a [`PluginConfig`]: the name is a DNS label; every kind is well formed
+//! (`apiVersion` + CamelCase `Kind`); selectors parse; each index has exactly one source;
+//! every limit is non-zero; `settings` is a JSON object. Whether the cluster serves the
+//! kinds and whether the component exports `map`/`filter` are checked later, against
+//! discovery ([`PluginConfig::check_kinds`]) and the compiled component
+//! ([`PluginConfig::check_hooks`]), with errors that still point into the file.
+
+mod resolver;
+mod schema;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use schema::{
+    IndexToml, OwnerIndex, PermissionsToml, PluginToml, PredicatesToml, SourceToml, TransformToml,
+};
+
+use super::decode::decode;
+use super::error::{ConfigError, ConfigErrors, did_you_mean};
+use super::kinds::{BuiltinKinds, KindLookupError, KindResolver};
+use super::source::{SourceMap, parse_path};
+use crate::cache::IndexSpec;
+use crate::object::Transform;
+use crate::plugin::spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
+
+/// Values a plugin TOML falls back to (the host TOML's `[defaults]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginDefaults {
+    pub concurrency: usize,
+    pub deadline: Duration,
+    pub memory: u64,
+    pub max_output: u64,
+    /// `None`: no periodic resync.
+    pub resync: Option<Duration>,
+}
+
+impl Default for PluginDefaults {
+    fn default() -> Self {
+        PluginDefaults {
+            concurrency: 1,
+            deadline: Duration::from_secs(5),
+            memory: 64 << 20,
+            max_output: 4 << 20,
+            resync: None,
+        }
+    }
+}
+
+/// How one kind is watched, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchSource {
+    pub kind: Gvk,
+    pub namespace: Option<String>,
+    pub label_selector: Option<String>,
+    pub field_selector: Option<String>,
+    pub indexes: BTreeMap<String, IndexSpec>,
+    pub predicates: Predicates,
+    /// The plugin's `[transform]`: part of the informer's identity.
+    pub transform: Transform,
+}
+
+/// Event predicates of one source; all set ones must pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Predicates {
+    pub generation_changed: bool,
+    pub resource_version_changed: bool,
+    pub labels_changed: bool,
+    pub annotations_changed: bool,
+    pub label_selector: Option<String>,
+    pub annotation_present: Option<String>,
+    /// Ask the plugin's `filter` export.
+    pub filter: bool,
+}
+
+/// A checked plugin TOML with defaults applied and paths resolved.
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    pub name: String,
+    /// The TOML this came from.
+    pub toml_path: PathBuf,
+    /// The component to run.
+    pub wasm_path: PathBuf,
+    pub concurrency: usize,
+    pub resync: Option<Duration>,
+    pub deadline: Duration,
+    pub memory: u64,
+    pub max_output: u64,
+    pub field_manager: String,
+    pub for_source: WatchSource,
+    pub owns: Vec<WatchSource>,
+    pub watches: Vec<WatchSource>,
+    /// Extra kinds to cache for reads.
+    pub read: Vec<Gvk>,
+    /// Kinds the plugin may write.
+    pub write: Vec<Gvk>,
+    /// `[transform]`, resolved: what every cache this plugin reads strips.
+    pub transform: Transform,
+    /// `[settings]` as a JSON object.
+    pub settings: serde_json::Value,
+    /// The file as written.
+    pub file: PluginToml,
+    source: Arc<str>,
+}
+
+/// The defaulted limits of a [`PluginConfig`], compared by its `PartialEq`.
+#[derive(PartialEq)]
+struct ResolvedLimits<'a> {
+    concurrency: usize,
+    resync: Option<Duration>,
+    deadline: Duration,
+    memory: u64,
+    max_output: u64,
+    field_manager: &'a str,
+}
+
+impl PartialEq for PluginConfig {
+    fn eq(&self, other: &Self) -> bool {
+        // Same file contents resolved the same way; the source text may differ in comments.
+        self.name == other.name
+            && self.toml_path == other.toml_path
+            && self.wasm_path == other.wasm_path
+            && self.file == other.file
+            && self.resolved_limits() == other.resolved_limits()
+    }
+}
+
+impl PluginConfig {
+    /// Reads and checks `toml_path`.
+    pub fn load(toml_path: &Path, defaults: &PluginDefaults) -> Result<Self, ConfigErrors> {
+        let text = std::fs::read_to_string(toml_path)
+            .map_err(|e| ConfigError::file_level(toml_path, format!("cannot read: {e}")))?;
+        Self::parse(toml_path, &text, defaults)
+    }
+
+    /// Checks `text` as the contents of `toml_path` (which need not exist).
+    pub fn parse(toml_path: &Path, text: &str, defaults: &PluginDefaults) -> Result<Self, ConfigErrors> {
+        let map = SourceMap::new(toml_path, text);
+        let file: PluginToml = decode(&map)?;
+        resolver::resolve(&map, file, defaults)
+    }
+
+    /// An error about `field` (a dotted path like `for.kind` or `owns[1].kind`), placed at
+    /// that field in the file.
+    pub fn field_error(&self, field: &str, message: impl Into<String>) -> ConfigError {
+        let map = SourceMap::new(&self.toml_path, &self.source);
+        map.error_for(&parse_path(field), false, message)
+    }
+
+    /// Every kind the plugin names, with the field that names it.
+    pub fn kinds(&self) -> Vec<(String, &Gvk)> {
+        let mut out = vec![("for.kind".to_owned(), &self.for_source.kind)];
+        for (list, name) in [(&self.owns, "owns"), (&self.watches, "watches")] {
+            out.extend(list.iter().enumerate().map(|(i, s)| (format!("{name}[{i}].kind"), &s.kind)));
+        }
+        for (list, name) in [(&self.read, "read"), (&self.write, "write")] {
+            out.extend(list.iter().enumerate().map(|(i, g)| (format!("permissions.{name}[{i}]"), g)));
+        }
+        out
+    }
+
+    /// The kinds the plugin watches or may read: each needs an informer.
+    pub fn cached_kinds(&self) -> Vec<&Gvk> {
+        let mut kinds: Vec<&Gvk> = std::iter::once(&self.for_source)
+            .chain(&self.owns)
+            .chain(&self.watches)
+            .map(|s| &s.kind)
+            .chain(&self.read)
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+
+    /// Checks that the cluster (or the built-in catalog) serves every kind named.
+    pub fn check_kinds(&self, resolver: &dyn KindResolver) -> Result<(), ConfigErrors> {
+        let mut errors = ConfigErrors::default();
+        for (field, kind) in self.kinds() {
+            let (message, hint) = match resolver.resolve(kind) {
+                Ok(_) | Err(KindLookupError::Unknown) => continue,
+                Err(KindLookupError::UnknownKind { known_kinds }) => (
+                    format!("the cluster serves no kind `{}` in `{}`", kind.kind, kind.api_version),
+                    did_you_mean(&kind.kind, known_kinds.iter().map(String::as_str))
+                        .map(|k| format!("did you mean `{k}`?"))
+                        .or_else(|| {
+                            BuiltinKinds::api_version_of(&kind.kind)
+                                .filter(|av| *av != kind.api_version)
+                                .map(|av| format!("`{}` is in `{av}`", kind.kind))
+                        }),
+                ),
+                Err(KindLookupError::UnknownApiVersion { known_versions }) => (
+                    format!("the cluster does not serve `{}`", kind.api_version),
+                    BuiltinKinds::api_version_of(&kind.kind)
+                        .map(|av| format!("`{}` is in `{av}`", kind.kind))
+                        .or_else(|| {
+                            (!known_versions.is_empty()).then(|| {
+                                format!("served versions of this group: {}", known_versions.join(", "))
+                            })
+                        }),
+                ),
+                Err(KindLookupError::Unavailable(why)) => {
+                    (format!("cannot check kind `{kind}`: {why}"), None)
+                }
+            };
+            let mut e = self.field_error(&field, message);
+            e.hint = hint;
+            errors.push(e);
+        }
+        errors.into_result(())
+    }
+
+    /// Checks the TOML against the component's optional exports: `[[watches]]` needs
+    /// `map`, `predicates.filter = true` needs `filter`.
+    pub fn check_hooks(&self, exports_map: bool, exports_filter: bool) -> Result<(), ConfigErrors> {
+        let mut errors = ConfigErrors::default();
+        if !self.watches.is_empty() && !exports_map {
+            errors.push(
+                self.field_error(
+                    "watches[0]",
+                    "`[[watches]]` needs the plugin to export `map`, and it does not",
+                )
+                .with_hint("implement `map` in the plugin, or remove `[[watches]]`"),
+            );
+        }
+        if !exports_filter {
+            let sources = std::iter::once(("for".to_owned(), &self.for_source))
+                .chain(self.owns.iter().enumerate().map(|(i, s)| (format!("owns[{i}]"), s)))
+                .chain(self.watches.iter().enumerate().map(|(i, s)| (format!("watches[{i}]"), s)));
+            for (at, s) in sources {
+                if s.predicates.filter {
+                    errors.push(
+                        self.field_error(
+                            &format!("{at}.predicates.filter"),
+                            "`filter = true` needs the plugin to export `filter`, and it does not",
+                        )
+                        .with_hint("implement `filter` in the plugin, or remove this predicate"),
+                    );
+                }
+            }
+        }
+        errors.into_result(())
+    }
+
+    /// The values the host TOML's `[defaults]` may have filled in: two configs read from
+    /// the same file differ only here when the defaults changed.
+    fn resolved_limits(&self) -> ResolvedLimits<'_> {
+        ResolvedLimits {
+            concurrency: self.concurrency,
+            resync: self.resync,
+            deadline: self.deadline,
+            memory: self.memory,
+            max_output: self.max_output,
+            field_manager: &self.field_manager,
+        }
+    }
+
+    /// What the Wasm runtime needs to run this plugin.
+    pub fn to_plugin_spec(&self) -> PluginSpec {
+        let watched =
+            std::iter::once(&self.for_source).chain(&self.owns).chain(&self.watches).map(|s| s.kind.clone());
+        PluginSpec {
+            name: self.name.clone(),
+            for_kind: self.for_source.kind.clone(),
+            concurrency: self.concurrency,
+            limits: SandboxLimits {
+                deadline: self.deadline,
+                memory: usize::try_from(self.memory).unwrap_or(usize::MAX),
+                max_output: usize::try_from(self.max_output).unwrap_or(usize::MAX),
+                ..SandboxLimits::default()
+            },
+            permissions: Permissions::new(watched, self.read.iter().cloned(), self.write.iter().cloned()),
+            settings: serde_json::to_vec(&self.settings).unwrap_or_else(|_| b"{}".to_vec()).into(),
+            field_manager: self.field_manager.clone(),
+        }
+    }
+}
