@@ -17,12 +17,16 @@
 //! grant (WASI grants nothing; `cache`/`client` check declared kinds); a trap fails one
 //! call and discards one instance, never the host.
 
+mod access;
 pub mod adapter;
 pub(crate) mod bindings;
 pub mod cache;
 pub mod cache_union;
+mod call;
 mod callsites;
 pub mod client;
+pub mod cluster;
+pub mod compile_cache;
 mod config;
 pub mod engine;
 mod events;
@@ -30,17 +34,22 @@ mod gate;
 mod idle;
 pub mod inspect;
 mod log;
+pub mod metrics;
 pub mod pool;
 pub mod record;
+mod recorder;
 pub mod runtime;
 pub mod shared;
 pub mod spec;
 mod state;
+mod stdio;
+pub mod wasi;
 
 pub use adapter::PluginReconciler;
 pub use cache::{CacheReadError, CacheReader};
 pub use cache_union::UnionCache;
-pub use client::KubeServices;
+pub use cluster::KubeServices;
+pub use compile_cache::DEFAULT_CACHE_MAX_BYTES;
 pub use engine::{
     ComponentLoads, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig, EngineTuning, LoadedComponent, PluginEngine,
     PoolingLimits, SharedComponent,
@@ -61,6 +70,9 @@ pub enum PluginError {
     Cache(String),
     #[error("plugin {plugin} does not fit the wasmctrl:controller/plugin world: {reason}")]
     Incompatible { plugin: String, reason: String },
+    /// The component imports a WASI interface the host does not grant (`reason` names it).
+    #[error("plugin {plugin} {reason}")]
+    Ungranted { plugin: String, reason: String },
     #[error("plugin {plugin}: starting an instance failed: {reason}")]
     Init { plugin: String, reason: String },
     /// The component was written for another kind than its TOML's `[for]`.
