@@ -999,6 +999,39 @@ mod check_components {
     }
 
     #[test]
+    fn a_component_importing_ungranted_wasi_fails_the_check_naming_file_and_interface() {
+        use wasm_encoder::{
+            Component, ComponentImportSection, ComponentTypeRef, ComponentTypeSection, ComponentValType,
+            InstanceType,
+        };
+        let mut instance = InstanceType::new();
+        instance.ty().function().params(std::iter::empty::<(&str, ComponentValType)>()).result(None);
+        instance.export("handle", ComponentTypeRef::Func(0));
+        let mut types = ComponentTypeSection::new();
+        types.instance(&instance);
+        let mut imports = ComponentImportSection::new();
+        imports.import("wasi:http/outgoing-handler@0.2.0", ComponentTypeRef::Instance(0));
+        let mut component = Component::new();
+        component.section(&types).section(&imports);
+
+        let engine = PluginEngine::new(EngineConfig::default(), None).unwrap();
+        let validator = EngineValidator(engine);
+        let options = CheckOptions { components: Some(&validator), ..CheckOptions::default() };
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fetcher.toml"), "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n")
+            .unwrap();
+        std::fs::write(dir.path().join("fetcher.wasm"), component.finish()).unwrap();
+        let report = check_paths(&[dir.path().to_path_buf()], &options);
+        assert!(!report.ok());
+        let text = report.render();
+        assert!(text.contains("fetcher.wasm"), "{text}");
+        assert!(
+            text.contains("imports wasi:http/outgoing-handler@0.2.0, which the host does not grant"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_component_written_for_another_kind_fails_the_check_naming_both() {
         let engine = PluginEngine::new(EngineConfig::default(), None).unwrap();
         let validator = EngineValidator(engine);

@@ -27,6 +27,10 @@ pub struct HostToml {
     /// Compiled-component cache, relative to this file. Default `.wasmctrl-cache`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<String>,
+    /// Byte budget of the compile cache; past it the least recently used artifacts are
+    /// removed. Default `1GiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_max_size: Option<ByteSize>,
     /// Release plugin instances idle this long; `"0s"` keeps them. Default `60s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_instance_timeout: Option<DurationValue>,
@@ -148,6 +152,8 @@ pub struct HostConfig {
     pub path: Option<PathBuf>,
     pub plugins_dir: PathBuf,
     pub cache_dir: PathBuf,
+    /// Byte budget of the compile cache in `cache_dir`.
+    pub cache_max_bytes: u64,
     /// Plugin instances idle this long are released (zero: never).
     pub idle_instance_timeout: Duration,
     pub cluster: ClusterConfig,
@@ -183,6 +189,7 @@ impl HostConfig {
             path: None,
             plugins_dir: base.join("plugins"),
             cache_dir: base.join(".wasmctrl-cache"),
+            cache_max_bytes: crate::plugin::DEFAULT_CACHE_MAX_BYTES,
             idle_instance_timeout: crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
@@ -222,6 +229,7 @@ fn resolve(
 
     let plugins_dir = base.join(file.plugins_dir.as_deref().unwrap_or("plugins"));
     let cache_dir = base.join(file.cache_dir.as_deref().unwrap_or(".wasmctrl-cache"));
+    let cache_max_bytes = file.cache_max_size.map_or(crate::plugin::DEFAULT_CACHE_MAX_BYTES, ByteSize::bytes);
     let idle_instance_timeout =
         file.idle_instance_timeout.map_or(crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT, DurationValue::get);
 
@@ -376,6 +384,7 @@ fn resolve(
         path,
         plugins_dir,
         cache_dir,
+        cache_max_bytes,
         idle_instance_timeout,
         cluster,
         server_address,
