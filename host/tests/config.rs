@@ -1018,8 +1018,11 @@ mod check_components {
         let validator = EngineValidator(engine);
         let options = CheckOptions { components: Some(&validator), ..CheckOptions::default() };
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("fetcher.toml"), "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n")
-            .unwrap();
+        std::fs::write(
+            dir.path().join("fetcher.toml"),
+            "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n",
+        )
+        .unwrap();
         std::fs::write(dir.path().join("fetcher.wasm"), component.finish()).unwrap();
         let report = check_paths(&[dir.path().to_path_buf()], &options);
         assert!(!report.ok());

@@ -664,9 +664,15 @@ fn a_component_of_another_world_is_refused() {
 /// A component importing `interface` as an instance with one function `handle: func()`
 /// (and exporting nothing).
 fn component_importing(interface: &str) -> Vec<u8> {
-    use wasm_encoder::{Component, ComponentImportSection, ComponentTypeRef, ComponentTypeSection, InstanceType};
+    use wasm_encoder::{
+        Component, ComponentImportSection, ComponentTypeRef, ComponentTypeSection, InstanceType,
+    };
     let mut instance = InstanceType::new();
-    instance.ty().function().params(std::iter::empty::<(&str, wasm_encoder::ComponentValType)>()).result(None);
+    instance
+        .ty()
+        .function()
+        .params(std::iter::empty::<(&str, wasm_encoder::ComponentValType)>())
+        .result(None);
     instance.export("handle", ComponentTypeRef::Func(0));
     let mut types = ComponentTypeSection::new();
     types.instance(&instance);

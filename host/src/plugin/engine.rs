@@ -5,8 +5,8 @@
 //!   allocator) and shared by every plugin; so is the [`Linker`]: the WASI interfaces of
 //!   [`super::wasi`] and each `wasmctrl:controller` import, every interface linked on its
 //!   own with a getter that hands out only that interface's view of the store's state.
-//! - A component importing a WASI interface the host does not link is refused before it is
-//!   compiled for a plugin or checked ([`PluginEngine::check_imports`]), naming the interface.
+//! - A component importing a WASI interface the host does not link is refused before any
+//!   instance of it exists ([`PluginEngine::check_imports`]), naming the interface.
 //! - By default ([`EngineTuning`]) each linear memory gets wasmtime's 4 GiB reservation plus
 //!   its guard region (address space only, also under the pooling allocator), so compiled
 //!   guest code has no explicit bounds check on loads and stores; a plugin's `memory` limit
@@ -449,5 +449,16 @@ impl EpochTicker {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.thread().unpark();
         let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn core_modules_are_told_from_components_by_their_preamble() {
+        assert!(super::is_core_module(b"\0asm\x01\0\0\0"));
+        assert!(!super::is_core_module(b"\0asm\x0d\0\x01\0"), "a component");
+        assert!(!super::is_core_module(b"not wasm at all"));
+        assert!(!super::is_core_module(b"\0as"), "too short to tell");
     }
 }
