@@ -697,6 +697,15 @@ fn idle_instance_timeout_defaults_to_a_minute_and_zero_keeps_instances() {
 }
 
 #[test]
+fn compile_cache_budget_defaults_to_a_gibibyte() {
+    let path = Path::new("/etc/wasmctrl/wasmctrl.toml");
+    let budget = |text: &str| HostConfig::parse(path, text).unwrap().cache_max_bytes;
+    assert_eq!(budget(""), 1 << 30);
+    assert_eq!(budget("cache-max-size = \"256MiB\""), 256 << 20);
+    assert!(HostConfig::parse(path, "cache-max-size = \"lots\"").is_err());
+}
+
+#[test]
 fn host_paths_resolve_against_the_file() {
     let text = "plugins-dir = \"p\"\n[cluster]\nmode = \"embedded\"\nseed = [\"seed/a.yaml\"]\n[defaults]\nconcurrency = 3\nresync = \"0s\"\n[leader-election]\nenabled = true\n";
     let h = HostConfig::parse(Path::new("/srv/wasmctrl.toml"), text).unwrap();
