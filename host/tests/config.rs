@@ -717,6 +717,15 @@ fn idle_instance_timeout_defaults_to_a_minute_and_zero_keeps_instances() {
 }
 
 #[test]
+fn compile_cache_budget_defaults_to_a_gibibyte() {
+    let path = Path::new("/etc/wasmctrl/wasmctrl.toml");
+    let budget = |text: &str| HostConfig::parse(path, text).unwrap().cache_max_bytes;
+    assert_eq!(budget(""), 1 << 30);
+    assert_eq!(budget("cache-max-size = \"256MiB\""), 256 << 20);
+    assert!(HostConfig::parse(path, "cache-max-size = \"lots\"").is_err());
+}
+
+#[test]
 fn host_paths_resolve_against_the_file() {
     let text = "plugins-dir = \"p\"\n[cluster]\nmode = \"embedded\"\nseed = [\"seed/a.yaml\"]\n[defaults]\nconcurrency = 3\nresync = \"0s\"\n[leader-election]\nenabled = true\n";
     let h = HostConfig::parse(Path::new("/srv/wasmctrl.toml"), text).unwrap();
@@ -1016,6 +1025,42 @@ mod check_components {
             .join(format!("{}.wasm", name.replace('-', "_")));
         std::fs::read(&path)
             .unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask build-guests`", path.display()))
+    }
+
+    #[test]
+    fn a_component_importing_ungranted_wasi_fails_the_check_naming_file_and_interface() {
+        use wasm_encoder::{
+            Component, ComponentImportSection, ComponentTypeRef, ComponentTypeSection, ComponentValType,
+            InstanceType,
+        };
+        let mut instance = InstanceType::new();
+        instance.ty().function().params(std::iter::empty::<(&str, ComponentValType)>()).result(None);
+        instance.export("handle", ComponentTypeRef::Func(0));
+        let mut types = ComponentTypeSection::new();
+        types.instance(&instance);
+        let mut imports = ComponentImportSection::new();
+        imports.import("wasi:http/outgoing-handler@0.2.0", ComponentTypeRef::Instance(0));
+        let mut component = Component::new();
+        component.section(&types).section(&imports);
+
+        let engine = PluginEngine::new(EngineConfig::default(), None).unwrap();
+        let validator = EngineValidator(engine);
+        let options = CheckOptions { components: Some(&validator), ..CheckOptions::default() };
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("fetcher.toml"),
+            "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("fetcher.wasm"), component.finish()).unwrap();
+        let report = check_paths(&[dir.path().to_path_buf()], &options);
+        assert!(!report.ok());
+        let text = report.render();
+        assert!(text.contains("fetcher.wasm"), "{text}");
+        assert!(
+            text.contains("imports wasi:http/outgoing-handler@0.2.0, which the host does not grant"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -503,6 +503,27 @@ fn typescript_misbehaving_guest_fails_only_its_call() {
     }
 }
 
+/// The filesystem and socket interfaces componentize-py imports are linked but grant
+/// nothing: each attempt fails inside the guest, at the call.
+#[test]
+fn python_filesystem_and_network_are_denied_at_call_time() {
+    if !Lang::Python.available("python_filesystem_and_network_are_denied_at_call_time") {
+        return;
+    }
+    let guest =
+        load(Lang::Python, "test-plugin-py-misbehave", "sandbox-py", Duration::from_secs(5), 96 << 20);
+    let msg = match guest.reconcile_blocking(&req("sandbox")) {
+        Err(ReconcileError::Retryable(msg)) => msg,
+        other => panic!("the sandbox probe gave {other:?}"),
+    };
+    eprintln!("python sandbox probe: {msg}");
+    for what in ["open", "listdir", "write", "connect"] {
+        assert!(msg.contains(&format!("{what} failed: ")), "{what} was not refused: {msg}");
+        assert!(!msg.contains(&format!("{what} succeeded")), "{msg}");
+    }
+    assert_eq!(guest.reconcile_blocking(&req("fine")), Ok(Action::Done), "a refusal costs nothing else");
+}
+
 #[test]
 fn python_misbehaving_guest_fails_only_its_call() {
     if Lang::Python.available("python_misbehaving_guest_fails_only_its_call") {

@@ -606,7 +606,9 @@ fn idle_instances_are_released_and_the_next_call_instantiates_anew() {
     let plugin =
         Plugin::load(&engine, spec("idle"), &bytes, env_with(indexer([]))).unwrap_or_else(|e| panic!("{e}"));
     let give_up = std::time::Instant::now() + Duration::from_secs(30);
-    while plugin.pool_counts() != (0, 0) {
+    // The reaper updates the pool's counts, then tears the store down outside the pool's
+    // lock: the live-instance gauge drops a moment after the counts do.
+    while plugin.pool_counts() != (0, 0) || engine.live_instances() != 0 {
         assert!(std::time::Instant::now() < give_up, "the idle instance was never released");
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -659,6 +661,53 @@ fn a_component_of_another_world_is_refused() {
     let report = inspect_component(&shared().engine, empty_component).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(report.world, None);
     assert!(report.fits.is_err(), "{report}");
+}
+
+/// A component importing `interface` as an instance with one function `handle: func()`
+/// (and exporting nothing).
+fn component_importing(interface: &str) -> Vec<u8> {
+    use wasm_encoder::{
+        Component, ComponentImportSection, ComponentTypeRef, ComponentTypeSection, InstanceType,
+    };
+    let mut instance = InstanceType::new();
+    instance
+        .ty()
+        .function()
+        .params(std::iter::empty::<(&str, wasm_encoder::ComponentValType)>())
+        .result(None);
+    instance.export("handle", ComponentTypeRef::Func(0));
+    let mut types = ComponentTypeSection::new();
+    types.instance(&instance);
+    let mut imports = ComponentImportSection::new();
+    imports.import(interface, ComponentTypeRef::Instance(0));
+    let mut component = Component::new();
+    component.section(&types).section(&imports);
+    component.finish()
+}
+
+#[test]
+fn a_component_importing_ungranted_wasi_is_refused_naming_the_interface() {
+    for interface in ["wasi:http/outgoing-handler@0.2.0", "wasi:keyvalue/store@0.2.0-draft"] {
+        let wasm = component_importing(interface);
+        let err = Plugin::load(&shared().engine, spec("wants-more"), &wasm, PluginEnv::default())
+            .err()
+            .unwrap_or_else(|| panic!("a component importing {interface} loaded"));
+        assert!(matches!(err, wasmctrl::plugin::PluginError::Ungranted { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("plugin wants-more imports") && text.contains(interface), "{text}");
+        assert!(text.contains("does not grant"), "{text}");
+
+        let report = inspect_component(&shared().engine, &wasm).unwrap_or_else(|e| panic!("{e}"));
+        let why = report.fits.as_ref().err().unwrap_or_else(|| panic!("fits: {report}"));
+        assert!(why.contains(interface) && why.contains("does not grant"), "{why}");
+    }
+    // An interface the language runtimes import is linked (granting nothing): the component
+    // is refused only for not being a plugin, by wasmtime's type check.
+    let wasm = component_importing("wasi:sockets/tcp-create-socket@0.2.0");
+    let err = Plugin::load(&shared().engine, spec("runtime-import"), &wasm, PluginEnv::default())
+        .err()
+        .unwrap_or_else(|| panic!("a component without the reconciler export loaded"));
+    assert!(!matches!(err, wasmctrl::plugin::PluginError::Ungranted { .. }), "{err}");
 }
 
 #[test]

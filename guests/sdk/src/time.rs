@@ -2,9 +2,9 @@
 //!
 //! The WIT world grants no clock of its own. A component built for `wasm32-wasip2` reads
 //! the time through std (`SystemTime::now`), which imports `wasi:clocks/wall-clock`. The
-//! wasmctrl host links all of WASI 0.2 (std needs `wasi:cli` and `wasi:io` to start at
-//! all) with wasmtime-wasi's default clocks, so the import resolves to the host's real
-//! wall clock; a component that never reads the time does not import it. That link is
+//! wasmctrl host links the WASI 0.2 interfaces std imports (`wasi:cli` and `wasi:io` to
+//! start at all, the clocks, random) with wasmtime-wasi's default clocks, so the import
+//! resolves to the host's real wall clock; a component that never reads the time does not import it. That link is
 //! the only way time enters a plugin, and the host decides what it returns. The SDK
 //! therefore keeps time explicit: the pure helpers in [`conditions`](crate::conditions)
 //! take `now` as an argument, and only [`now`] (and `conditions::set_now`) read the clock.

@@ -1,16 +1,25 @@
 //! Host side of the `cache` import: reads from the informer caches of the kinds the
 //! plugin declared.
 //!
+//! Layering: [`CacheCtx`] (one per plugin, shared by its instances) is this interface's
+//! whole host context; the linker reaches it through [`CacheCtxView`], built from the
+//! store's state by a getter (as wasmtime's WASI host code does per interface). This
+//! module knows nothing of the store's state or of the other imports.
+//!
 //! Invariants: a kind the plugin did not declare readable is refused with `forbidden`
 //! (and logged) before any cache is touched; objects go to the guest as the cached JSON
 //! bytes, never re-serialised.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use wasmtime::component::HasData;
+
+use super::access::Access;
 use super::bindings::wasmctrl::controller::cache::Host;
 use super::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
+use super::call::CallInfo;
 use super::spec::Gvk;
-use super::state::HostState;
 use crate::object::{Object, key_of};
 
 /// Why a cache read was refused.
@@ -63,14 +72,33 @@ impl CacheReader for crate::cache::Indexer {
     }
 }
 
-impl HostState {
+/// The `cache` import's host context: the plugin's grants and one cache per readable kind.
+pub(crate) struct CacheCtx {
+    pub access: Arc<Access>,
+    pub caches: HashMap<Gvk, Arc<dyn CacheReader>>,
+}
+
+/// What a `cache` call sees: the plugin's context and the call in progress.
+pub(crate) struct CacheCtxView<'a> {
+    pub ctx: &'a CacheCtx,
+    pub call: &'a CallInfo,
+}
+
+/// Links `cache` with [`CacheCtxView`] as its host (the `D` of `add_to_linker`).
+pub(crate) struct HasCache;
+
+impl HasData for HasCache {
+    type Data<'a> = CacheCtxView<'a>;
+}
+
+impl CacheCtxView<'_> {
     fn cache_for(&self, kind: WitGvk, op: &'static str) -> Result<&Arc<dyn CacheReader>, WitError> {
         let kind = Gvk { api_version: kind.api_version, kind: kind.kind };
-        self.ctx.check_read(&kind, &self.call, op)?;
+        self.ctx.access.check_read(&kind, self.call, op)?;
         self.ctx.caches.get(&kind).ok_or_else(|| {
             WitError::Unavailable(format!(
                 "the host has no cache of {kind} for plugin {}",
-                self.plugin_name()
+                self.ctx.access.plugin()
             ))
         })
     }
@@ -80,7 +108,7 @@ fn to_json_list(objects: Vec<Arc<Object>>) -> Vec<Vec<u8>> {
     objects.iter().map(|o| o.json().to_vec()).collect()
 }
 
-impl Host for HostState {
+impl Host for CacheCtxView<'_> {
     fn get(
         &mut self,
         kind: WitGvk,

@@ -24,6 +24,9 @@ use tracing_core::field::FieldSet;
 use tracing_core::metadata::Kind;
 use tracing_core::subscriber::Interest;
 
+/// The target of every guest log line (the `log` import's and the guest's stdio).
+pub(crate) const TARGET: &str = "wasmctrl::plugin::guest";
+
 /// Distinct field names interned, at most.
 pub(crate) const MAX_NAMES: usize = 4096;
 /// Longest usable field name.
@@ -41,7 +44,7 @@ struct GuestCallsite {
 static UNSET: GuestCallsite = GuestCallsite { meta: OnceLock::new() };
 static UNSET_META: Metadata<'static> = Metadata::new(
     "guest log",
-    super::log::TARGET,
+    TARGET,
     tracing::Level::INFO,
     None,
     None,
@@ -112,7 +115,7 @@ pub(crate) fn intern(level: tracing::Level, names: &[&str]) -> Option<&'static M
     let callsite: &'static GuestCallsite = Box::leak(Box::new(GuestCallsite { meta: OnceLock::new() }));
     let meta = Metadata::new(
         "guest log",
-        super::log::TARGET,
+        TARGET,
         level,
         None,
         None,

@@ -1,6 +1,11 @@
 //! Host side of the `client` import: live reads and writes through the host's
 //! `kube::Client`, for any kind the API server serves (resolved by discovery).
 //!
+//! Layering: [`ClientCtx`] (the plugin's grants, field manager and cluster access) is this
+//! interface's whole host context, reached through [`ClientCtxView`] with the call in
+//! progress. Cluster access itself ([`KubeServices`]) lives in [`super::cluster`], shared
+//! with the `events` import; this module imports neither `events` nor the store's state.
+//!
 //! Invariants:
 //! - Reads need the kind readable, writes writable (else `forbidden`, logged), checked
 //!   before any request is sent. Bodies larger than `max-output` are refused as `invalid`.
@@ -10,205 +15,26 @@
 //!   name another manager (1–128 printable ASCII characters, as the API server requires).
 //! - A guest blocks in these calls (it runs on a blocking thread); the request itself runs
 //!   on the tokio runtime and is bounded by what is left of the call's deadline.
-//! - Once [`KubeServices::revoke`] ran (this replica lost its leader lease), no request is
-//!   sent any more and none in flight is waited for: each fails at once as `unavailable`,
-//!   so no write of a deposed leader reaches the cluster after the loss was noticed (running
-//!   plugin calls are interrupted too, see the runtime).
+//! - Once cluster access is revoked (leader lease lost) every call fails at once as
+//!   `unavailable` (see [`super::cluster`]; running plugin calls are interrupted too, see
+//!   the runtime).
 
-use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use kube::api::{DeleteParams, GetParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
-use kube::core::{ApiResource, GroupVersionKind};
-use kube::discovery::Scope;
-use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tokio_util::sync::CancellationToken;
+use wasmtime::component::HasData;
 
+use super::access::Access;
 use super::bindings::wasmctrl::controller::client::{
     ApplyOptions as WitApplyOptions, DeleteOptions, Host, PatchBody as WitPatch, Propagation,
 };
 use super::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
-use super::events::EventRecorder;
+use super::call::CallInfo;
+use super::cluster::KubeServices;
 use super::record::{CallLog, RecordedWrite, body_value};
 use super::spec::Gvk;
-use super::state::HostState;
-
-/// A kind the API server serves, as discovery described it.
-#[derive(Clone, Debug)]
-pub(crate) struct ResolvedKind {
-    pub resource: ApiResource,
-    pub namespaced: bool,
-}
-
-/// The host's cluster access shared by every plugin: client, runtime, discovery cache,
-/// event recorder.
-pub struct KubeServices {
-    pub(crate) client: kube::Client,
-    runtime: tokio::runtime::Handle,
-    kinds: Mutex<HashMap<Gvk, ResolvedKind>>,
-    pub(crate) events: EventRecorder,
-    /// Cancelled for good by [`KubeServices::revoke`].
-    revoked: CancellationToken,
-    /// Where writes and Events are recorded (fixture runs only).
-    pub(crate) call_log: Option<Arc<CallLog>>,
-}
-
-impl KubeServices {
-    /// Cluster access for plugins through `client`; requests run on `runtime` (which must
-    /// be a multi-threaded runtime: plugin calls block while they wait).
-    pub fn new(
-        client: kube::Client,
-        runtime: tokio::runtime::Handle,
-        reporting_instance: impl Into<String>,
-    ) -> Arc<Self> {
-        Arc::new(KubeServices {
-            events: EventRecorder::new(reporting_instance.into()),
-            client,
-            runtime,
-            kinds: Mutex::new(HashMap::new()),
-            revoked: CancellationToken::new(),
-            call_log: None,
-        })
-    }
-
-    /// As [`KubeServices::new`], also recording every write and Event plugins make into
-    /// `log` (for `wasmctrl test`).
-    pub fn recording(
-        client: kube::Client,
-        runtime: tokio::runtime::Handle,
-        reporting_instance: impl Into<String>,
-        log: Arc<CallLog>,
-    ) -> Arc<Self> {
-        Arc::new(KubeServices {
-            events: EventRecorder::new(reporting_instance.into()),
-            client,
-            runtime,
-            kinds: Mutex::new(HashMap::new()),
-            revoked: CancellationToken::new(),
-            call_log: Some(log),
-        })
-    }
-
-    /// Takes the plugins' cluster access away for good (the leader lease was lost): every
-    /// later request fails without being sent, requests in flight are abandoned, and
-    /// running plugin calls are interrupted at their next epoch tick.
-    pub fn revoke(&self) {
-        if !self.revoked.is_cancelled() {
-            tracing::warn!("cluster access of plugins revoked: writes are refused, calls cancelled");
-            self.revoked.cancel();
-        }
-    }
-
-    /// Whether [`revoke`](Self::revoke) ran.
-    pub fn is_revoked(&self) -> bool {
-        self.revoked.is_cancelled()
-    }
-
-    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
-        &self.runtime
-    }
-
-    /// Runs `fut` on the runtime and waits for it, at most until `deadline`.
-    pub(crate) fn block_on<T: Send + 'static>(
-        &self,
-        deadline: Instant,
-        fut: impl Future<Output = Result<T, WitError>> + Send + 'static,
-    ) -> Result<T, WitError> {
-        if self.is_revoked() {
-            return Err(revoked_error());
-        }
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let until = tokio::time::Instant::from_std(deadline);
-        let revoked = self.revoked.clone();
-        self.runtime.spawn(async move {
-            let result = tokio::select! {
-                biased;
-                _ = revoked.cancelled() => Err(revoked_error()),
-                r = tokio::time::timeout_at(until, fut) => match r {
-                    Ok(r) => r,
-                    Err(_) => Err(WitError::Unavailable(
-                        "the call's deadline passed while waiting for the API server".into(),
-                    )),
-                },
-            };
-            let _ = tx.send(result);
-        });
-        // Bounded even if the runtime cannot run the task (e.g. a current-thread runtime
-        // whose only thread is the one waiting here).
-        let wait = deadline.saturating_duration_since(Instant::now()) + std::time::Duration::from_secs(1);
-        match rx.recv_timeout(wait) {
-            Ok(result) => result,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(WitError::Unavailable(
-                "the runtime did not run the request before the call's deadline".into(),
-            )),
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                Err(WitError::Unavailable("the host is shutting down".into()))
-            }
-        }
-    }
-
-    /// The resource serving `kind` (discovery, cached).
-    pub(crate) fn resolve(&self, kind: &Gvk, deadline: Instant) -> Result<ResolvedKind, WitError> {
-        if let Some(r) = self.kinds.lock().get(kind) {
-            return Ok(r.clone());
-        }
-        let client = self.client.clone();
-        let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), &kind.kind);
-        let shown = kind.to_string();
-        let resolved = self.block_on(deadline, async move {
-            match kube::discovery::pinned_kind(&client, &gvk).await {
-                Ok((resource, caps)) => {
-                    Ok(ResolvedKind { resource, namespaced: caps.scope == Scope::Namespaced })
-                }
-                Err(kube::Error::Discovery(_)) => {
-                    Err(WitError::Invalid(format!("the API server does not serve {shown}")))
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    Err(WitError::Invalid(format!("the API server does not serve {shown}")))
-                }
-                Err(e) => Err(map_kube_error(e)),
-            }
-        })?;
-        self.kinds.lock().insert(kind.clone(), resolved.clone());
-        Ok(resolved)
-    }
-
-    fn send(&self, deadline: Instant, request: http::Request<Vec<u8>>) -> Result<String, WitError> {
-        let client = self.client.clone();
-        self.block_on(deadline, async move { client.request_text(request).await.map_err(map_kube_error) })
-    }
-}
-
-/// What a request gets once cluster access is revoked.
-pub(crate) fn revoked_error() -> WitError {
-    WitError::Unavailable("this replica lost its leader lease: cluster access is revoked".into())
-}
-
-/// Maps a client error onto the WIT error variants by HTTP status.
-pub(crate) fn map_kube_error(e: kube::Error) -> WitError {
-    match e {
-        kube::Error::Api(s) => {
-            let msg = if s.message.is_empty() { s.reason.clone() } else { s.message.clone() };
-            match s.code {
-                404 => WitError::NotFound(msg),
-                409 if s.reason == "AlreadyExists" => WitError::AlreadyExists(msg),
-                409 => WitError::Conflict(msg),
-                401 | 403 => WitError::Forbidden(msg),
-                400 | 415 | 422 => WitError::Invalid(msg),
-                429 | 500 | 502 | 503 | 504 => WitError::Unavailable(msg),
-                code => WitError::Other((code, msg)),
-            }
-        }
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
-            WitError::Unavailable(e.to_string())
-        }
-        other => WitError::Other((0, other.to_string())),
-    }
-}
 
 /// Where a body says it belongs.
 #[derive(Deserialize)]
@@ -285,9 +111,31 @@ fn build_error(e: kube::core::request::Error) -> WitError {
     WitError::Invalid(format!("cannot build the request: {e}"))
 }
 
-impl HostState {
+/// The `client` import's host context.
+pub(crate) struct ClientCtx {
+    pub access: Arc<Access>,
+    /// Field manager of every write.
+    pub field_manager: String,
+    /// Cluster access; `None` when the host runs plugins without one.
+    pub kube: Option<Arc<KubeServices>>,
+}
+
+/// What a `client` call sees: the plugin's context and the call in progress.
+pub(crate) struct ClientCtxView<'a> {
+    pub ctx: &'a ClientCtx,
+    pub call: &'a CallInfo,
+}
+
+/// Links `client` with [`ClientCtxView`] as its host.
+pub(crate) struct HasClient;
+
+impl HasData for HasClient {
+    type Data<'a> = ClientCtxView<'a>;
+}
+
+impl ClientCtxView<'_> {
     /// The call log, when this host records calls.
-    pub(crate) fn call_log(&self) -> Option<Arc<CallLog>> {
+    fn call_log(&self) -> Option<Arc<CallLog>> {
         self.ctx.kube.as_ref().and_then(|k| k.call_log.clone())
     }
 
@@ -316,7 +164,7 @@ impl HostState {
         });
     }
 
-    fn kube(&self) -> Result<Arc<super::client::KubeServices>, WitError> {
+    fn kube(&self) -> Result<Arc<KubeServices>, WitError> {
         self.ctx
             .kube
             .clone()
@@ -332,9 +180,9 @@ impl HostState {
         op: &'static str,
     ) -> Result<(Arc<KubeServices>, kube::core::Request, Option<String>), WitError> {
         if write {
-            self.ctx.check_write(kind, &self.call, op)?;
+            self.ctx.access.check_write(kind, self.call, op)?;
         } else {
-            self.ctx.check_read(kind, &self.call, op)?;
+            self.ctx.access.check_read(kind, self.call, op)?;
         }
         let kube = self.kube()?;
         let resolved = kube.resolve(kind, self.call.deadline)?;
@@ -360,7 +208,7 @@ impl HostState {
     }
 
     fn post_params(&self) -> PostParams {
-        PostParams { dry_run: false, field_manager: Some(self.ctx.spec.field_manager.clone()) }
+        PostParams { dry_run: false, field_manager: Some(self.ctx.field_manager.clone()) }
     }
 
     fn body_call(
@@ -374,7 +222,7 @@ impl HostState {
             Vec<u8>,
         ) -> Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     ) -> Result<Vec<u8>, WitError> {
-        self.ctx.check_input_size(object.len(), "the object")?;
+        self.ctx.access.check_input_size(object.len(), "the object")?;
         let target = target_of(&object)?;
         validate_segment("name", &target.name)?;
         let (kube, req, _) = self.collection(&target.kind, target.namespace.as_deref(), true, op)?;
@@ -426,11 +274,10 @@ impl HostState {
         op: &'static str,
     ) -> Result<Vec<u8>, WitError> {
         validate_segment("name", name)?;
-        self.ctx.check_input_size(body.len(), "the patch")?;
+        self.ctx.access.check_input_size(body.len(), "the patch")?;
         let raw = raw_json(&body, "the patch")?;
         let (kube, req, _) = self.collection(kind, namespace, true, op)?;
-        let pp =
-            PatchParams { field_manager: Some(self.ctx.spec.field_manager.clone()), ..Default::default() };
+        let pp = PatchParams { field_manager: Some(self.ctx.field_manager.clone()), ..Default::default() };
         // kube builds merge patches; the body is the same bytes for every patch type, only
         // the content type tells the server how to read it.
         let patch = Patch::Merge(raw);
@@ -444,7 +291,7 @@ impl HostState {
     }
 }
 
-impl Host for HostState {
+impl Host for ClientCtxView<'_> {
     fn get(
         &mut self,
         kind: WitGvk,
@@ -496,7 +343,7 @@ impl Host for HostState {
         options: WitApplyOptions,
     ) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
         let result = (|| {
-            self.ctx.check_input_size(object.len(), "the object")?;
+            self.ctx.access.check_input_size(object.len(), "the object")?;
             let target = target_of(&object)?;
             validate_segment("name", &target.name)?;
             let raw = raw_json(&object, "the object")?;
@@ -504,7 +351,7 @@ impl Host for HostState {
                 self.collection(&target.kind, target.namespace.as_deref(), true, "client.apply")?;
             let manager = match options.field_manager.as_deref() {
                 Some(m) => validate_field_manager(m)?,
-                None => &self.ctx.spec.field_manager,
+                None => &self.ctx.field_manager,
             };
             let mut pp = PatchParams::apply(manager);
             pp.force = options.force;
@@ -624,25 +471,6 @@ mod tests {
         assert_eq!(t.name, "a");
         assert!(matches!(target_of(br#"{"kind":"X","metadata":{"name":"a"}}"#), Err(WitError::Invalid(_))));
         assert!(matches!(target_of(b"not json"), Err(WitError::Invalid(_))));
-    }
-
-    #[test]
-    fn api_errors_map_by_status() {
-        let status = |code: u16, reason: &str| {
-            kube::Error::Api(Box::new(kube::core::Status {
-                code,
-                reason: reason.into(),
-                message: "m".into(),
-                ..Default::default()
-            }))
-        };
-        assert!(matches!(map_kube_error(status(404, "NotFound")), WitError::NotFound(_)));
-        assert!(matches!(map_kube_error(status(409, "AlreadyExists")), WitError::AlreadyExists(_)));
-        assert!(matches!(map_kube_error(status(409, "Conflict")), WitError::Conflict(_)));
-        assert!(matches!(map_kube_error(status(403, "Forbidden")), WitError::Forbidden(_)));
-        assert!(matches!(map_kube_error(status(422, "Invalid")), WitError::Invalid(_)));
-        assert!(matches!(map_kube_error(status(429, "TooManyRequests")), WitError::Unavailable(_)));
-        assert!(matches!(map_kube_error(status(418, "Teapot")), WitError::Other((418, _))));
     }
 
     #[test]

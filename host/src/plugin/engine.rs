@@ -2,8 +2,11 @@
 //!
 //! Invariants:
 //! - The engine is configured once (Cranelift, epoch interruption, optional pooling
-//!   allocator) and shared by every plugin; so is the [`Linker`] with WASI p2 and the
-//!   `wasmctrl:controller` imports.
+//!   allocator) and shared by every plugin; so is the [`Linker`]: the WASI interfaces of
+//!   [`super::wasi`] and each `wasmctrl:controller` import, every interface linked on its
+//!   own with a getter that hands out only that interface's view of the store's state.
+//! - A component importing a WASI interface the host does not link is refused before any
+//!   instance of it exists ([`PluginEngine::check_imports`]), naming the interface.
 //! - By default ([`EngineTuning`]) each linear memory gets wasmtime's 4 GiB reservation plus
 //!   its guard region (address space only, also under the pooling allocator), so compiled
 //!   guest code has no explicit bounds check on loads and stores; a plugin's `memory` limit
@@ -11,10 +14,9 @@
 //! - While a [`PluginEngine`] lives, a ticker thread bumps the engine's epoch every
 //!   [`EngineConfig::epoch_tick`]; running calls check their deadline (and cancellation)
 //!   at each tick. The thread stops when the last handle is dropped.
-//! - A compiled artifact is stored under `<cache-dir>/<sha256 of the wasm>-<engine hash>.cwasm`,
-//!   written to a temporary file and renamed, so a reader never sees half an artifact. An
-//!   artifact that fails to load (other wasmtime, corrupted) is recompiled and replaced.
-//!   The cache directory is trusted: it is the host's own, like its binary.
+//! - Compiled artifacts live in the on-disk [`super::compile_cache`] (atomic writes, a byte
+//!   budget, least recently used out first). An artifact that fails to load (other
+//!   wasmtime, corrupted) is recompiled and replaced.
 //! - [`PluginEngine::shared_component`] compiles (or loads from the cache) once per content
 //!   hash: concurrent loads of the same bytes wait for one compile, and the compiled code is
 //!   shared by every plugin using it for as long as one does (see [`super::shared`]).
@@ -23,24 +25,23 @@
 //!   intermediate state of all their compiles in memory together.
 
 use std::hash::{Hash, Hasher};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
 use super::PluginError;
-use super::bindings;
+use super::bindings::TypesHost;
+use super::bindings::wasmctrl::controller::{cache, client, config, events, log, types};
+use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
 use super::gate::Gate;
 use super::idle::{IdleInstances, IdleReaper, ReaperThread};
+use super::metrics::{ComponentLoadLabels, RuntimeMetrics};
 use super::shared::{Outcome, Registry, Shared};
 use super::state::HostState;
 use crate::metrics::Metrics;
@@ -50,6 +51,9 @@ use crate::metrics::Metrics;
 pub struct EngineConfig {
     /// Where compiled components are cached; `None` compiles on every load.
     pub cache_dir: Option<PathBuf>,
+    /// Byte budget of the compile cache: past it, the least recently used artifacts are
+    /// removed (the host TOML's `cache-max-size`).
+    pub cache_max_bytes: u64,
     /// Granularity of call deadlines (one epoch tick).
     pub epoch_tick: Duration,
     /// Use wasmtime's pooling allocator (faster instantiation, bounded slots).
@@ -94,6 +98,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             cache_dir: None,
+            cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
             epoch_tick: Duration::from_millis(5),
             pooling: Some(PoolingLimits::default()),
             max_wasm_stack: 512 << 10,
@@ -116,36 +121,6 @@ impl Default for PoolingLimits {
     fn default() -> Self {
         PoolingLimits { instances: 128, max_memory: 256 << 20 }
     }
-}
-
-/// `{plugin, call}` labels of the runtime's own counters.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct PluginCallLabels {
-    pub plugin: String,
-    pub call: String,
-}
-
-/// The runtime's own metric families, registered once per engine.
-#[derive(Clone, Default)]
-pub(crate) struct RuntimeMetrics {
-    /// Traps by plugin and export (reconcile traps are also counted by the controller).
-    pub traps: Family<PluginCallLabels, Counter>,
-    /// Instances created (each runs `init`).
-    pub instantiations: Family<PluginCallLabels, Counter>,
-    /// Host calls refused for lack of a permission.
-    pub forbidden: Family<PluginCallLabels, Counter>,
-    /// Instances alive now, every plugin and version together.
-    pub live_instances: Gauge,
-    /// Component loads by where the code came from (`compiled`, `cache`, `shared`).
-    pub component_loads: Family<ComponentLoadLabels, Counter>,
-}
-
-/// `{origin}` label of `wasmctrl_plugin_component_loads`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct ComponentLoadLabels {
-    /// `compiled` (Cranelift ran), `cache` (read from the compile cache) or `shared`
-    /// (the compiled code another plugin uses, or a concurrent load's).
-    pub origin: &'static str,
 }
 
 /// How many component loads compiled, read the compile cache, or reused shared code.
@@ -189,6 +164,8 @@ struct EngineInner {
     idle: Option<(Arc<IdleReaper>, ReaperThread)>,
     /// Bounds the compiles running at once.
     compiles: Gate,
+    /// The on-disk compile cache, when configured.
+    disk: Option<CompileCache>,
 }
 
 impl Drop for EngineInner {
@@ -233,44 +210,17 @@ impl PluginEngine {
             wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         }
         let engine = Engine::new(&wasm).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
-        let mut linker = Linker::<HostState>::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| PluginError::Engine(format!("linking WASI: {e:#}")))?;
-        bindings::Plugin::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
-            &mut linker,
-            |s| s,
-        )
-        .map_err(|e| PluginError::Engine(format!("linking wasmctrl imports: {e:#}")))?;
-
+        let linker = link(&engine).map_err(|e| PluginError::Engine(format!("linking the imports: {e:#}")))?;
         let runtime_metrics = RuntimeMetrics::default();
         if let Some(m) = metrics {
-            m.register("wasmctrl_plugin_traps", "Plugin calls that trapped", runtime_metrics.traps.clone());
-            m.register(
-                "wasmctrl_plugin_instantiations",
-                "Plugin instances created (each runs init)",
-                runtime_metrics.instantiations.clone(),
-            );
-            m.register(
-                "wasmctrl_plugin_live_instances",
-                "Plugin instances alive now (every plugin and version)",
-                runtime_metrics.live_instances.clone(),
-            );
-            m.register(
-                "wasmctrl_plugin_forbidden_calls",
-                "Host calls refused because the plugin did not declare the kind",
-                runtime_metrics.forbidden.clone(),
-            );
-            m.register(
-                "wasmctrl_plugin_component_loads",
-                "Component loads by origin: compiled, read from the compile cache, or shared with another plugin",
-                runtime_metrics.component_loads.clone(),
-            );
+            runtime_metrics.register(m);
         }
         let ticker = EpochTicker::start(engine.clone(), config.epoch_tick.max(Duration::from_micros(100)))?;
         let idle = match config.idle_instance_timeout.filter(|t| !t.is_zero()) {
             Some(timeout) => Some(IdleReaper::start(timeout)?),
             None => None,
         };
+        let disk = config.cache_dir.clone().map(|dir| CompileCache::new(dir, config.cache_max_bytes));
         Ok(PluginEngine {
             inner: Arc::new(EngineInner {
                 engine,
@@ -281,6 +231,7 @@ impl PluginEngine {
                 components: Registry::default(),
                 idle,
                 compiles: Gate::new(std::thread::available_parallelism().map_or(1, usize::from)),
+                disk,
             }),
         })
     }
@@ -361,18 +312,19 @@ impl PluginEngine {
 
     fn load_hashed(&self, wasm: &[u8], hash: String) -> Result<LoadedComponent, PluginError> {
         let start = Instant::now();
-        let Some(dir) = &self.inner.config.cache_dir else {
+        let Some(disk) = &self.inner.disk else {
             let component = self.compile(wasm)?;
             self.count_load("compiled");
             return Ok(LoadedComponent { component, hash, from_cache: false, elapsed: start.elapsed() });
         };
-        let path = dir.join(format!("{hash}-{}.cwasm", self.engine_hash()));
+        let path = disk.path_of(&hash, &self.engine_hash());
         if path.is_file() {
             // SAFETY: the cache directory holds only artifacts this host wrote with
             // `precompile_component` for an engine with the same compatibility hash
             // (part of the file name); it is trusted like the host binary.
             match unsafe { Component::deserialize_file(&self.inner.engine, &path) } {
                 Ok(component) => {
+                    disk.touch(&path);
                     self.count_load("cache");
                     return Ok(LoadedComponent {
                         component,
@@ -392,7 +344,7 @@ impl PluginEngine {
             self.inner.engine.precompile_component(wasm)
         }
         .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
-        let component = match write_atomically(dir, &path, &artifact) {
+        let component = match disk.store(&path, &artifact) {
             // SAFETY: as above; the file was written by this process just now. Loading
             // from the file (not the bytes) lets wasmtime map it copy-on-write.
             Ok(()) => unsafe { Component::deserialize_file(&self.inner.engine, &path) },
@@ -416,13 +368,25 @@ impl PluginEngine {
     }
 
     fn validate_component(&self, wasm: &[u8]) -> Result<(), PluginError> {
-        if wasmparser_is_core_module(wasm) {
+        if is_core_module(wasm) {
             return Err(PluginError::Compile(
                 "this is a core WebAssembly module, not a component: build for wasm32-wasip2 or run `wasm-tools component new`"
                     .into(),
             ));
         }
         Ok(())
+    }
+
+    /// Refuses `component` when it imports a WASI interface the host does not link (see
+    /// [`super::wasi`]); `plugin` names it in the message.
+    pub fn check_imports(&self, plugin: &str, component: &Component) -> Result<(), PluginError> {
+        let ty = component.component_type();
+        let imports: Vec<&str> = ty.imports(&self.inner.engine).map(|(name, _)| name).collect();
+        let ungranted = super::wasi::ungranted_imports(imports);
+        if ungranted.is_empty() {
+            return Ok(());
+        }
+        Err(PluginError::Ungranted { plugin: plugin.to_owned(), reason: super::wasi::refusal(&ungranted) })
     }
 
     /// A short hex digest of what makes compiled artifacts compatible with this engine.
@@ -433,26 +397,30 @@ impl PluginEngine {
     }
 }
 
-/// Whether `wasm` starts with the core-module preamble (version 1, layer 0).
-fn wasmparser_is_core_module(wasm: &[u8]) -> bool {
-    wasm.len() >= 8 && wasm[..4] == *b"\0asm" && wasm[4..8] == [1, 0, 0, 0]
+/// Whether `wasm` is a core module (its preamble says so), read by `wasmparser`; anything
+/// else (a component, or bytes that are not wasm) is left to the compiler to judge.
+fn is_core_module(wasm: &[u8]) -> bool {
+    matches!(
+        wasmparser::Parser::new(0).parse(wasm, true),
+        Ok(wasmparser::Chunk::Parsed {
+            payload: wasmparser::Payload::Version { encoding: wasmparser::Encoding::Module, .. },
+            ..
+        })
+    )
 }
 
-fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
-    let io = |what: &str, e: std::io::Error| PluginError::Cache(format!("{what} {}: {e}", dir.display()));
-    std::fs::create_dir_all(dir).map_err(|e| io("creating", e))?;
-    let tmp = dir.join(format!(".{}.{}.tmp", std::process::id(), rand::random::<u64>()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io("writing compiled component into", e));
-    }
-    Ok(())
+/// The linker every plugin is instantiated with: each interface on its own, with a getter
+/// returning only that interface's view of the store's state.
+fn link(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
+    let mut l = Linker::<HostState>::new(engine);
+    super::wasi::add_to_linker(&mut l)?;
+    types::add_to_linker::<HostState, TypesHost>(&mut l, |_| TypesHost)?;
+    cache::add_to_linker::<HostState, super::cache::HasCache>(&mut l, HostState::cache)?;
+    client::add_to_linker::<HostState, super::client::HasClient>(&mut l, HostState::client)?;
+    events::add_to_linker::<HostState, super::events::HasEvents>(&mut l, HostState::events)?;
+    log::add_to_linker::<HostState, super::log::HasLog>(&mut l, HostState::log)?;
+    config::add_to_linker::<HostState, super::config::HasConfig>(&mut l, HostState::config)?;
+    Ok(l)
 }
 
 /// Bumps the engine's epoch at a fixed period on its own thread.
@@ -481,5 +449,16 @@ impl EpochTicker {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.thread().unpark();
         let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn core_modules_are_told_from_components_by_their_preamble() {
+        assert!(super::is_core_module(b"\0asm\x01\0\0\0"));
+        assert!(!super::is_core_module(b"\0asm\x0d\0\x01\0"), "a component");
+        assert!(!super::is_core_module(b"not wasm at all"));
+        assert!(!super::is_core_module(b"\0as"), "too short to tell");
     }
 }

@@ -1,8 +1,9 @@
 //! What a `.wasm` file is and whether it fits the `plugin` world (`wasmctrl check`).
 //!
-//! The check is the one loading does: link against the host's imports (WASI p2 granting
-//! nothing, plus `wasmctrl:controller`) and type-check the `reconciler` export. A report
-//! never runs guest code.
+//! The check is the one loading does: refuse a WASI import the host does not grant (see
+//! [`super::wasi`]), link against the host's imports (the granted WASI plus
+//! `wasmctrl:controller`) and type-check the `reconciler` export. A report never runs guest
+//! code.
 
 use std::fmt;
 
@@ -42,11 +43,15 @@ pub fn inspect_component(engine: &PluginEngine, wasm: &[u8]) -> Result<Component
     let world = exports.iter().find_map(|e| {
         e.strip_prefix(RECONCILER).map(|version| format!("wasmctrl:controller/plugin{version}"))
     });
-    let fits = engine
-        .linker()
-        .instantiate_pre(&component)
-        .map_err(|e| format!("{e:#}"))
-        .and_then(|pre| PluginPre::new(pre).map(|_| ()).map_err(|e| format!("{e:#}")));
+    let ungranted = super::wasi::ungranted_imports(imports.iter().map(String::as_str));
+    let fits = if ungranted.is_empty() { Ok(()) } else { Err(super::wasi::refusal(&ungranted)) };
+    let fits = fits.and_then(|()| {
+        engine
+            .linker()
+            .instantiate_pre(&component)
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|pre| PluginPre::new(pre).map(|_| ()).map_err(|e| format!("{e:#}")))
+    });
     Ok(ComponentReport { size: wasm.len(), hash, world, imports, exports, fits })
 }
 

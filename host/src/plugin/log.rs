@@ -12,12 +12,38 @@
 //! - Guest fields whose names cannot be event fields (unusable characters, a name the host
 //!   uses, a duplicate, over [`MAX_FIELDS`], or the callsite bounds of [`super::callsites`]
 //!   reached) are kept, rendered together as one `fields` string.
+//!
+//! Layering: [`LogCtx`] (the plugin's name, version and `max-output`) is this interface's
+//! whole host context, reached through [`LogCtxView`] with the call in progress; this module
+//! knows nothing of the store's state or the other imports. The log target belongs to
+//! [`super::callsites`], which this module builds on.
+
+use wasmtime::component::HasData;
 
 use super::bindings::wasmctrl::controller::log::{Host, Level};
-use super::callsites;
-use super::state::HostState;
+use super::call::CallInfo;
+use super::callsites::{self, TARGET};
 
-pub(crate) const TARGET: &str = "wasmctrl::plugin::guest";
+/// The `log` import's host context.
+pub(crate) struct LogCtx {
+    pub plugin: String,
+    /// The plugin's short version, as `/plugins` shows it.
+    pub version: String,
+    pub max_output: usize,
+}
+
+/// What a `log` call sees: the plugin's context and the call in progress.
+pub(crate) struct LogCtxView<'a> {
+    pub ctx: &'a LogCtx,
+    pub call: &'a CallInfo,
+}
+
+/// Links `log` with [`LogCtxView`] as its host.
+pub(crate) struct HasLog;
+
+impl HasData for HasLog {
+    type Data<'a> = LogCtxView<'a>;
+}
 
 /// Guest fields that become event fields, at most.
 pub(crate) const MAX_FIELDS: usize = 24;
@@ -52,7 +78,7 @@ fn span_has(name: &str) -> bool {
     tracing::Span::current().metadata().is_some_and(|m| m.fields().field(name).is_some())
 }
 
-impl Host for HostState {
+impl Host for LogCtxView<'_> {
     fn enabled(&mut self, level: Level) -> wasmtime::Result<bool> {
         Ok(match level {
             Level::Trace => tracing::enabled!(target: TARGET, tracing::Level::TRACE),
@@ -64,17 +90,17 @@ impl Host for HostState {
     }
 
     fn log(&mut self, level: Level, message: String, fields: Vec<(String, String)>) -> wasmtime::Result<()> {
-        let max = self.ctx.spec.limits.max_output;
+        let max = self.ctx.max_output;
         let message = truncate(message, max);
         let mut names: Vec<&str> = vec!["message"];
         let mut values: Vec<String> = vec![message];
         if !span_has("controller") && !span_has("plugin") {
             names.push("plugin");
-            values.push(self.plugin_name().to_owned());
+            values.push(self.ctx.plugin.clone());
         }
         if !span_has("version") {
             names.push("version");
-            values.push(self.plugin_version().to_owned());
+            values.push(self.ctx.version.clone());
         }
         if let Some(request) = &self.call.request
             && !span_has("request")
@@ -115,9 +141,9 @@ impl Host for HostState {
             let all =
                 truncate(fields.iter().map(|(k, v)| format!("{k}={v:?}")).collect::<Vec<_>>().join(" "), max);
             let (message, plugin, request) =
-                (&values[0], self.plugin_name(), self.call.request.as_deref().unwrap_or(""));
+                (&values[0], self.ctx.plugin.as_str(), self.call.request.as_deref().unwrap_or(""));
             let export = self.call.export;
-            let version = self.plugin_version();
+            let version = self.ctx.version.as_str();
             match level {
                 tracing::Level::TRACE => {
                     tracing::trace!(target: TARGET, plugin, version, export, request, fields = all, "{message}")

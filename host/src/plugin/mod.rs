@@ -1,28 +1,45 @@
 //! The WebAssembly plugin runtime: runs controller plugins (components targeting the
 //! `wasmctrl:controller/plugin` world) in wasmtime sandboxes.
 //!
-//! - [`engine`]: the shared engine (Cranelift, epoch ticker, pooling allocator) and the
-//!   on-disk compile cache; [`shared`]: compiled components shared by content hash;
-//!   `idle`: releasing instances that stayed idle; `gate`: a bound on compiles at once.
-//! - [`spec`]: what the runtime needs to know about a plugin ([`PluginSpec`]).
-//! - [`runtime`]: a loaded [`Plugin`] with its instance pool and blocking calls into its exports.
-//! - [`adapter`]: [`PluginReconciler`], the plugin as the controller's `Reconciler` and as
-//!   an informer event handler; it moves calls off the tokio workers.
-//! - [`inspect`]: what a `.wasm` targets and whether it fits (`wasmctrl check`).
-//! - `cache`, `client`, `events`, `log`, `config`: the host side of each WIT import;
-//!   [`cache_union`]: one kind's cache when several informers watch it for one plugin.
-//!   `callsites`: tracing callsites for guest log fields named at run time.
+//! Layers, each importing only the ones below it (no cycles among these modules):
+//!
+//! 1. Foundations, importing nothing of the runtime but each other: [`spec`] (what the runtime knows of a plugin), `bindings` (generated from
+//!    `wit/`), [`metrics`] (the runtime's metric families), `call` (the call in progress),
+//!    `callsites` (tracing callsites for guest log fields), [`record`] (the fixture call
+//!    log), `recorder` (the Event spam filter and aggregation), `stdio` (guest stdout and
+//!    stderr into the log), [`shared`], [`pool`], `gate`, `idle`, [`compile_cache`].
+//! 2. Shared pieces of the imports: `access` (a plugin's permission checks) and
+//!    [`cluster`] ([`KubeServices`], the host's cluster access, owned here so that the
+//!    `client` and `events` imports both use it without importing each other).
+//! 3. One module per WIT interface — [`cache`], [`client`], `events`, `log`, `config` —
+//!    each with its own narrow host context (`CacheCtx`, ...) implementing that interface's
+//!    generated `Host` trait through a view (`CacheCtxView`, ...), as wasmtime's WASI host
+//!    code does per interface; and [`wasi`], the WASI interfaces a plugin gets.
+//! 4. `state`: the store's `T`, a plain holder of those contexts (it imports them; they do
+//!    not import it).
+//! 5. [`engine`]: the shared engine, and the linker that links each interface with its own
+//!    getter returning only that interface's view of the state.
+//! 6. [`runtime`] (a loaded [`Plugin`]: instance pool, blocking calls into its exports) and
+//!    [`inspect`] (`wasmctrl check`); [`adapter`] on top ([`PluginReconciler`], the plugin
+//!    as the controller's `Reconciler` and as an informer event handler).
+//!    [`cache_union`]: one kind's cache when several informers watch it for one plugin.
 //!
 //! Invariants kept across the module: a plugin never gets a capability its TOML did not
-//! grant (WASI grants nothing; `cache`/`client` check declared kinds); a trap fails one
-//! call and discards one instance, never the host.
+//! grant (only the WASI of [`wasi`] is linked, the filesystem and sockets granting nothing,
+//! and a component importing more is refused at check and at load; `cache`/`client` check
+//! declared kinds); an import reaches nothing but its own context and the call in progress;
+//! a trap fails one call and discards one instance, never the host.
 
+mod access;
 pub mod adapter;
 pub(crate) mod bindings;
 pub mod cache;
 pub mod cache_union;
+mod call;
 mod callsites;
 pub mod client;
+pub mod cluster;
+pub mod compile_cache;
 mod config;
 pub mod engine;
 mod events;
@@ -30,17 +47,22 @@ mod gate;
 mod idle;
 pub mod inspect;
 mod log;
+pub mod metrics;
 pub mod pool;
 pub mod record;
+mod recorder;
 pub mod runtime;
 pub mod shared;
 pub mod spec;
 mod state;
+mod stdio;
+pub mod wasi;
 
 pub use adapter::PluginReconciler;
 pub use cache::{CacheReadError, CacheReader};
 pub use cache_union::UnionCache;
-pub use client::KubeServices;
+pub use cluster::KubeServices;
+pub use compile_cache::DEFAULT_CACHE_MAX_BYTES;
 pub use engine::{
     ComponentLoads, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig, EngineTuning, LoadedComponent, PluginEngine,
     PoolingLimits, SharedComponent,
@@ -61,6 +83,9 @@ pub enum PluginError {
     Cache(String),
     #[error("plugin {plugin} does not fit the wasmctrl:controller/plugin world: {reason}")]
     Incompatible { plugin: String, reason: String },
+    /// The component imports a WASI interface the host does not grant (`reason` names it).
+    #[error("plugin {plugin} {reason}")]
+    Ungranted { plugin: String, reason: String },
     #[error("plugin {plugin}: starting an instance failed: {reason}")]
     Init { plugin: String, reason: String },
     /// The component was written for another kind than its TOML's `[for]`.

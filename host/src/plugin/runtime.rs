@@ -25,18 +25,25 @@ use wasmtime::Store;
 use wasmtime::component::Component;
 
 use super::PluginError;
+use super::access::Access;
 use super::bindings::exports::wasmctrl::controller::reconciler::{
     FilterEvent, Hooks, ReconcileError as WitReconcileError, ReconcileResult,
 };
 use super::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as WitRequest};
 use super::bindings::{Plugin as PluginBindings, PluginPre};
-use super::cache::CacheReader;
-use super::client::KubeServices;
-use super::engine::{PluginCallLabels, PluginEngine, SharedComponent};
+use super::cache::{CacheCtx, CacheReader};
+use super::call::CallInfo;
+use super::client::ClientCtx;
+use super::cluster::KubeServices;
+use super::config::ConfigCtx;
+use super::engine::{PluginEngine, SharedComponent};
+use super::events::EventsCtx;
 use super::idle::IdleInstances;
+use super::log::LogCtx;
+use super::metrics::PluginCallLabels;
 use super::pool::{CheckoutError, Pool};
 use super::spec::{Gvk, PluginSpec};
-use super::state::{CallInfo, HostState, PluginContext};
+use super::state::{HostState, PluginContexts};
 use crate::controller::{Action, ReconcileError, Request};
 
 /// What the host gives a plugin beyond its spec: the caches of its readable kinds and
@@ -133,7 +140,12 @@ pub struct Plugin {
 struct PluginInner {
     engine: PluginEngine,
     pre: PluginPre<HostState>,
-    ctx: Arc<PluginContext>,
+    /// The spec the plugin runs with (limits normalized).
+    spec: PluginSpec,
+    /// Short content hash of the `.wasm` (as `/plugins` shows it), for logs.
+    short_version: String,
+    /// The import contexts every instance's state holds.
+    contexts: PluginContexts,
     pool: Pool<Instance>,
     hooks: PluginHooks,
     version: String,
@@ -146,7 +158,7 @@ impl IdleInstances for PluginInner {
     fn release_idle_since(&self, cutoff: Instant) -> usize {
         let released = self.pool.release_idle_since(cutoff);
         if released > 0 {
-            tracing::debug!(plugin = %self.ctx.spec.name, version = %self.ctx.version, released, "released idle instances");
+            tracing::debug!(plugin = %self.spec.name, version = %self.short_version, released, "released idle instances");
         }
         released
     }
@@ -195,6 +207,7 @@ impl Plugin {
         spec.limits = spec.limits.normalized();
         spec.concurrency = spec.concurrency.max(1);
         let name = spec.name.clone();
+        engine.check_imports(&name, component)?;
         let instance_pre = engine
             .linker()
             .instantiate_pre(component)
@@ -204,17 +217,14 @@ impl Plugin {
         // One instance per concurrent reconcile plus one for notifications (hooks, map,
         // filter), so those never wait behind a full set of reconciles.
         let pool = Pool::new(spec.concurrency + 1);
-        let ctx = Arc::new(PluginContext {
-            spec,
-            version: short_version(&version).to_owned(),
-            caches: env.caches,
-            kube: env.kube,
-            metrics: engine.metrics().clone(),
-        });
+        let short = short_version(&version).to_owned();
+        let contexts = contexts(&spec, &short, env, engine);
         let mut inner = PluginInner {
             engine: engine.clone(),
             pre,
-            ctx,
+            spec,
+            short_version: short,
+            contexts,
             pool,
             hooks: PluginHooks::default(),
             version,
@@ -224,12 +234,12 @@ impl Plugin {
             .instantiate()
             .map_err(|e| PluginError::Init { plugin: name.clone(), reason: e.to_string() })?;
         if let Some(written_for) = info.for_kind
-            && written_for != inner.ctx.spec.for_kind
+            && written_for != inner.spec.for_kind
         {
             return Err(PluginError::KindMismatch {
                 plugin: name,
                 written_for,
-                toml: inner.ctx.spec.for_kind.clone(),
+                toml: inner.spec.for_kind.clone(),
             });
         }
         let hooks = info.hooks;
@@ -244,7 +254,7 @@ impl Plugin {
 
     /// The plugin's name.
     pub fn name(&self) -> &str {
-        &self.inner.ctx.spec.name
+        &self.inner.spec.name
     }
 
     /// The hex SHA-256 of the plugin's `.wasm`.
@@ -254,12 +264,12 @@ impl Plugin {
 
     /// The version as `/plugins` and every log line of the plugin show it (12 hex digits).
     pub fn short_version(&self) -> &str {
-        &self.inner.ctx.version
+        &self.inner.short_version
     }
 
     /// The spec the plugin runs with (limits normalized).
     pub fn spec(&self) -> &PluginSpec {
-        &self.inner.ctx.spec
+        &self.inner.spec
     }
 
     /// The optional exports the plugin declared in `init`.
@@ -280,7 +290,7 @@ impl Plugin {
     /// Calls `reconcile`. Blocking.
     pub fn reconcile_blocking(&self, request: &Request) -> Result<Action, ReconcileError> {
         let wit = WitRequest { namespace: request.namespace.clone(), name: request.name.clone() };
-        let max = self.inner.ctx.spec.limits.max_output;
+        let max = self.inner.spec.limits.max_output;
         let result = self.inner.call("reconcile", Some(request.to_string()), |inst| {
             let r = inst.bindings.wasmctrl_controller_reconciler().call_reconcile(&mut inst.store, &wit)?;
             if let Err(WitReconcileError::Retryable(m) | WitReconcileError::Terminal(m)) = &r {
@@ -344,7 +354,7 @@ impl Plugin {
     /// Calls `map`. Blocking.
     pub fn map_blocking(&self, kind: &Gvk, object: &[u8]) -> Result<Vec<Request>, CallError> {
         let wit_kind = wit_gvk(kind);
-        let max = self.inner.ctx.spec.limits.max_output;
+        let max = self.inner.spec.limits.max_output;
         let requests = self.inner.call("map", None, |inst| {
             let list = inst.bindings.wasmctrl_controller_reconciler().call_map(
                 &mut inst.store,
@@ -404,16 +414,13 @@ fn check_output(size: usize, max: usize) -> wasmtime::Result<()> {
 impl PluginInner {
     /// A new instance with `init` run on it, and what its `init` reported.
     fn instantiate(&self) -> Result<(Instance, InitInfo), CallError> {
-        let plugin = &self.ctx.spec.name;
-        let mut store = Store::new(self.engine.engine(), HostState::new(self.ctx.clone()));
+        let plugin = &self.spec.name;
+        let mut store = Store::new(self.engine.engine(), HostState::new(&self.contexts));
         store.limiter(|s| &mut s.limits);
         store.epoch_deadline_callback(check_at_tick);
         store.set_epoch_deadline(1);
-        store.data_mut().call = CallInfo {
-            export: "init",
-            request: None,
-            deadline: Instant::now() + self.ctx.spec.limits.deadline,
-        };
+        store.data_mut().call =
+            CallInfo { export: "init", request: None, deadline: Instant::now() + self.spec.limits.deadline };
         self.engine
             .metrics()
             .instantiations
@@ -421,14 +428,14 @@ impl PluginInner {
             .inc();
         let bindings = self.pre.instantiate(&mut store).map_err(|e| CallError::Init {
             plugin: plugin.clone(),
-            reason: describe_error(&e, &store, &self.ctx),
+            reason: describe_error(&e, &store, &self.spec),
         })?;
         let init = bindings
             .wasmctrl_controller_reconciler()
-            .call_init(&mut store, &self.ctx.spec.settings.to_vec())
+            .call_init(&mut store, &self.spec.settings.to_vec())
             .map_err(|e| CallError::Init {
                 plugin: plugin.clone(),
-                reason: describe_error(&e, &store, &self.ctx),
+                reason: describe_error(&e, &store, &self.spec),
             })?;
         let info = init.map_err(|reason| CallError::Init { plugin: plugin.clone(), reason })?;
         let for_kind = info.for_kind.map(|g| Gvk::new(g.api_version, g.kind));
@@ -443,12 +450,12 @@ impl PluginInner {
         request: Option<String>,
         f: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
-        let deadline = Instant::now() + self.ctx.spec.limits.deadline;
+        let deadline = Instant::now() + self.spec.limits.deadline;
         let mut lease = match self.pool.checkout(deadline, || self.instantiate().map(|(i, _)| i)) {
             Ok(l) => l,
             Err(CheckoutError::Create(e)) => return Err(e),
             Err(e @ CheckoutError::Exhausted(_)) => {
-                return Err(CallError::Busy { plugin: self.ctx.spec.name.clone(), reason: e.to_string() });
+                return Err(CallError::Busy { plugin: self.spec.name.clone(), reason: e.to_string() });
             }
         };
         let inst = lease.get();
@@ -459,15 +466,15 @@ impl PluginInner {
         match f(inst) {
             Ok(r) => Ok(r),
             Err(e) => {
-                let reason = describe_error(&e, &inst.store, &self.ctx);
+                let reason = describe_error(&e, &inst.store, &self.spec);
                 lease.poison();
-                let plugin = self.ctx.spec.name.clone();
+                let plugin = self.spec.name.clone();
                 self.engine
                     .metrics()
                     .traps
                     .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: export.into() })
                     .inc();
-                tracing::warn!(plugin = %plugin, version = %self.ctx.version, export, %reason, "plugin call trapped; instance discarded");
+                tracing::warn!(plugin = %plugin, version = %self.short_version, export, %reason, "plugin call trapped; instance discarded");
                 Err(CallError::Trap { plugin, export, reason })
             }
         }
@@ -485,13 +492,40 @@ fn check_at_tick(
     store: wasmtime::StoreContextMut<'_, HostState>,
 ) -> wasmtime::Result<wasmtime::UpdateDeadline> {
     let state = store.data();
-    if state.ctx.kube.as_ref().is_some_and(|k| k.is_revoked()) {
+    if state.kube().is_some_and(|k| k.is_revoked()) {
         return Err(wasmtime::Error::new(Revoked));
     }
     if Instant::now() >= state.call.deadline {
         return Ok(wasmtime::UpdateDeadline::Interrupt);
     }
     Ok(wasmtime::UpdateDeadline::Continue(1))
+}
+
+/// Each import's host context for one plugin, built once and shared by its instances.
+fn contexts(spec: &PluginSpec, short_version: &str, env: PluginEnv, engine: &PluginEngine) -> PluginContexts {
+    let access = Arc::new(Access::new(
+        spec.name.clone(),
+        spec.permissions.clone(),
+        spec.limits.max_output,
+        engine.metrics().clone(),
+    ));
+    PluginContexts {
+        plugin: spec.name.as_str().into(),
+        limits: spec.limits.clone(),
+        cache: Arc::new(CacheCtx { access: access.clone(), caches: env.caches }),
+        client: Arc::new(ClientCtx {
+            access,
+            field_manager: spec.field_manager.clone(),
+            kube: env.kube.clone(),
+        }),
+        events: Arc::new(EventsCtx { plugin: spec.name.clone(), kube: env.kube }),
+        log: Arc::new(LogCtx {
+            plugin: spec.name.clone(),
+            version: short_version.to_owned(),
+            max_output: spec.limits.max_output,
+        }),
+        config: Arc::new(ConfigCtx { plugin: spec.name.clone(), settings: spec.settings.clone() }),
+    }
 }
 
 /// The first 12 hex digits of a content hash (what `reload::version_of` gives).
@@ -501,10 +535,10 @@ fn short_version(hash: &str) -> &str {
 
 /// A one-line reason for a failed call: the trap kind in words, the guest's last stderr
 /// line (a Rust panic message) when it wrote one.
-fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, ctx: &PluginContext) -> String {
+fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSpec) -> String {
     let mut reason = if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
         match trap {
-            wasmtime::Trap::Interrupt => format!("deadline of {:?} exceeded", ctx.spec.limits.deadline),
+            wasmtime::Trap::Interrupt => format!("deadline of {:?} exceeded", spec.limits.deadline),
             wasmtime::Trap::StackOverflow => "stack overflow".to_owned(),
             // Rust guests keep large frames on a shadow stack in linear memory; running
             // off its end reads below address 0.
@@ -522,10 +556,7 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, ctx: &PluginCon
         // The root cause, without wasmtime's backtrace context.
         let text = e.root_cause().to_string();
         if text.contains("growing memory") || text.contains("memory growth") {
-            format!(
-                "out of memory: the plugin's memory limit of {} bytes was reached",
-                ctx.spec.limits.memory
-            )
+            format!("out of memory: the plugin's memory limit of {} bytes was reached", spec.limits.memory)
         } else {
             text
         }

@@ -56,6 +56,8 @@ pub struct HostConfig {
     pub path: Option<PathBuf>,
     pub plugins_dir: PathBuf,
     pub cache_dir: PathBuf,
+    /// Byte budget of the compile cache in `cache_dir`.
+    pub cache_max_bytes: u64,
     /// Plugin instances idle this long are released (zero: never).
     pub idle_instance_timeout: Duration,
     pub cluster: ClusterConfig,
@@ -91,6 +93,7 @@ impl HostConfig {
             path: None,
             plugins_dir: base.join("plugins"),
             cache_dir: base.join(".wasmctrl-cache"),
+            cache_max_bytes: crate::plugin::DEFAULT_CACHE_MAX_BYTES,
             idle_instance_timeout: crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),

@@ -16,7 +16,7 @@ use crate::config::error::ConfigErrors;
 use crate::config::names::{is_dns_label, is_dns_subdomain};
 use crate::config::plugin::PluginDefaults;
 use crate::config::source::{PathSeg, SourceMap};
-use crate::config::units::DurationValue;
+use crate::config::units::{ByteSize, DurationValue};
 
 fn key(k: &str) -> PathSeg {
     PathSeg::Key(k.to_owned())
@@ -46,6 +46,7 @@ pub(super) fn resolve(
 
     let plugins_dir = base.join(file.plugins_dir.as_deref().unwrap_or("plugins"));
     let cache_dir = base.join(file.cache_dir.as_deref().unwrap_or(".wasmctrl-cache"));
+    let cache_max_bytes = file.cache_max_size.map_or(crate::plugin::DEFAULT_CACHE_MAX_BYTES, ByteSize::bytes);
     let idle_instance_timeout =
         file.idle_instance_timeout.map_or(crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT, DurationValue::get);
 
@@ -200,6 +201,7 @@ pub(super) fn resolve(
         path,
         plugins_dir,
         cache_dir,
+        cache_max_bytes,
         idle_instance_timeout,
         cluster,
         server_address,

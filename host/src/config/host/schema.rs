@@ -19,6 +19,10 @@ pub struct HostToml {
     /// Compiled-component cache, relative to this file. Default `.wasmctrl-cache`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<String>,
+    /// Byte budget of the compile cache; past it the least recently used artifacts are
+    /// removed. Default `1GiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_max_size: Option<ByteSize>,
     /// Release plugin instances idle this long; `"0s"` keeps them. Default `60s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_instance_timeout: Option<DurationValue>,

@@ -1,0 +1,76 @@
+//! The plugin runtime's own metric families: traps, instantiations, refused host calls,
+//! live instances and component loads.
+//!
+//! Invariants: one [`RuntimeMetrics`] per engine, registered at most once (by the engine,
+//! when given the host's registry); every other module only increments what it is handed.
+//! This module imports nothing of the runtime, so any stage may count.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::metrics::Metrics;
+
+/// `{plugin, call}` labels of the runtime's own counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct PluginCallLabels {
+    pub plugin: String,
+    pub call: String,
+}
+
+/// `{origin}` label of `wasmctrl_plugin_component_loads`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ComponentLoadLabels {
+    /// `compiled` (Cranelift ran), `cache` (read from the compile cache) or `shared`
+    /// (the compiled code another plugin uses, or a concurrent load's).
+    pub origin: &'static str,
+}
+
+/// The runtime's own metric families, registered once per engine.
+#[derive(Clone, Default)]
+pub(crate) struct RuntimeMetrics {
+    /// Traps by plugin and export (reconcile traps are also counted by the controller).
+    pub traps: Family<PluginCallLabels, Counter>,
+    /// Instances created (each runs `init`).
+    pub instantiations: Family<PluginCallLabels, Counter>,
+    /// Host calls refused for lack of a permission.
+    pub forbidden: Family<PluginCallLabels, Counter>,
+    /// Instances alive now, every plugin and version together.
+    pub live_instances: Gauge,
+    /// Component loads by where the code came from (`compiled`, `cache`, `shared`).
+    pub component_loads: Family<ComponentLoadLabels, Counter>,
+}
+
+impl RuntimeMetrics {
+    /// Registers every family in the host's registry.
+    pub fn register(&self, m: &Metrics) {
+        m.register("wasmctrl_plugin_traps", "Plugin calls that trapped", self.traps.clone());
+        m.register(
+            "wasmctrl_plugin_instantiations",
+            "Plugin instances created (each runs init)",
+            self.instantiations.clone(),
+        );
+        m.register(
+            "wasmctrl_plugin_live_instances",
+            "Plugin instances alive now (every plugin and version)",
+            self.live_instances.clone(),
+        );
+        m.register(
+            "wasmctrl_plugin_forbidden_calls",
+            "Host calls refused because the plugin did not declare the kind",
+            self.forbidden.clone(),
+        );
+        m.register(
+            "wasmctrl_plugin_component_loads",
+            "Component loads by origin: compiled, read from the compile cache, or shared with another plugin",
+            self.component_loads.clone(),
+        );
+    }
+
+    /// Counts one call of `call` refused to `plugin` for lack of a permission.
+    pub fn count_forbidden(&self, plugin: &str, call: &str) {
+        self.forbidden
+            .get_or_create(&PluginCallLabels { plugin: plugin.to_owned(), call: call.to_owned() })
+            .inc();
+    }
+}

@@ -1,0 +1,173 @@
+//! The WASI a plugin gets: which WASI 0.2 interfaces are linked, what each one grants,
+//! and the refusal of a component that imports any other.
+//!
+//! Three sets, by unversioned interface name (a component built against any 0.2.x release
+//! links against the host's, as wasmtime matches semver-compatible versions):
+//! - [`GRANTED`]: what the standard libraries of Rust (`wasm32-wasip2`), componentize-js
+//!   and componentize-py need and get — wall and monotonic clocks, random bytes, io streams
+//!   and polling, stdin (always empty), stdout and stderr (lines into the host's log), exit,
+//!   an empty environment with no arguments, and the terminal queries (never a terminal).
+//! - [`DENIED_AT_CALL`]: what the JavaScript and Python runtimes import although a plugin
+//!   needs nothing of it. It is linked so those components load, and grants nothing: the
+//!   filesystem has no preopened directory (`get-directories` is empty, so no descriptor can
+//!   ever be opened), creating a TCP or UDP socket fails with `access-denied`, and name
+//!   lookup fails with `permanent-resolver-failure`.
+//! - Every other `wasi:` interface (`wasi:http/*`, `wasi:keyvalue/*`, `wasi:cli/run` as an
+//!   import, ...) is not linked: [`ungranted_imports`] names it and the component is refused
+//!   by `wasmctrl check` and at load, before anything is instantiated.
+//!
+//! Invariants: [`add_to_linker`] links exactly `GRANTED` and `DENIED_AT_CALL` (keep the
+//! lists and the calls in step: the lists decide what is refused), and [`context`] builds the one WASI context every instance gets: no preopens, no environment,
+//! no arguments, no network. This module imports nothing of the runtime but [`super::stdio`].
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use wasmtime::component::{HasData, Linker, ResourceTable};
+use wasmtime_wasi::cli::{WasiCli, WasiCliView};
+use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
+use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
+use wasmtime_wasi::p2::bindings;
+use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
+use wasmtime_wasi::sockets::{WasiSockets, WasiSocketsView};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiView};
+
+use super::stdio::{GuestOutput, GuestStderr};
+
+/// WASI interfaces linked with a real (read-only or log-only) capability.
+pub const GRANTED: &[&str] = &[
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:clocks/wall-clock",
+    "wasi:clocks/monotonic-clock",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+];
+
+/// WASI interfaces linked so that language runtimes importing them load, granting nothing.
+pub const DENIED_AT_CALL: &[&str] = &[
+    "wasi:filesystem/types",
+    "wasi:filesystem/preopens",
+    "wasi:sockets/network",
+    "wasi:sockets/instance-network",
+    "wasi:sockets/tcp",
+    "wasi:sockets/tcp-create-socket",
+    "wasi:sockets/udp",
+    "wasi:sockets/udp-create-socket",
+    "wasi:sockets/ip-name-lookup",
+];
+
+/// `wasi:pkg/iface@1.2.3` without its version.
+fn unversioned(name: &str) -> &str {
+    name.split_once('@').map_or(name, |(n, _)| n)
+}
+
+/// Whether the host links `import` (a component import name).
+fn is_linked(import: &str) -> bool {
+    let name = unversioned(import);
+    GRANTED.contains(&name) || DENIED_AT_CALL.contains(&name)
+}
+
+/// The `wasi:` imports among `imports` that the host does not link, in order.
+pub fn ungranted_imports<'a>(imports: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    imports.into_iter().filter(|i| i.starts_with("wasi:") && !is_linked(i)).map(str::to_owned).collect()
+}
+
+/// Why a component importing `ungranted` is refused (the caller names the plugin or file).
+pub fn refusal(ungranted: &[String]) -> String {
+    format!(
+        "imports {}, which the host does not grant: a plugin gets clocks, random, stdio, exit and io \
+         streams (the filesystem and sockets only as interfaces that deny every call); build it without \
+         that import",
+        ungranted.join(", ")
+    )
+}
+
+/// Links the WASI interfaces of [`GRANTED`] and [`DENIED_AT_CALL`] (synchronous
+/// implementations of wasmtime-wasi, each through its own view of `T`'s WASI context).
+pub(crate) fn add_to_linker<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    let l = linker;
+    bindings::sync::io::error::add_to_linker::<T, HasTable>(l, |t| t.ctx().table)?;
+    bindings::sync::io::poll::add_to_linker::<T, HasTable>(l, |t| t.ctx().table)?;
+    bindings::sync::io::streams::add_to_linker::<T, HasTable>(l, |t| t.ctx().table)?;
+
+    bindings::clocks::wall_clock::add_to_linker::<T, WasiClocks>(l, T::clocks)?;
+    bindings::clocks::monotonic_clock::add_to_linker::<T, WasiClocks>(l, T::clocks)?;
+    bindings::random::random::add_to_linker::<T, WasiRandom>(l, T::random)?;
+    bindings::random::insecure::add_to_linker::<T, WasiRandom>(l, T::random)?;
+    bindings::random::insecure_seed::add_to_linker::<T, WasiRandom>(l, T::random)?;
+
+    bindings::cli::environment::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    bindings::cli::exit::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    bindings::cli::stdin::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    bindings::cli::stdout::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    bindings::cli::stderr::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    bindings::cli::terminal_input::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    bindings::cli::terminal_output::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    bindings::cli::terminal_stdin::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    bindings::cli::terminal_stdout::add_to_linker::<T, WasiCli>(l, T::cli)?;
+    bindings::cli::terminal_stderr::add_to_linker::<T, WasiCli>(l, T::cli)?;
+
+    // Granting nothing: no preopens, and the context disallows TCP, UDP and name lookup.
+    bindings::filesystem::preopens::add_to_linker::<T, WasiFilesystem>(l, T::filesystem)?;
+    bindings::sync::filesystem::types::add_to_linker::<T, WasiFilesystem>(l, T::filesystem)?;
+    bindings::sockets::network::add_to_linker::<T, WasiSockets>(l, &Default::default(), T::sockets)?;
+    bindings::sockets::instance_network::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    bindings::sync::sockets::tcp::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    bindings::sockets::tcp_create_socket::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    bindings::sync::sockets::udp::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    bindings::sync::sockets::udp_create_socket::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    bindings::sockets::ip_name_lookup::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    Ok(())
+}
+
+/// The io interfaces' host: the store's resource table.
+struct HasTable;
+
+impl HasData for HasTable {
+    type Data<'a> = &'a mut ResourceTable;
+}
+
+/// The WASI context of one instance: stdout and stderr into the log (the last stderr lines
+/// also into `stderr`), nothing else.
+pub(crate) fn context(plugin: Arc<str>, stderr: Arc<Mutex<GuestStderr>>) -> WasiCtx {
+    WasiCtxBuilder::new()
+        .stdout(GuestOutput::stdout(plugin.clone()))
+        .stderr(GuestOutput::stderr(plugin, stderr))
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_do_not_matter_and_others_are_ungranted() {
+        let imports = [
+            "wasi:io/streams@0.2.6",
+            "wasi:filesystem/preopens@0.2.10",
+            "wasi:sockets/tcp@0.2.9",
+            "wasi:http/outgoing-handler@0.2.0",
+            "wasmctrl:controller/cache@0.2.0",
+            "wasi:keyvalue/store",
+        ];
+        assert_eq!(ungranted_imports(imports), ["wasi:http/outgoing-handler@0.2.0", "wasi:keyvalue/store"]);
+        let why = refusal(&ungranted_imports(imports));
+        assert!(why.contains("wasi:http/outgoing-handler@0.2.0, wasi:keyvalue/store"), "{why}");
+    }
+}
