@@ -12,7 +12,8 @@
 //! (the very first version's, and a re-added one's). A tracing layer follows the witness's
 //! lines as they are emitted. Asserted:
 //! 1. every key whose last change was a delete is reconciled after it and sees not-found
-//!    (unless that delete happened while the plugin was removed);
+//!    (unless the server may have applied it while the plugin was removed: its request and
+//!    the absence overlap; a delete applied before a removal began is owed and reconciled);
 //! 2. every key's last reconcile saw its final resourceVersion;
 //! 3. no key is ever reconciled by two calls at once, and hook calls of two versions never
 //!    overlap;
@@ -229,11 +230,13 @@ fn install_capture() {
 // ---------------------------------------------------------------------------------------
 // The churn.
 
-/// A key's last change: the resourceVersion it left (`None`: deleted) and when it was sent.
+/// A key's last change: the resourceVersion it left (`None`: deleted), when its request
+/// was sent and when its response came (the server applied it in between).
 #[derive(Clone, Debug)]
 struct Change {
     rv: Option<String>,
     sent: Instant,
+    done: Instant,
 }
 
 fn name_of(i: usize) -> String {
@@ -305,7 +308,7 @@ async fn writer(
         } else {
             apply(&api, &name, rng.next()).await
         };
-        state.insert(i, Change { rv, sent });
+        state.insert(i, Change { rv, sent, done: Instant::now() });
         changes += 1;
         made.fetch_add(1, Ordering::Relaxed);
         next += interval;
@@ -524,8 +527,11 @@ async fn settle(
                 if ok {
                     continue;
                 }
+                // A delete the server may have applied while the plugin was away (its request
+                // and the absence overlap) is not owed to it: the plugin comes back listing the
+                // object gone. One applied before the removal began is owed, and reconciled.
                 let excused = change.rv.is_none()
-                    && absent.iter().any(|(from, to)| change.sent >= *from && change.sent <= *to);
+                    && absent.iter().any(|(from, to)| change.done >= *from && change.sent <= *to);
                 if excused {
                     continue;
                 }
@@ -582,7 +588,7 @@ async fn churn_and_reload() {
                 for i in (w..objects).step_by(writers) {
                     let sent = Instant::now();
                     let rv = apply(&api, &name_of(i), 0).await;
-                    state.insert(i, Change { rv, sent });
+                    state.insert(i, Change { rv, sent, done: Instant::now() });
                 }
                 state
             }

@@ -866,6 +866,51 @@ async fn an_object_created_and_deleted_while_the_old_informer_lags_is_reconciled
     host.stop().await;
 }
 
+/// A delete the server applied before the plugin's TOML was removed, while the plugin's
+/// informer lagged (its watch down): the plugin's stop first lets the informer catch up
+/// with the server, so the delete is in the parked queue, and the plugin reconciles it
+/// (not-found) when it comes back, although its new informer lists the object gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delete_applied_before_a_removal_is_reconciled_when_the_plugin_returns() {
+    let host = Host::start("handoff-removal", true).await;
+    let Some(faults) =
+        host._cluster.dev_or_skip("fault injection (failing the namespaced watch)").map(|d| d.faults())
+    else {
+        host.stop().await;
+        return;
+    };
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    let toml = witness_toml(ns, "", "", "");
+    host.install("gone.toml", toml.as_bytes());
+    host.install("gone.wasm", &a);
+    host.until_version("gone", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("gone", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+
+    faults.inject(FaultRule::error(format!("/api/v1/namespaces/{ns}/configmaps"), 500).watch(true));
+    faults.drop_watches();
+    delete_src(&api, "victim").await;
+    let mark = guest_logs().lock().len();
+    std::fs::remove_file(host.path("gone.toml")).expect("rm");
+    // The stop waits for the informer; its watch comes back meanwhile.
+    host.until("the plugin to start stopping", |h| {
+        h.status("gone").is_none_or(|s| s.state == PluginState::Stopping)
+    })
+    .await;
+    faults.clear();
+    host.until("the plugin to stop", |h| h.status("gone").is_none()).await;
+    host.install("gone.toml", toml.as_bytes());
+    host.until_version("gone", &a).await;
+    until_reconciled_gone("gone", &victim, mark, "victim reconciled after the plugin came back").await;
+    host.stop().await;
+}
+
 /// Issue scenario 3: a new version arrives while the first one is still syncing its
 /// handlers (held in a slow `filter` over its initial list). Objects created and deleted
 /// meanwhile are reconciled, by the new version, and workers start only once the version

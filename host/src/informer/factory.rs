@@ -143,6 +143,8 @@ pub enum FactoryError {
     },
     #[error("{kind} is cluster-scoped but namespace {namespace:?} was requested")]
     NamespaceOnClusterScoped { kind: String, namespace: String },
+    #[error("reading the current resourceVersion of {kind}: {message}")]
+    CurrentVersion { kind: String, message: String },
 }
 
 /// Settings shared by every informer of a factory.
@@ -220,6 +222,40 @@ impl InformerFactory {
     /// Number of handlers registered on the running informers, all together.
     pub fn handler_count(&self) -> usize {
         self.inner.entries.lock().values().map(|e| e.informer.handler_count()).sum()
+    }
+
+    /// The resourceVersion the server is at now for `spec`'s scope: a consistent list of at
+    /// most one object (no `resourceVersion` parameter: read from storage, or from a cache
+    /// the server has proven current). An informer of that scope whose stream has reached
+    /// it has seen every change made before this call.
+    pub async fn current_resource_version(&self, spec: &InformerSpec) -> Result<String, FactoryError> {
+        let api_version = spec.gvk.api_version();
+        let kind = format!("{api_version}/{}", spec.gvk.kind);
+        let resource = self.inner.discovery.resolve(&api_version, &spec.gvk.kind).await?;
+        let mut params = kube::api::ListParams::default().limit(1);
+        if let Some(labels) = spec.label_selector.as_deref().filter(|s| !s.trim().is_empty()) {
+            params = params.labels(labels);
+        }
+        if let Some(fields) = spec.field_selector.as_deref().filter(|s| !s.trim().is_empty()) {
+            params = params.fields(fields);
+        }
+        let fail = |message: String| FactoryError::CurrentVersion { kind: kind.clone(), message };
+        let request = kube::core::Request::new(resource.collection_path(spec.namespace.as_deref()))
+            .list(&params)
+            .map_err(|e| fail(e.to_string()))?;
+        let body = self.inner.client.request_text(request).await.map_err(|e| fail(e.to_string()))?;
+        #[derive(serde::Deserialize)]
+        struct ListMeta {
+            #[serde(rename = "resourceVersion")]
+            resource_version: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct List {
+            metadata: ListMeta,
+        }
+        let list: List =
+            serde_json::from_str(&body).map_err(|e| fail(format!("the list has no resourceVersion: {e}")))?;
+        Ok(list.metadata.resource_version)
     }
 
     /// A lease on the informer for `spec`, started if it was not running. Must be called

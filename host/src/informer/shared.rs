@@ -300,6 +300,7 @@ impl SharedIndexInformer {
     /// [`remove_draining_departed`](HandlerRegistration::remove_draining_departed) when it
     /// comes with a `present`): a notification reaches all of them or none. Registrations
     /// of another informer are ignored.
+    #[allow(clippy::type_complexity)]
     pub fn remove_handlers_draining(
         &self,
         removals: &[(&HandlerRegistration, Option<&dyn Fn(&str) -> bool>)],

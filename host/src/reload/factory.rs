@@ -53,6 +53,16 @@ impl InformerLeases for FactoryLeases {
         })
     }
 
+    fn current_resource_version<'a>(&'a self, key: &'a WatchKey) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let mut spec = InformerSpec::new(&key.kind.api_version, &key.kind.kind);
+            spec.namespace = key.namespace.clone();
+            spec.label_selector = key.label_selector.clone();
+            spec.field_selector = key.field_selector.clone();
+            self.0.current_resource_version(&spec).await.map_err(|e| e.to_string())
+        })
+    }
+
     fn resolve<'a>(&'a self, kind: &'a Gvk) -> BoxFuture<'a, Result<ResolvedKind, KindLookupError>> {
         Box::pin(async move {
             match self.0.discovery().resolve(&kind.api_version, &kind.kind).await {
@@ -90,6 +100,7 @@ impl LeasedInformer for Lease {
         self.lease.fifo().progress()
     }
 
+    #[allow(clippy::type_complexity)]
     fn remove_handlers(&self, removals: &[(&dyn LeasedRegistration, Option<&dyn Fn(&str) -> bool>)]) {
         let mut ours = Vec::with_capacity(removals.len());
         for (r, present) in removals {

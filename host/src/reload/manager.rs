@@ -760,12 +760,14 @@ impl Shared {
         new.plugin.open_hooks();
     }
 
-    /// Stops a plugin without dropping its work: its queue is parked (handed to the plugin
-    /// if it comes back), its handlers drain into it, its in-flight reconciles finish; then
-    /// its informers are released.
+    /// Stops a plugin without dropping its work: its informers first catch up with the
+    /// server (every change made before the stop began reaches its handlers), its queue is
+    /// parked (handed to the plugin if it comes back), its handlers drain into it, its
+    /// in-flight reconciles finish; then its informers are released.
     async fn stop_plugin(&self, stem: &str, r: Running) {
         let name = r.name().to_owned();
         self.status.update(stem, self.toml_of(stem), |s| s.state = PluginState::Stopping);
+        r.generation.catch_up_with_server(&*self.deps.informers).await;
         let parked = RateLimitingQueue::new(r.controller.queue().limiter().clone());
         r.controller.queue().hand_over_to(&parked);
         r.generation.retire(None).await;

@@ -114,6 +114,9 @@ pub trait InformerLeases: Send + Sync + 'static {
         key: &'a WatchKey,
         indexes: &'a BTreeMap<String, IndexSpec>,
     ) -> BoxFuture<'a, Result<Arc<dyn LeasedInformer>, String>>;
+    /// The resourceVersion the server is at now for `key`'s scope (see
+    /// [`crate::informer::InformerFactory::current_resource_version`]).
+    fn current_resource_version<'a>(&'a self, key: &'a WatchKey) -> BoxFuture<'a, Result<String, String>>;
     /// Discovery: whether the cluster serves `kind`.
     fn resolve<'a>(&'a self, kind: &'a Gvk) -> BoxFuture<'a, Result<ResolvedKind, KindLookupError>>;
 }
@@ -132,6 +135,7 @@ pub trait LeasedInformer: Send + Sync + 'static {
     /// Removes registrations of this informer at one instant of its stream, each draining
     /// (with a `present`: as [`LeasedRegistration::remove_draining_departed`]); a
     /// notification reaches all of them or none.
+    #[allow(clippy::type_complexity)]
     fn remove_handlers(&self, removals: &[(&dyn LeasedRegistration, Option<&dyn Fn(&str) -> bool>)]);
     /// Registers `handler` (it first receives the current contents as initial-list adds).
     fn add_handler(
@@ -557,6 +561,43 @@ impl Generation {
         }
     }
 
+    /// Before a plugin stops (no successor): lets each informer this generation has
+    /// handlers on catch up with the server's current resourceVersion of its scope, so every
+    /// change made before the stop began reaches the handlers, which then drain into the
+    /// parked queue (a delete whose event was still on its way would otherwise reach no
+    /// handler, and the plugin's return lists the object gone). Same bounds as
+    /// [`catch_up_with`](Self::catch_up_with); a failed lookup skips the informer.
+    pub async fn catch_up_with_server(&self, provider: &dyn InformerLeases) {
+        let keys: std::collections::BTreeSet<WatchKey> = self
+            .enqueuers
+            .lock()
+            .iter()
+            .map(|(id, _)| id.key.clone())
+            .chain(self.hooks.lock().iter().map(|(key, _)| key.clone()))
+            .collect();
+        let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
+        for key in keys {
+            let Some(informer) = self.leases.informers.get(&key) else { continue };
+            let target = match provider.current_resource_version(&key).await {
+                Ok(rv) => rv,
+                Err(error) => {
+                    tracing::warn!(plugin = %self.config.name, version = %self.version, informer = %key, %error,
+                        "cannot read the server's resourceVersion; stopping without waiting for the informer");
+                    continue;
+                }
+            };
+            match catch_up(&**informer, &target, deadline).await {
+                CatchUp::TimedOut(progress) => tracing::warn!(
+                    plugin = %self.config.name, version = %self.version, informer = %key, %target,
+                    delivered = progress.delivered.as_deref().unwrap_or(""),
+                    "the stopping version's informer did not reach the server's resourceVersion in time"
+                ),
+                outcome => tracing::debug!(plugin = %self.config.name, version = %self.version,
+                    informer = %key, %target, ?outcome, "stopping informer caught up with the server"),
+            }
+        }
+    }
+
     /// Whether every handler has received its informer's initial contents.
     pub fn has_synced(&self) -> bool {
         self.enqueuers.lock().iter().all(|(_, r)| r.has_synced())
@@ -573,6 +614,7 @@ impl Generation {
     /// watch through different informers (another scope, selector or transform), this one
     /// may lag behind, and a delete it has not processed yet when its handler leaves would
     /// otherwise reach no handler at all (the successor's synthetic adds start after it).
+    #[allow(clippy::type_complexity)]
     pub async fn retire(&self, successor: Option<&Generation>) {
         if let Some(successor) = successor {
             self.catch_up_with(successor).await;
