@@ -52,15 +52,15 @@ impl Requests {
             resource_version: (!resource_version.is_empty()).then(|| resource_version.to_owned()),
             ..ListParams::default()
         };
-        let mut request = self.request.list(&params).map_err(|e| ReflectorError::Request(e.to_string()))?;
-        if page_size.is_some() && continue_token.is_none() && resource_version == "0" {
-            // kube drops `resourceVersion=0` when `limit` is set; client-go sends both, and the
-            // API server then answers from its watch cache instead of a consistent etcd read.
-            let uri = format!("{}&resourceVersion=0", request.uri());
-            *request.uri_mut() =
-                uri.parse().map_err(|e: http::uri::InvalidUri| ReflectorError::Request(e.to_string()))?;
-        }
-        Ok(accept_json(request))
+        let request = self.request.list(&params).map_err(|e| ReflectorError::Request(e.to_string()))?;
+        let watch_cache_page = page_size.is_some() && continue_token.is_none() && resource_version == "0";
+        finish(request, |uri| {
+            if watch_cache_page {
+                // kube drops `resourceVersion=0` when `limit` is set; client-go sends both, and
+                // the API server then answers from its watch cache, not a consistent etcd read.
+                uri.push_str("&resourceVersion=0");
+            }
+        })
     }
 
     /// A watch from `resource_version` (from "now" when empty), ended by the server after
@@ -73,27 +73,40 @@ impl Requests {
         let mut params = WatchParams::default().timeout(timeout_secs.max(1));
         params.label_selector = self.label_selector.clone();
         params.field_selector = self.field_selector.clone();
-        let mut request = self
+        let request = self
             .request
             .watch(&params, resource_version)
             .map_err(|e| ReflectorError::Request(e.to_string()))?;
-        if resource_version.is_empty() {
-            // kube always appends the resourceVersion (last); an empty one is left out, as
-            // client-go does (some servers reject `resourceVersion=` as unparseable).
-            let uri = request.uri().to_string();
-            if let Some(stripped) = uri.strip_suffix("&resourceVersion=") {
-                *request.uri_mut() = stripped
-                    .parse()
-                    .map_err(|e: http::uri::InvalidUri| ReflectorError::Request(e.to_string()))?;
+        finish(request, |uri| {
+            if resource_version.is_empty() {
+                // kube always appends the resourceVersion (last); an empty one is left out, as
+                // client-go does (some servers reject `resourceVersion=` as unparseable).
+                if let Some(len) = uri.strip_suffix("&resourceVersion=").map(str::len) {
+                    uri.truncate(len);
+                }
             }
-        }
-        Ok(accept_json(request))
+        })
     }
 }
 
-fn accept_json(mut request: http::Request<Vec<u8>>) -> http::Request<Vec<u8>> {
+/// Applies `adjust` to the request's URI, drops the empty first pair kube's builders start the
+/// query with (`path?&a=b` → `path?a=b`) and a query left empty, and asks for JSON.
+fn finish(
+    mut request: http::Request<Vec<u8>>,
+    adjust: impl FnOnce(&mut String),
+) -> Result<http::Request<Vec<u8>>, ReflectorError> {
+    let mut uri = request.uri().to_string();
+    adjust(&mut uri);
+    if let Some(at) = uri.find("?&") {
+        uri.remove(at + 1);
+    }
+    if uri.ends_with('?') {
+        uri.pop();
+    }
+    *request.uri_mut() =
+        uri.parse().map_err(|e: http::uri::InvalidUri| ReflectorError::Request(e.to_string()))?;
     request.headers_mut().insert(http::header::ACCEPT, http::HeaderValue::from_static("application/json"));
-    request
+    Ok(request)
 }
 
 #[cfg(test)]
@@ -161,6 +174,17 @@ mod tests {
         let r = Requests::new(PATH.into(), Some(""), Some(""));
         let (_, query) = parts(&r.watch("5", 300).unwrap());
         assert!(!query.contains_key("labelSelector") && !query.contains_key("fieldSelector"));
+    }
+
+    #[test]
+    fn queries_start_without_an_empty_pair() {
+        let r = Requests::new(PATH.into(), None, None);
+        assert_eq!(
+            r.list("0", Some(500), None).unwrap().uri(),
+            "/api/v1/namespaces/default/configmaps?limit=500&resourceVersion=0"
+        );
+        assert_eq!(r.list("", None, None).unwrap().uri(), PATH);
+        assert!(r.watch("", 300).unwrap().uri().query().unwrap().starts_with("watch=true&"));
     }
 
     #[test]
