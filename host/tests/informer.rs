@@ -488,27 +488,50 @@ mod scripted {
         .await
         .expect("reflector reaches the final watch");
         let log = log.lock().clone();
-        let sel = "labelSelector=app%20in%20%28a%2Cb%29";
-        assert_eq!(log[0], format!("limit=2&resourceVersion=0&{sel}"), "first list from the watch cache");
-        assert_eq!(log[1], format!("limit=2&continue=c1&{sel}"), "next page by continue token only");
-        assert_eq!(log[2], format!("limit=2&{sel}"), "expired continue restarts with a consistent list");
-        assert_eq!(log[3], format!("limit=2&continue=c2&{sel}"));
+        // Compared as decoded parameters: their order and the percent-encoding style (`+` or
+        // `%20` for a space) are the request builder's and mean the same to an API server.
+        let params = |q: &str| -> Vec<(String, String)> {
+            let mut p: Vec<_> = form_urlencoded::parse(q.as_bytes()).into_owned().collect();
+            p.sort();
+            p
+        };
+        let expect = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            let mut p: Vec<_> = pairs
+                .iter()
+                .chain(&[("labelSelector", "app in (a,b)")])
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            p.sort();
+            p
+        };
+        assert_eq!(
+            params(&log[0]),
+            expect(&[("limit", "2"), ("resourceVersion", "0")]),
+            "first list from the watch cache: {}",
+            log[0]
+        );
+        assert_eq!(
+            params(&log[1]),
+            expect(&[("limit", "2"), ("continue", "c1")]),
+            "next page by continue token only"
+        );
+        assert_eq!(
+            params(&log[2]),
+            expect(&[("limit", "2")]),
+            "expired continue restarts with a consistent list"
+        );
+        assert_eq!(params(&log[3]), expect(&[("limit", "2"), ("continue", "c2")]));
         let watch = |q: &str, rv: &str| {
-            q.starts_with("watch=true&allowWatchBookmarks=true&timeoutSeconds=")
-                && q.contains(&format!("&resourceVersion={rv}&{sel}"))
-                && {
-                    let t: u64 = q
-                        .split("timeoutSeconds=")
-                        .nth(1)
-                        .and_then(|s| s.split('&').next())
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(0);
-                    (300..=600).contains(&t)
-                }
+            let (timeout, p): (Vec<_>, Vec<_>) =
+                params(q).into_iter().partition(|(k, _)| k == "timeoutSeconds");
+            let t: u64 = timeout.first().and_then(|(_, t)| t.parse().ok()).unwrap_or(0);
+            timeout.len() == 1
+                && p == expect(&[("watch", "true"), ("allowWatchBookmarks", "true"), ("resourceVersion", rv)])
+                && (300..=600).contains(&t)
         };
         assert!(watch(&log[4], "20"), "watch from the list RV: {}", log[4]);
         assert!(watch(&log[5], "26"), "re-watch from the last event RV, no relist: {}", log[5]);
-        assert_eq!(log[6], format!("limit=2&{sel}"), "410 → relist with resourceVersion=\"\"");
+        assert_eq!(params(&log[6]), expect(&[("limit", "2")]), "410 → relist with resourceVersion=\"\"");
         assert!(watch(&log[7], "30"), "{}", log[7]);
 
         tokio::time::timeout(PATIENCE, informer.wait_for_sync()).await.expect("synced");

@@ -194,16 +194,7 @@ impl ClientCtxView<'_> {
         } else {
             None
         };
-        let ar = &resolved.resource;
-        let base = if ar.group.is_empty() {
-            format!("/api/{}", ar.version)
-        } else {
-            format!("/apis/{}/{}", ar.group, ar.version)
-        };
-        let path = match &namespace {
-            Some(ns) => format!("{base}/namespaces/{ns}/{}", ar.plural),
-            None => format!("{base}/{}", ar.plural),
-        };
+        let path = resolved.collection_path(namespace.as_deref());
         Ok((kube, kube::core::Request::new(path), namespace))
     }
 

@@ -2,6 +2,9 @@
 //! client, the runtime requests run on, the discovery cache, the host-wide event recorder,
 //! revocation, and the call log of fixture runs.
 //!
+//! Kinds resolve through the host's one discovery implementation ([`Discovery`], the one
+//! informers use; the binary hands this module the informer factory's, so both share a cache).
+//!
 //! Layering: the `client` and `events` imports both build on this module; it imports
 //! neither of them (nor the store's state), so cluster access has one home and the two
 //! imports do not depend on each other.
@@ -14,34 +17,24 @@
 //!   runtime cannot run the request at all).
 //! - Client errors map onto the WIT error variants by HTTP status ([`map_kube_error`]).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kube::core::{ApiResource, GroupVersionKind};
-use kube::discovery::Scope;
-use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::bindings::wasmctrl::controller::types::Error as WitError;
 use super::record::CallLog;
 use super::recorder::EventRecorder;
 use super::spec::Gvk;
-
-/// A kind the API server serves, as discovery described it.
-#[derive(Clone, Debug)]
-pub(crate) struct ResolvedKind {
-    pub resource: ApiResource,
-    pub namespaced: bool,
-}
+use crate::source::{ApiResource, Discovery, DiscoveryError};
 
 /// The host's cluster access shared by every plugin: client, runtime, discovery cache,
 /// event recorder.
 pub struct KubeServices {
     pub(crate) client: kube::Client,
     runtime: tokio::runtime::Handle,
-    kinds: Mutex<HashMap<Gvk, ResolvedKind>>,
+    discovery: Discovery,
     pub(crate) events: EventRecorder,
     /// Cancelled for good by [`KubeServices::revoke`].
     revoked: CancellationToken,
@@ -57,11 +50,23 @@ impl KubeServices {
         runtime: tokio::runtime::Handle,
         reporting_instance: impl Into<String>,
     ) -> Arc<Self> {
+        let discovery = Discovery::new(client.clone());
+        Self::with_discovery(client, runtime, reporting_instance, discovery)
+    }
+
+    /// As [`KubeServices::new`], resolving kinds through `discovery` (e.g. the informer
+    /// factory's, so plugins and informers share one discovery cache).
+    pub fn with_discovery(
+        client: kube::Client,
+        runtime: tokio::runtime::Handle,
+        reporting_instance: impl Into<String>,
+        discovery: Discovery,
+    ) -> Arc<Self> {
         Arc::new(KubeServices {
             events: EventRecorder::new(reporting_instance.into()),
             client,
             runtime,
-            kinds: Mutex::new(HashMap::new()),
+            discovery,
             revoked: CancellationToken::new(),
             call_log: None,
         })
@@ -77,9 +82,9 @@ impl KubeServices {
     ) -> Arc<Self> {
         Arc::new(KubeServices {
             events: EventRecorder::new(reporting_instance.into()),
+            discovery: Discovery::new(client.clone()),
             client,
             runtime,
-            kinds: Mutex::new(HashMap::new()),
             revoked: CancellationToken::new(),
             call_log: Some(log),
         })
@@ -144,29 +149,21 @@ impl KubeServices {
     }
 
     /// The resource serving `kind` (discovery, cached).
-    pub(crate) fn resolve(&self, kind: &Gvk, deadline: Instant) -> Result<ResolvedKind, WitError> {
-        if let Some(r) = self.kinds.lock().get(kind) {
-            return Ok(r.clone());
+    pub(crate) fn resolve(&self, kind: &Gvk, deadline: Instant) -> Result<ApiResource, WitError> {
+        if let Some(r) = self.discovery.cached(&kind.api_version, &kind.kind) {
+            return Ok(r);
         }
-        let client = self.client.clone();
-        let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), &kind.kind);
-        let shown = kind.to_string();
-        let resolved = self.block_on(deadline, async move {
-            match kube::discovery::pinned_kind(&client, &gvk).await {
-                Ok((resource, caps)) => {
-                    Ok(ResolvedKind { resource, namespaced: caps.scope == Scope::Namespaced })
+        let discovery = self.discovery.clone();
+        let (api_version, name, shown) = (kind.api_version.clone(), kind.kind.clone(), kind.to_string());
+        self.block_on(deadline, async move {
+            discovery.resolve(&api_version, &name).await.map_err(|e| match e {
+                DiscoveryError::UnknownKind { .. } | DiscoveryError::UnknownApiVersion { .. } => {
+                    WitError::Invalid(format!("the API server does not serve {shown}"))
                 }
-                Err(kube::Error::Discovery(_)) => {
-                    Err(WitError::Invalid(format!("the API server does not serve {shown}")))
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    Err(WitError::Invalid(format!("the API server does not serve {shown}")))
-                }
-                Err(e) => Err(map_kube_error(e)),
-            }
-        })?;
-        self.kinds.lock().insert(kind.clone(), resolved.clone());
-        Ok(resolved)
+                DiscoveryError::InvalidApiVersion(_) => WitError::Invalid(e.to_string()),
+                DiscoveryError::Request { source, .. } => map_kube_error(source),
+            })
+        })
     }
 
     /// Sends `request` and returns the response body, bounded by `deadline`.

@@ -1,5 +1,6 @@
 //! Discovery: `(apiVersion, kind)` → the REST resource serving it (plural, scope), read from
-//! the API server's `/api/v1` and `/apis/<group>/<version>` resource lists.
+//! the API server's `/api/v1` and `/apis/<group>/<version>` resource lists. The host's one
+//! discovery path: informers, config checks and the plugins' client all resolve kinds here.
 //!
 //! Invariants: subresources (`pods/status`) are never returned; a miss re-reads the server's
 //! list once (a CRD may just have been installed) before failing with an error naming the kind
@@ -107,6 +108,11 @@ impl Discovery {
         Self { client, cache: Arc::default() }
     }
 
+    /// `(apiVersion, kind)` when an earlier lookup already read it, without a request.
+    pub fn cached(&self, api_version: &str, kind: &str) -> Option<ApiResource> {
+        self.cache.read().get(api_version)?.iter().find(|r| r.kind == kind).cloned()
+    }
+
     /// Resolves `(apiVersion, kind)`.
     pub async fn resolve(&self, api_version: &str, kind: &str) -> Result<ApiResource, DiscoveryError> {
         let (group, version) = split_api_version(api_version);
@@ -116,11 +122,8 @@ impl Discovery {
         {
             return Err(DiscoveryError::InvalidApiVersion(api_version.to_owned()));
         }
-        let cached = self.cache.read().get(api_version).cloned();
-        if let Some(list) = &cached
-            && let Some(r) = list.iter().find(|r| r.kind == kind)
-        {
-            return Ok(r.clone());
+        if let Some(r) = self.cached(api_version, kind) {
+            return Ok(r);
         }
         let list = self.fetch(api_version, kind).await?;
         let found = list.iter().find(|r| r.kind == kind).cloned();

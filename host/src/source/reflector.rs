@@ -2,14 +2,21 @@
 //! a [`DeltaFifo`], over raw HTTP through `kube::Client` so each object's JSON bytes are kept
 //! as received (no re-serialisation).
 //!
+//! What to do next is decided by the state machine in [`super::machine`] (its doc has the
+//! state diagram); [`Reflector::run`] only performs the effects it asks for — list, push into
+//! the FIFO, watch, sleep — and feeds their outcomes back. The requests are built by
+//! [`super::requests`] with kube's request builders.
+//!
 //! Behaviour:
 //! - the first list uses `resourceVersion=0` (watch cache), pages of `limit` (500) with
 //!   `continue`; a continue token that expires (410) restarts the list with `resourceVersion=""`;
-//!   the whole list is `replace`d into the FIFO;
+//!   a relist from a specific resourceVersion is not paged; the whole list is `replace`d into
+//!   the FIFO;
 //! - then a watch from the list's resourceVersion with `allowWatchBookmarks=true` and a random
 //!   5–10 min `timeoutSeconds`; ADDED/MODIFIED/DELETED feed add/update/delete, BOOKMARK only
 //!   advances the resourceVersion; every event advances it;
-//! - a watch that ends normally is re-opened from the last resourceVersion without relisting;
+//! - a watch that ends normally is re-opened from the last resourceVersion without relisting
+//!   (after a backoff when it closed within a second without any event);
 //! - 410 Gone / Expired (on open or as an ERROR event) → relist with `resourceVersion=""`;
 //! - connection errors, 5xx and 429 (honouring Retry-After) → jittered backoff, then re-watch
 //!   from the last resourceVersion; other errors → backoff, then relist;
@@ -21,6 +28,11 @@
 //!   fields read as empty) and transformed ([`Transform`]: managedFields dropped by default)
 //!   before they are queued.
 //!
+//! Invariants kept where the FIFO gets its data: a list goes in with `replace` followed by
+//! `note_progress(rv, true)`; each watch frame's changes go in with one `push_all`, followed by
+//! `note_progress(rv, changed)` for the resourceVersion they (or a bookmark) reached;
+//! `note_streaming(true)` once a watch is open and `note_streaming(false)` whenever it ends.
+//!
 //! Nothing from the server can make it panic. A list item that cannot be decoded is logged
 //! and left out of the list (failing the whole list would keep the informer from ever
 //! syncing), so an object that turns undecodable is dropped from the cache on the relist.
@@ -30,7 +42,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use parking_lot::Mutex;
 use rand::Rng;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -38,6 +49,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::backoff::{Backoff, BackoffConfig};
 use super::discovery::ApiResource;
+use super::error::{ReflectorError, StatusBody, status_error};
+use super::machine::{self, Effect, ListFrom, Outcome, State, Wait};
+use super::requests::Requests;
 use crate::fifo::{Delta, DeltaFifo};
 use crate::object::{DeletedObject, Object, Transform};
 
@@ -72,74 +86,6 @@ impl Default for ReflectorConfig {
             transform: Transform::default(),
         }
     }
-}
-
-/// A failed list or watch request.
-#[derive(Debug, thiserror::Error)]
-pub enum ReflectorError {
-    /// The request never got a response (connection refused, reset, TLS, ...).
-    #[error("request failed: {0}")]
-    Transport(#[source] kube::Error),
-    /// The server answered with a failure status (or an ERROR watch event).
-    #[error("API server returned {code} {reason}: {message}")]
-    Status { code: u16, reason: String, message: String, retry_after: Option<Duration> },
-    /// The response could not be read or decoded.
-    #[error("bad response: {0}")]
-    Decode(String),
-    /// A watch event (or its object) could not be decoded: the watch ends and the
-    /// reflector relists.
-    #[error("undecodable watch event: {0}")]
-    UndecodableEvent(String),
-}
-
-impl ReflectorError {
-    /// 410 Gone / Expired / "too old resource version": the resourceVersion is compacted.
-    pub fn is_gone(&self) -> bool {
-        match self {
-            ReflectorError::Status { code, reason, message, .. } => {
-                *code == 410
-                    || reason == "Expired"
-                    || reason == "Gone"
-                    || message.contains("too old resource version")
-            }
-            _ => false,
-        }
-    }
-
-    /// Worth retrying the watch without a relist (network, 5xx, 429).
-    fn is_transient(&self) -> bool {
-        match self {
-            ReflectorError::Transport(_) | ReflectorError::Decode(_) => true,
-            ReflectorError::Status { code, .. } => *code == 429 || *code >= 500,
-            ReflectorError::UndecodableEvent(_) => false,
-        }
-    }
-
-    fn retry_after(&self) -> Option<Duration> {
-        match self {
-            ReflectorError::Status { retry_after, .. } => *retry_after,
-            _ => None,
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct StatusBody {
-    #[serde(default)]
-    code: Option<u16>,
-    #[serde(default)]
-    reason: Option<String>,
-    #[serde(default)]
-    message: Option<String>,
-}
-
-fn status_error(code: u16, body: &[u8], retry_after: Option<Duration>) -> ReflectorError {
-    let parsed: Option<StatusBody> = serde_json::from_slice(body).ok();
-    let (reason, message) = match parsed {
-        Some(s) => (s.reason.unwrap_or_default(), s.message.unwrap_or_default()),
-        None => (String::new(), String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned()),
-    };
-    ReflectorError::Status { code, reason, message, retry_after }
 }
 
 #[derive(Deserialize)]
@@ -180,7 +126,7 @@ struct RvMeta {
     resource_version: Option<String>,
 }
 
-/// How one watch connection ended.
+/// How one watch connection ended (before it is told to the state machine).
 enum WatchEnd {
     Cancelled,
     /// The server closed the stream normally after `events` events.
@@ -207,7 +153,7 @@ pub struct Reflector {
     client: kube::Client,
     resource: ApiResource,
     config: ReflectorConfig,
-    last_rv: Arc<Mutex<String>>,
+    requests: Requests,
 }
 
 impl std::fmt::Debug for Reflector {
@@ -219,115 +165,92 @@ impl std::fmt::Debug for Reflector {
 impl Reflector {
     /// A reflector for `resource`.
     pub fn new(client: kube::Client, resource: ApiResource, config: ReflectorConfig) -> Self {
-        Self { client, resource, config, last_rv: Arc::default() }
-    }
-
-    /// A handle on the last resourceVersion seen (list, event or bookmark).
-    pub fn last_resource_version(&self) -> Arc<Mutex<String>> {
-        self.last_rv.clone()
+        let requests = Requests::new(
+            resource.collection_path(config.namespace.as_deref()),
+            config.label_selector.as_deref(),
+            config.field_selector.as_deref(),
+        );
+        Self { client, resource, config, requests }
     }
 
     fn name(&self) -> String {
         format!("{}/{}", self.resource.api_version, self.resource.kind)
     }
 
-    /// Runs until `cancel`: list, watch, relist as needed.
+    /// Runs until `cancel`: performs the state machine's effects and feeds their outcomes
+    /// back ([`super::machine::transition`]).
     pub async fn run(self, fifo: Arc<DeltaFifo>, cancel: CancellationToken) {
         let name = self.name();
         let mut backoff = Backoff::new(self.config.backoff);
-        // First list from the watch cache; "" (a consistent read) after a 410.
-        let mut list_rv = String::from("0");
-        'relist: loop {
-            let listed = tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = self.list(&list_rv) => r,
-            };
-            match listed {
-                Ok((objects, rv)) => {
-                    tracing::debug!(resource = %name, objects = objects.len(), %rv, "listed");
+        let (mut state, mut effect) = machine::start();
+        loop {
+            let outcome = match effect {
+                Effect::Stop => return,
+                Effect::List(from) => {
+                    let listed = tokio::select! {
+                        _ = cancel.cancelled() => Err(None),
+                        r = self.list(&from) => r.map_err(Some),
+                    };
+                    match listed {
+                        Ok((objects, rv)) => {
+                            tracing::debug!(resource = %name, objects = objects.len(), %rv, "listed");
+                            Outcome::Listed { objects, rv }
+                        }
+                        Err(None) => Outcome::Cancelled,
+                        Err(Some(error)) => {
+                            tracing::warn!(resource = %name, %error, list_rv = from.resource_version(), "list failed");
+                            Outcome::ListFailed(error)
+                        }
+                    }
+                }
+                Effect::Replace { objects, rv } => {
                     fifo.replace(objects);
                     fifo.note_progress(&rv, true);
-                    *self.last_rv.lock() = rv;
+                    Outcome::Replaced
                 }
-                Err(error) => {
-                    let gone = error.is_gone();
-                    tracing::warn!(resource = %name, %error, list_rv, "list failed");
-                    if gone && !list_rv.is_empty() {
-                        list_rv.clear();
-                        continue 'relist;
-                    }
-                    if !sleep_or_cancel(error.retry_after().unwrap_or_else(|| backoff.next_delay()), &cancel)
-                        .await
-                    {
-                        return;
-                    }
-                    continue 'relist;
-                }
-            }
-            loop {
-                let started = tokio::time::Instant::now();
-                let end = self.watch_once(&fifo, &cancel).await;
-                fifo.note_streaming(false);
-                match end {
-                    WatchEnd::Cancelled => return,
-                    WatchEnd::Closed { events } => {
-                        tracing::debug!(resource = %name, events, "watch closed; re-watching");
-                        // A watch closed at once with nothing in it: do not spin.
-                        if events == 0
-                            && started.elapsed() < Duration::from_secs(1)
-                            && !sleep_or_cancel(backoff.next_delay(), &cancel).await
-                        {
-                            return;
+                Effect::Watch { mut rv } => {
+                    let started = tokio::time::Instant::now();
+                    let end = self.watch_once(&fifo, &cancel, &mut rv).await;
+                    fifo.note_streaming(false);
+                    match end {
+                        WatchEnd::Cancelled => Outcome::Cancelled,
+                        WatchEnd::Closed { events } => {
+                            tracing::debug!(resource = %name, events, "watch closed; re-watching");
+                            Outcome::WatchClosed { rv, events, elapsed: started.elapsed() }
                         }
-                    }
-                    WatchEnd::Failed(error) if error.is_gone() => {
-                        tracing::info!(resource = %name, %error, "watch expired; relisting");
-                        list_rv.clear();
-                        continue 'relist;
-                    }
-                    WatchEnd::Failed(error) => {
-                        let delay = error.retry_after().unwrap_or_else(|| backoff.next_delay());
-                        tracing::warn!(resource = %name, %error, ?delay, "watch failed");
-                        if !sleep_or_cancel(delay, &cancel).await {
-                            return;
-                        }
-                        if !error.is_transient() {
-                            let rv = self.last_rv.lock().clone();
-                            list_rv = if rv.is_empty() { "0".into() } else { rv };
-                            continue 'relist;
+                        WatchEnd::Failed(error) => {
+                            if error.is_gone() {
+                                tracing::info!(resource = %name, %error, "watch expired; relisting");
+                            } else {
+                                tracing::warn!(resource = %name, %error, transient = error.is_transient(),
+                                    "watch failed");
+                            }
+                            Outcome::WatchFailed { rv, error }
                         }
                     }
                 }
-            }
+                Effect::Sleep(wait) => {
+                    let delay = match wait {
+                        Wait::Backoff => backoff.next_delay(),
+                        Wait::RetryAfter(d) => d,
+                    };
+                    tracing::debug!(resource = %name, ?delay, "backing off");
+                    if sleep_or_cancel(delay, &cancel).await { Outcome::Slept } else { Outcome::Cancelled }
+                }
+            };
+            (state, effect) = machine::transition(std::mem::replace(&mut state, State::Stopped), outcome);
         }
     }
 
-    fn query(&self, extra: &[(&str, &str)]) -> String {
-        let mut q = String::new();
-        let mut push = |k: &str, v: &str| {
-            q.push(if q.is_empty() { '?' } else { '&' });
-            q.push_str(k);
-            q.push('=');
-            encode_into(&mut q, v);
-        };
-        for (k, v) in extra {
-            push(k, v);
-        }
-        if let Some(s) = self.config.label_selector.as_deref().filter(|s| !s.is_empty()) {
-            push("labelSelector", s);
-        }
-        if let Some(s) = self.config.field_selector.as_deref().filter(|s| !s.is_empty()) {
-            push("fieldSelector", s);
-        }
-        q
-    }
-
-    async fn get(&self, url: String) -> Result<http::Response<kube::client::Body>, ReflectorError> {
-        let request = http::Request::get(url)
-            .header(http::header::ACCEPT, "application/json")
-            .body(kube::client::Body::from(Vec::new()))
-            .map_err(|e| ReflectorError::Decode(e.to_string()))?;
-        let response = self.client.send(request).await.map_err(ReflectorError::Transport)?;
+    async fn get(
+        &self,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<http::Response<kube::client::Body>, ReflectorError> {
+        let response = self
+            .client
+            .send(request.map(kube::client::Body::from))
+            .await
+            .map_err(ReflectorError::Transport)?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -343,31 +266,20 @@ impl Reflector {
         Err(status_error(status.as_u16(), &body, retry_after))
     }
 
-    /// A full, paginated list: the objects and the list's resourceVersion.
-    async fn list(&self, resource_version: &str) -> Result<(Vec<Arc<Object>>, String), ReflectorError> {
-        let path = self.resource.collection_path(self.config.namespace.as_deref());
+    /// A full list (paged when `from` is): the objects and the list's resourceVersion.
+    async fn list(&self, from: &ListFrom) -> Result<(Vec<Arc<Object>>, String), ReflectorError> {
         let type_meta = Some((self.resource.api_version.as_str(), self.resource.kind.as_str()));
-        let mut rv = resource_version.to_owned();
+        let mut rv = from.resource_version().to_owned();
         let mut objects = Vec::new();
         let mut continue_token: Option<String> = None;
-        let limit = self.config.page_size.to_string();
         // As client-go's reflector: a relist from a specific resourceVersion is not paged. With
         // `limit` the API server serves exactly that version (resourceVersionMatch=Exact): the
         // same stale snapshot on every relist until it is compacted; without, anything at
         // least as new, from its watch cache.
-        let paged = self.config.page_size > 0 && (rv.is_empty() || rv == "0");
+        let page_size = (self.config.page_size > 0 && from.paged()).then_some(self.config.page_size);
         loop {
-            let mut params: Vec<(&str, &str)> = Vec::new();
-            if paged {
-                params.push(("limit", &limit));
-            }
-            match &continue_token {
-                Some(c) => params.push(("continue", c)),
-                None if !rv.is_empty() => params.push(("resourceVersion", &rv)),
-                None => {}
-            }
-            let url = format!("{path}{}", self.query(&params));
-            let page = match self.get(url).await {
+            let request = self.requests.list(&rv, page_size, continue_token.as_deref())?;
+            let page = match self.get(request).await {
                 Ok(response) => collect(response.into_body()).await?,
                 Err(e) if e.is_gone() && continue_token.is_some() => {
                     // The continue token expired mid-list: start over, consistently.
@@ -397,22 +309,18 @@ impl Reflector {
         }
     }
 
-    /// One watch connection, from the last resourceVersion until it ends.
-    async fn watch_once(&self, fifo: &DeltaFifo, cancel: &CancellationToken) -> WatchEnd {
-        let path = self.resource.collection_path(self.config.namespace.as_deref());
+    /// One watch connection, from `rv` until it ends; `rv` follows every event and bookmark.
+    async fn watch_once(&self, fifo: &DeltaFifo, cancel: &CancellationToken, rv: &mut String) -> WatchEnd {
         let (lo, hi) = self.config.watch_timeout;
         let timeout = if hi > lo { rand::rng().random_range(lo..=hi) } else { lo };
-        let rv = self.last_rv.lock().clone();
-        let timeout_s = timeout.as_secs().max(1).to_string();
-        let mut params =
-            vec![("watch", "true"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", timeout_s.as_str())];
-        if !rv.is_empty() {
-            params.push(("resourceVersion", &rv));
-        }
-        let url = format!("{path}{}", self.query(&params));
+        let timeout_s = u32::try_from(timeout.as_secs().max(1)).unwrap_or(u32::MAX);
+        let request = match self.requests.watch(rv, timeout_s) {
+            Ok(r) => r,
+            Err(e) => return WatchEnd::Failed(e),
+        };
         let response = tokio::select! {
             _ = cancel.cancelled() => return WatchEnd::Cancelled,
-            r = self.get(url) => r,
+            r = self.get(request) => r,
         };
         let mut body = match response {
             Ok(r) => r.into_body(),
@@ -421,12 +329,11 @@ impl Reflector {
         fifo.note_streaming(true);
         // Each push is followed by the resourceVersion it brings the FIFO's source to
         // (bookmarks included), for consumers that wait for a given point of the stream.
-        let push = |changes: Vec<Delta>| {
+        let push = |changes: Vec<Delta>, rv: &str| {
             let changed = !changes.is_empty();
             fifo.push_all(changes);
-            let rv = self.last_rv.lock().clone();
             if !rv.is_empty() {
-                fifo.note_progress(&rv, changed);
+                fifo.note_progress(rv, changed);
             }
         };
         let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
@@ -451,30 +358,30 @@ impl Reflector {
             while let Some(nl) = memchr::memchr(b'\n', &buf[consumed..]) {
                 let line = &buf[consumed..consumed + nl];
                 consumed += nl + 1;
-                if let Err(end) = self.handle_event(line, &mut changes) {
-                    push(changes);
+                if let Err(end) = self.handle_event(line, &mut changes, rv) {
+                    push(changes, rv);
                     return end;
                 }
                 events += 1;
             }
             buf.drain(..consumed);
-            push(std::mem::take(&mut changes));
+            push(std::mem::take(&mut changes), rv);
         }
         if buf.iter().any(|b| !b.is_ascii_whitespace()) {
             // The stream ended inside an event (client-go: an unexpected EOF closes the
             // watch quietly); a complete event the server sent without a newline is kept.
-            match self.handle_event(&buf, &mut changes) {
+            match self.handle_event(&buf, &mut changes, rv) {
                 Ok(()) => events += 1,
                 Err(_) => tracing::debug!(resource = %self.name(), bytes = buf.len(),
                     "watch stream ended inside an event; re-watching"),
             }
-            push(changes);
+            push(changes, rv);
         }
         WatchEnd::Closed { events }
     }
 
-    /// Decodes one watch event line into `changes`. `Err` ends the watch.
-    fn handle_event(&self, line: &[u8], changes: &mut Vec<Delta>) -> Result<(), WatchEnd> {
+    /// Decodes one watch event line into `changes`, advancing `rv`. `Err` ends the watch.
+    fn handle_event(&self, line: &[u8], changes: &mut Vec<Delta>, rv: &mut String) -> Result<(), WatchEnd> {
         if line.iter().all(|b| b.is_ascii_whitespace()) {
             return Ok(());
         }
@@ -484,7 +391,7 @@ impl Reflector {
         if let Some((kind, object)) = split_event(line)
             && let Ok(obj) = self.build(object)
         {
-            self.push_change(kind, obj, changes);
+            push_change(kind, obj, changes, rv);
             return Ok(());
         }
         let event: WatchEvent<'_> = match serde_json::from_slice(line) {
@@ -493,7 +400,7 @@ impl Reflector {
         };
         match &*event.kind {
             "ADDED" | "MODIFIED" | "DELETED" => match self.build(event.object.get().as_bytes()) {
-                Ok(obj) => self.push_change(&event.kind, obj, changes),
+                Ok(obj) => push_change(&event.kind, obj, changes, rv),
                 Err(error) => {
                     // Skipping it would leave the cache stale until the object changes again.
                     return Err(WatchEnd::Failed(ReflectorError::UndecodableEvent(format!(
@@ -503,10 +410,10 @@ impl Reflector {
                 }
             },
             "BOOKMARK" => {
-                if let Ok(RvOnly { metadata: RvMeta { resource_version: Some(rv) } }) =
+                if let Ok(RvOnly { metadata: RvMeta { resource_version: Some(bookmark) } }) =
                     serde_json::from_str::<RvOnly>(event.object.get())
                 {
-                    *self.last_rv.lock() = rv;
+                    *rv = bookmark;
                 }
             }
             "ERROR" => {
@@ -525,15 +432,16 @@ impl Reflector {
         let type_meta = Some((self.resource.api_version.as_str(), self.resource.kind.as_str()));
         Object::from_api_json(object, type_meta, self.config.transform).map(Arc::new)
     }
+}
 
-    fn push_change(&self, kind: &str, obj: Arc<Object>, changes: &mut Vec<Delta>) {
-        *self.last_rv.lock() = obj.resource_version().to_owned();
-        changes.push(match kind {
-            "ADDED" => Delta::Added(obj),
-            "MODIFIED" => Delta::Updated(obj),
-            _ => Delta::Deleted(DeletedObject::Known(obj)),
-        });
-    }
+/// Queues one ADDED/MODIFIED/DELETED change and advances `rv` to the object's version.
+fn push_change(kind: &str, obj: Arc<Object>, changes: &mut Vec<Delta>, rv: &mut String) {
+    obj.resource_version().clone_into(rv);
+    changes.push(match kind {
+        "ADDED" => Delta::Added(obj),
+        "MODIFIED" => Delta::Updated(obj),
+        _ => Delta::Deleted(DeletedObject::Known(obj)),
+    });
 }
 
 /// Splits `{"type":"ADDED|MODIFIED|DELETED","object":{...}}` (exactly as API servers write
@@ -569,27 +477,9 @@ async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
     }
 }
 
-/// Percent-encodes a query value (everything but RFC 3986 unreserved characters).
-fn encode_into(out: &mut String, value: &str) {
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn query_values_are_percent_encoded() {
-        let mut s = String::new();
-        encode_into(&mut s, "app in (a,b),!x");
-        assert_eq!(s, "app%20in%20%28a%2Cb%29%2C%21x");
-    }
 
     #[test]
     fn split_event_fast_path() {
@@ -600,22 +490,5 @@ mod tests {
         assert!(split_event(br#"{"object":{"a":1},"type":"ADDED"}"#).is_none());
         assert!(split_event(br#"{"type":"ADDED","object":null}"#).is_none());
         assert!(split_event(br#"{"type":"ADDED","object":{"a":1}"#).is_none());
-    }
-
-    #[test]
-    fn gone_detection() {
-        let e = |code, reason: &str, message: &str| ReflectorError::Status {
-            code,
-            reason: reason.into(),
-            message: message.into(),
-            retry_after: None,
-        };
-        assert!(e(410, "", "").is_gone());
-        assert!(e(500, "Expired", "").is_gone());
-        assert!(e(500, "", "too old resource version: 1 (5)").is_gone());
-        assert!(!e(500, "InternalError", "boom").is_gone());
-        assert!(e(429, "", "").is_transient());
-        assert!(e(503, "", "").is_transient());
-        assert!(!e(403, "Forbidden", "").is_transient());
     }
 }

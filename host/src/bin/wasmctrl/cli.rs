@@ -153,7 +153,12 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
     .context("configuring the WebAssembly engine")?;
     let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
     let identity = identity();
-    let kube = KubeServices::new(client.clone(), tokio::runtime::Handle::current(), identity.clone());
+    let kube = KubeServices::with_discovery(
+        client.clone(),
+        tokio::runtime::Handle::current(),
+        identity.clone(),
+        factory.discovery().clone(),
+    );
     let deps = ManagerDeps {
         engine,
         informers: Arc::new(FactoryLeases(factory)),
