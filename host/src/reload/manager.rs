@@ -353,6 +353,37 @@ impl KindResolver for ResolvedKinds {
     }
 }
 
+/// A new version that passed every check, ready to be handed the plugin.
+struct Candidate {
+    config: PluginConfig,
+    version: String,
+    /// Its hooks stay closed until the previous version's last hook call returned.
+    reconciler: Arc<PluginReconciler>,
+    leases: Leases,
+}
+
+/// Whether going from `old` to `new` needs a new controller (restart) rather than a swap:
+/// the `for` kind, the concurrency or the name changed.
+fn needs_restart(old: &PluginConfig, new: &PluginConfig) -> bool {
+    old.for_source.kind != new.for_source.kind || old.concurrency != new.concurrency || old.name != new.name
+}
+
+/// Step 6: checks a compiled component against its TOML (the hooks it exports, the
+/// informers and predicates its handlers need) and wraps it in a dispatcher whose hooks stay
+/// closed until they are opened by the hand-off.
+fn check_component(
+    config: &PluginConfig,
+    leases: &Leases,
+    plugin: Plugin,
+) -> Result<Arc<PluginReconciler>, Rejection> {
+    let hooks = plugin.hooks();
+    config.check_hooks(hooks.map, hooks.filter)?;
+    let reconciler = PluginReconciler::new_gated(plugin)
+        .map_err(|e| Rejection(format!("cannot start the plugin's dispatcher: {e}")))?;
+    Generation::check(config, leases, &PluginSlot::new(reconciler.clone())).map_err(Rejection)?;
+    Ok(reconciler)
+}
+
 impl Shared {
     fn toml_of(&self, stem: &str) -> PathBuf {
         self.options.plugins_dir.join(format!("{stem}.toml"))
@@ -444,6 +475,13 @@ impl Shared {
 
     /// Loads the files of `stem` and starts, swaps or restarts its plugin. Nothing running
     /// changes unless every check passed.
+    ///
+    /// The steps, in this order: read the TOML ([`Self::read_config`]), resolve its kinds
+    /// ([`Self::resolve_kinds`]), read the `.wasm` ([`Self::read_wasm`]), take the informer
+    /// leases and wait for them to sync ([`Self::sync_leases`]), compile the component
+    /// ([`Self::compile`]), check it against the TOML ([`check_component`]); only then the
+    /// hand-off — [`Self::swap`], [`Self::restart`] or [`Self::first_start`] — and the record
+    /// of the new version ([`Self::record_loaded`]).
     async fn load(
         self: &Arc<Self>,
         stem: &str,
@@ -451,6 +489,46 @@ impl Shared {
         running: &mut Option<Running>,
     ) -> Result<(), Rejection> {
         let started = Instant::now();
+        let config = self.read_config(stem, toml, running.is_none())?;
+        self.resolve_kinds(&config).await?;
+        let Some(bytes) = self.read_wasm(stem, toml, &config, running.is_none())? else {
+            return Ok(());
+        };
+        let version = version_of(&bytes);
+        if let Some(r) = running.as_ref()
+            && r.generation.config == config
+            && r.generation.version == version
+        {
+            // The files are back to what runs: an earlier rejection no longer applies.
+            self.status.update(stem, toml.to_owned(), |s| s.last_error = None);
+            return Ok(());
+        }
+
+        // Everything the new version needs, before touching the running one.
+        let Some(leases) = self.sync_leases(&config).await? else {
+            return Ok(());
+        };
+        let plugin = self.compile(&config, &leases, bytes).await?;
+        let reconciler = check_component(&config, &leases, plugin)?;
+
+        let name = config.name.clone();
+        let previous = running.as_ref().map(|r| r.generation.version.clone());
+        let restart = running.as_ref().is_some_and(|r| needs_restart(&r.generation.config, &config));
+        let for_keys = leases.for_keys(&config);
+        let candidate = Candidate { config, version: version.clone(), reconciler, leases };
+        match running.take() {
+            Some(r) if !restart => self.swap(running, r, candidate, for_keys).await?,
+            Some(old) => self.restart(running, old, candidate).await?,
+            None => self.first_start(stem, running, candidate)?,
+        }
+        self.record_loaded(stem, toml, running, &name, &version, previous.as_deref(), started);
+        Ok(())
+    }
+
+    /// Step 1: parses and checks the TOML, records which `.wasm` it names, and refuses a
+    /// plugin name another TOML already uses. A plugin with no running version shows as
+    /// starting from here on.
+    fn read_config(&self, stem: &str, toml: &Path, first: bool) -> Result<PluginConfig, Rejection> {
         let config = PluginConfig::load(toml, &self.options.defaults)?;
         {
             let mut users = self.wasm_users.lock();
@@ -469,13 +547,19 @@ impl Shared {
                     .to_string(),
             ));
         }
-        if running.is_none() {
+        if first {
             // Loading: no version of it runs yet.
             self.status.update(stem, toml.to_owned(), |s| {
                 s.name = config.name.clone();
                 s.state = PluginState::Starting;
             });
         }
+        Ok(config)
+    }
+
+    /// Step 2: asks discovery about every kind the TOML names (each once) and checks the
+    /// TOML's use of them.
+    async fn resolve_kinds(&self, config: &PluginConfig) -> Result<(), Rejection> {
         let mut kinds = BTreeMap::new();
         for (_, kind) in config.kinds() {
             if !kinds.contains_key(kind) {
@@ -483,38 +567,44 @@ impl Shared {
             }
         }
         config.check_kinds(&ResolvedKinds(kinds))?;
+        Ok(())
+    }
 
-        let (bytes, _) = match read_settled(&config.wasm_path) {
-            Ok(r) => r,
+    /// Step 3: reads the `.wasm` once it has settled. `None`: nothing to load yet — the file
+    /// is missing (a first load shows as waiting for it) or still being written (it is looked
+    /// at again after another quiet period).
+    fn read_wasm(
+        &self,
+        stem: &str,
+        toml: &Path,
+        config: &PluginConfig,
+        first: bool,
+    ) -> Result<Option<Vec<u8>>, Rejection> {
+        match read_settled(&config.wasm_path) {
+            Ok((bytes, _)) => Ok(Some(bytes)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if running.is_none() {
+                if first {
                     tracing::info!(plugin = %config.name, wasm = %config.wasm_path.display(), "waiting for the plugin's .wasm");
                     self.status.update(stem, toml.to_owned(), |s| {
                         s.state = PluginState::WaitingForWasm;
                         s.wasm = Some(config.wasm_path.clone());
                     });
                 }
-                return Ok(());
+                Ok(None)
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 // Still being written: look again after another quiet period.
                 let _ = self.retry.send(config.wasm_path.clone());
-                return Ok(());
+                Ok(None)
             }
-            Err(e) => return Err(Rejection(format!("cannot read {}: {e}", config.wasm_path.display()))),
-        };
-        let version = version_of(&bytes);
-        if let Some(r) = running.as_ref()
-            && r.generation.config == config
-            && r.generation.version == version
-        {
-            // The files are back to what runs: an earlier rejection no longer applies.
-            self.status.update(stem, toml.to_owned(), |s| s.last_error = None);
-            return Ok(());
+            Err(e) => Err(Rejection(format!("cannot read {}: {e}", config.wasm_path.display()))),
         }
+    }
 
-        // Everything the new version needs, before touching the running one.
-        let leases = Leases::acquire(&config, &*self.deps.informers).await.map_err(Rejection)?;
+    /// Step 4: takes leases on the plugin's informers and waits (bounded by the sync timeout)
+    /// until all have synced. `None`: the manager is shutting down.
+    async fn sync_leases(&self, config: &PluginConfig) -> Result<Option<Leases>, Rejection> {
+        let leases = Leases::acquire(config, &*self.deps.informers).await.map_err(Rejection)?;
         let deadline = tokio::time::Instant::now() + self.options.cache_sync_timeout;
         while !leases.all_synced() {
             if tokio::time::Instant::now() >= deadline {
@@ -531,134 +621,177 @@ impl Shared {
                 )));
             }
             tokio::select! {
-                _ = self.shutdown.cancelled() => return Ok(()),
+                _ = self.shutdown.cancelled() => return Ok(None),
                 _ = tokio::time::sleep(Duration::from_millis(10)) => {}
             }
         }
+        Ok(Some(leases))
+    }
+
+    /// Step 5: compiles the component and runs its `init` (on a blocking thread), with the
+    /// leased caches as its view of the cluster.
+    async fn compile(
+        &self,
+        config: &PluginConfig,
+        leases: &Leases,
+        bytes: Vec<u8>,
+    ) -> Result<Plugin, Rejection> {
         let spec = config.to_plugin_spec();
         let env = PluginEnv { caches: leases.caches(), kube: self.deps.kube.clone() };
         let engine = self.deps.engine.clone();
-        let plugin = tokio::task::spawn_blocking(move || Plugin::load(&engine, spec, &bytes, env))
+        tokio::task::spawn_blocking(move || Plugin::load(&engine, spec, &bytes, env))
             .await
             .map_err(|e| Rejection(format!("loading the component failed: {e}")))?
-            .map_err(|e| Rejection(e.to_string()))?;
-        let hooks = plugin.hooks();
-        config.check_hooks(hooks.map, hooks.filter)?;
-        // Its hooks stay closed until the previous version's last hook call returned.
-        let reconciler = PluginReconciler::new_gated(plugin)
-            .map_err(|e| Rejection(format!("cannot start the plugin's dispatcher: {e}")))?;
-        Generation::check(&config, &leases, &PluginSlot::new(reconciler.clone())).map_err(Rejection)?;
+            .map_err(|e| Rejection(e.to_string()))
+    }
 
-        let name = config.name.clone();
-        let previous = running.as_ref().map(|r| r.generation.version.clone());
-        let restart = running.as_ref().is_some_and(|r| {
-            let old = &r.generation.config;
-            old.for_source.kind != config.for_source.kind
-                || old.concurrency != config.concurrency
-                || old.name != config.name
-        });
-        let for_keys = leases.for_keys(&config);
-        match running.take() {
-            Some(mut r) if !restart => {
-                // Swap: new reconciler first, then the new handlers (wired from the old
-                // ones), then every `for` key once more (a key the old version took
-                // meanwhile is done again by the new one).
-                r.controller.swap_reconciler(reconciler.clone() as Arc<dyn Reconciler>);
-                r.slot.store(reconciler.clone());
-                let wired = Generation::wire(
-                    config,
-                    version.clone(),
-                    reconciler.clone(),
-                    &r.slot,
-                    leases,
-                    r.controller.queue(),
-                    Some(&r.generation),
-                    true,
-                );
-                let generation = match wired {
-                    Ok(g) => Arc::new(g),
-                    Err(e) => {
-                        // Nothing was taken from the old generation: put its version back.
-                        r.controller.swap_reconciler(r.generation.plugin.clone() as Arc<dyn Reconciler>);
-                        r.slot.store(r.generation.plugin.clone());
-                        *running = Some(r);
-                        return Err(Rejection(e));
-                    }
-                };
-                *r.current.lock() = Arc::downgrade(&generation);
-                for key in for_keys {
-                    r.controller.queue().add_with_priority(Request::from_key(&key), Priority::Low);
-                }
-                self.hand_over_hooks(&r.generation, &generation).await;
-                r.generation = generation;
+    /// Swap: the new reconciler first, then the new handlers (wired from the old ones), then
+    /// every `for` key once more (a key the old version took meanwhile is done again by the
+    /// new one); the old generation retires before the new one receives hook calls. A wiring
+    /// failure puts the old version back, untouched.
+    async fn swap(
+        &self,
+        running: &mut Option<Running>,
+        mut r: Running,
+        next: Candidate,
+        for_keys: Vec<String>,
+    ) -> Result<(), Rejection> {
+        let Candidate { config, version, reconciler, leases } = next;
+        r.controller.swap_reconciler(reconciler.clone() as Arc<dyn Reconciler>);
+        r.slot.store(reconciler.clone());
+        let wired = Generation::wire(
+            config,
+            version,
+            reconciler.clone(),
+            &r.slot,
+            leases,
+            r.controller.queue(),
+            Some(&r.generation),
+            true,
+        );
+        let generation = match wired {
+            Ok(g) => Arc::new(g),
+            Err(e) => {
+                // Nothing was taken from the old generation: put its version back.
+                r.controller.swap_reconciler(r.generation.plugin.clone() as Arc<dyn Reconciler>);
+                r.slot.store(r.generation.plugin.clone());
                 *running = Some(r);
+                return Err(Rejection(e));
             }
-            Some(old) => {
-                tracing::info!(plugin = %old.name(), version = %version, previous = %old.generation.version,
-                    "the `for` kind, concurrency or name changed: restarting the plugin's controller, handing its queue over");
-                let limiter = old.controller.queue().limiter().clone();
-                let started = self.start_controller(
-                    config,
-                    version.clone(),
-                    reconciler.clone(),
-                    leases,
-                    Some(limiter),
-                    Some(old.controller.queue()),
-                    Some(&old.generation),
-                );
-                let mut new = match started {
-                    Ok(new) => new,
-                    Err(e) => {
-                        // Refused before the queue was handed over: the old one runs on.
-                        *running = Some(old);
-                        return Err(Rejection(e));
-                    }
-                };
-                self.hand_over_hooks(&old.generation, &new.generation).await;
-                let Running { stop, task, generation, mut retiring, .. } = old;
-                // The old controller hands out nothing more; let its in-flight reconciles
-                // finish without holding up the new one.
-                let plugin = name.clone();
-                retiring.push(tokio::spawn(async move {
-                    stop.cancel();
-                    match task.await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => tracing::warn!(plugin = %plugin, error = %e, "previous controller ended with an error"),
-                        Err(e) => tracing::error!(plugin = %plugin, error = %e, "previous controller task failed"),
-                    }
-                    drop(generation);
-                }));
-                new.retiring = retiring;
-                *running = Some(new);
-            }
-            None => {
-                let parked = self.parked.lock().remove(stem);
-                let limiter = parked.as_ref().map(|q| q.limiter().clone());
-                let started = self.start_controller(
-                    config,
-                    version.clone(),
-                    reconciler.clone(),
-                    leases,
-                    limiter,
-                    parked.as_ref(),
-                    None,
-                );
-                let started = match started {
-                    Ok(r) => r,
-                    Err(e) => {
-                        if let Some(q) = parked {
-                            self.parked.lock().insert(stem.to_owned(), q);
-                        }
-                        return Err(Rejection(e));
-                    }
-                };
-                reconciler.open_hooks();
-                *running = Some(started);
-            }
+        };
+        *r.current.lock() = Arc::downgrade(&generation);
+        for key in for_keys {
+            r.controller.queue().add_with_priority(Request::from_key(&key), Priority::Low);
         }
+        self.hand_over_hooks(&r.generation, &generation).await;
+        r.generation = generation;
+        *running = Some(r);
+        Ok(())
+    }
+
+    /// Restart: a new controller with the old one's rate limiter takes over the old queue;
+    /// the old generation retires before the new one receives hook calls, and the old
+    /// controller winds down in the background. A refusal before the queue was handed over
+    /// leaves the old controller running.
+    async fn restart(
+        &self,
+        running: &mut Option<Running>,
+        old: Running,
+        next: Candidate,
+    ) -> Result<(), Rejection> {
+        let Candidate { config, version, reconciler, leases } = next;
+        tracing::info!(plugin = %old.name(), version = %version, previous = %old.generation.version,
+            "the `for` kind, concurrency or name changed: restarting the plugin's controller, handing its queue over");
+        let name = config.name.clone();
+        let limiter = old.controller.queue().limiter().clone();
+        let started = self.start_controller(
+            config,
+            version,
+            reconciler,
+            leases,
+            Some(limiter),
+            Some(old.controller.queue()),
+            Some(&old.generation),
+        );
+        let mut new = match started {
+            Ok(new) => new,
+            Err(e) => {
+                // Refused before the queue was handed over: the old one runs on.
+                *running = Some(old);
+                return Err(Rejection(e));
+            }
+        };
+        self.hand_over_hooks(&old.generation, &new.generation).await;
+        let Running { stop, task, generation, mut retiring, .. } = old;
+        // The old controller hands out nothing more; let its in-flight reconciles
+        // finish without holding up the new one.
+        let plugin = name;
+        retiring.push(tokio::spawn(async move {
+            stop.cancel();
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(plugin = %plugin, error = %e, "previous controller ended with an error")
+                }
+                Err(e) => tracing::error!(plugin = %plugin, error = %e, "previous controller task failed"),
+            }
+            drop(generation);
+        }));
+        new.retiring = retiring;
+        *running = Some(new);
+        Ok(())
+    }
+
+    /// First start: a new controller, taking over the queue parked when the plugin was last
+    /// removed (if any, with its rate limiter); its hooks open at once. A refusal parks that
+    /// queue again.
+    fn first_start(
+        &self,
+        stem: &str,
+        running: &mut Option<Running>,
+        next: Candidate,
+    ) -> Result<(), Rejection> {
+        let Candidate { config, version, reconciler, leases } = next;
+        let parked = self.parked.lock().remove(stem);
+        let limiter = parked.as_ref().map(|q| q.limiter().clone());
+        let started = self.start_controller(
+            config,
+            version,
+            reconciler.clone(),
+            leases,
+            limiter,
+            parked.as_ref(),
+            None,
+        );
+        let started = match started {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(q) = parked {
+                    self.parked.lock().insert(stem.to_owned(), q);
+                }
+                return Err(Rejection(e));
+            }
+        };
+        reconciler.open_hooks();
+        *running = Some(started);
+        Ok(())
+    }
+
+    /// Records a loaded version: the plugin's name, readiness probe, status and metrics.
+    #[allow(clippy::too_many_arguments)]
+    fn record_loaded(
+        &self,
+        stem: &str,
+        toml: &Path,
+        running: &Option<Running>,
+        name: &str,
+        version: &str,
+        previous: Option<&str>,
+        started: Instant,
+    ) {
         let r = running.as_ref().map(|r| (r.controller.clone(), r.generation.config.wasm_path.clone()));
         self.names.lock().retain(|_, s| s != stem);
-        self.names.lock().insert(name.clone(), stem.to_owned());
+        self.names.lock().insert(name.to_owned(), stem.to_owned());
         if let Some((controller, wasm)) = r {
             let probe_controller = controller.clone();
             self.status.set_probe(
@@ -669,9 +802,9 @@ impl Shared {
                 })),
             );
             self.status.update(stem, toml.to_owned(), |s| {
-                s.name = name.clone();
+                s.name = name.to_owned();
                 s.wasm = Some(wasm);
-                s.version = Some(version.clone());
+                s.version = Some(version.to_owned());
                 s.last_error = None;
                 s.reloads += 1;
                 if s.state != PluginState::Running {
@@ -679,17 +812,16 @@ impl Shared {
                 }
             });
         }
-        self.status.set_info(&name, previous.as_deref(), Some(&version));
-        self.status.count_reload(&name, true);
+        self.status.set_info(name, previous, Some(version));
+        self.status.count_reload(name, true);
         tracing::info!(
             plugin = %name,
             version = %version,
-            previous = previous.as_deref().unwrap_or("none"),
+            previous = previous.unwrap_or("none"),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "plugin {}",
             if previous.is_some() { "reloaded" } else { "loaded" }
         );
-        Ok(())
     }
 
     /// Builds the plugin's controller (with `limiter`, to keep a predecessor's backoff),
