@@ -128,7 +128,7 @@ fn serve(args: &[String]) -> Result<(), Error> {
         None => Pace::Flat,
     };
     // One thread: the other core is the consumer's.
-    let server = BackgroundServer::start(StreamConfig { objects, updates, pace })?;
+    let server = BackgroundServer::start(StreamConfig { objects, updates, pace, expire_first_watch: None })?;
     println!("{}", json!({ "url": server.url(), "json_bytes_per_object": server.json_bytes_per_object() }));
     std::io::stdout().flush()?;
     let mut sink = Vec::new();

@@ -44,7 +44,8 @@ fn env_usize(name: &str, default: usize) -> usize {
 const TIMEOUT: Duration = Duration::from_secs(300);
 
 fn server(objects: usize, updates: u64) -> BackgroundServer {
-    BackgroundServer::start(StreamConfig { objects, updates, pace: Pace::Flat }).expect("stream server")
+    BackgroundServer::start(StreamConfig { objects, updates, pace: Pace::Flat, expire_first_watch: None })
+        .expect("stream server")
 }
 
 fn client(url: &str) -> kube::Client {

@@ -139,7 +139,9 @@ struct Latencies {
 async fn event_to_reconcile(objects: usize, rate: u32, seconds: u64, workers: usize) -> Latencies {
     let n = u64::from(rate) * seconds;
     let pace = Pace::PerSecond { rate, warmup: Duration::from_secs(1) };
-    let server = BackgroundServer::start(StreamConfig { objects, updates: n, pace }).expect("stream server");
+    let server =
+        BackgroundServer::start(StreamConfig { objects, updates: n, pace, expire_first_watch: None })
+            .expect("stream server");
     let started: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let seen: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let all_done = Arc::new(tokio::sync::Notify::new());

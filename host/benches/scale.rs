@@ -14,9 +14,13 @@
 //!   third of the stream (skipping the first tenth overall).
 //! - `sync`: `SCALE_SYNC_OBJECTS` (default 1,000,000) ConfigMaps listed into an informer:
 //!   time to sync, RSS and heap after it, against the objects' JSON size.
-//!
-//! Not covered here: a relist (the stream server serves one list; a second one would need
-//! it to expire the watch).
+//! - `relist`: `SCALE_RELIST_OBJECTS` (default 100,000) ConfigMaps listed into an informer
+//!   with one handler; `SCALE_RELIST_AFTER` seconds (default 20) after it opened, the watch
+//!   ends with 410 Expired and the reflector lists again (consistent read) and replaces the
+//!   cache. Reports the heap after the first sync, the highest heap during the relist (the
+//!   new list's bytes, the decoded objects and the re-delivered notifications live beside
+//!   the old cache for a while) and after it. Issue 12's target: the relist must not double
+//!   the cache's memory.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -30,15 +34,17 @@ use tokio_util::sync::CancellationToken;
 use wasmctrl::cache::Indexer;
 use wasmctrl::controller::{Action, Controller, InformerSource, ReconcileError, Reconciler, Request};
 use wasmctrl::informer::{
-    FactoryOptions, InformerFactory, InformerOptions, InformerSpec, SharedIndexInformer,
+    FactoryOptions, InformerFactory, InformerOptions, InformerSpec, ResourceEventHandler, SharedIndexInformer,
 };
+use wasmctrl::object::{DeletedObject, Object};
 use wasmctrl::plugin::{
     CacheReader, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginReconciler, PluginSpec,
 };
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::latency::{self, Sample};
 use wasmctrl_bench_support::{
-    BackgroundServer, CountingAllocator, Pace, StreamConfig, allocated, unix_nanos,
+    BackgroundServer, CountingAllocator, Pace, StreamConfig, allocated, peak_allocated, reset_peak,
+    unix_nanos,
 };
 
 #[global_allocator]
@@ -108,7 +114,8 @@ fn serve(args: &[String]) -> Result<(), Error> {
         Ok(rate) => Pace::PerSecond { rate: u32::try_from(rate)?, warmup: Duration::from_secs(2) },
         Err(_) => Pace::Flat,
     };
-    let server = BackgroundServer::start(StreamConfig { objects, updates, pace })?;
+    let expire_first_watch = flag(args, "--expire-after").ok().map(Duration::from_secs);
+    let server = BackgroundServer::start(StreamConfig { objects, updates, pace, expire_first_watch })?;
     println!("{}", json!({ "url": server.url(), "json_bytes_per_object": server.json_bytes_per_object() }));
     std::io::stdout().flush()?;
     let mut sink = Vec::new();
@@ -125,10 +132,23 @@ struct ServerProcess {
 
 impl ServerProcess {
     fn start(objects: u64, updates: u64, rate: Option<u64>) -> Result<Self, Error> {
+        Self::start_with(objects, updates, rate, None)
+    }
+
+    /// `expire_after`: seconds after which the first watch ends with 410 Expired.
+    fn start_with(
+        objects: u64,
+        updates: u64,
+        rate: Option<u64>,
+        expire_after: Option<u64>,
+    ) -> Result<Self, Error> {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.args(["serve", "--objects", &objects.to_string(), "--updates", &updates.to_string()]);
         if let Some(rate) = rate {
             cmd.args(["--rate", &rate.to_string()]);
+        }
+        if let Some(secs) = expire_after {
+            cmd.args(["--expire-after", &secs.to_string()]);
         }
         let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
@@ -241,7 +261,13 @@ async fn sustained(url: &str, objects: u64, updates: u64, secs: u64) -> Result<V
         tokio::select! {
             _ = &mut done => break,
             _ = tokio::time::sleep(step) => {
-                rss_over_time.push(json!({ "at_s": wall0.elapsed().as_secs(), "rss_mib": mib(rss().0 as f64) }));
+                // The bench's own latency samples are not the host's.
+                let samples = (stamping.samples.lock().capacity() * std::mem::size_of::<Sample>()) as f64;
+                rss_over_time.push(json!({
+                    "at_s": wall0.elapsed().as_secs(),
+                    "rss_mib": mib(rss().0 as f64),
+                    "heap_mib": mib(allocated() as f64 - samples),
+                }));
                 if Instant::now() > limit {
                     return Err(format!("timed out with {} reconciles of updates", stamping.samples.lock().len()).into());
                 }
@@ -304,6 +330,74 @@ async fn sync(url: &str, objects: u64) -> Result<Value, Error> {
     }))
 }
 
+/// Counts the unchanged objects a relist re-delivers (`on_update` with one resourceVersion).
+#[derive(Default)]
+struct Redelivered(std::sync::atomic::AtomicU64);
+
+impl Redelivered {
+    fn count(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl ResourceEventHandler for Redelivered {
+    fn on_add(&self, _: &Arc<Object>, _: bool) {}
+    fn on_update(&self, old: &Arc<Object>, new: &Arc<Object>) {
+        if old.resource_version() == new.resource_version() {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    fn on_delete(&self, _: &DeletedObject) {}
+}
+
+async fn relist(url: &str, objects: u64) -> Result<Value, Error> {
+    let heap_before = allocated();
+    let start = Instant::now();
+    let informer = SharedIndexInformer::new(InformerOptions { name: "relist".into(), ..Default::default() })?;
+    let redelivered = Arc::new(Redelivered::default());
+    let _registration = informer.add_event_handler(redelivered.clone(), Some(Duration::ZERO));
+    let resource = ApiResource::new("v1", "ConfigMap", "configmaps", true);
+    informer.start(Reflector::new(client(url)?, resource, ReflectorConfig::default()));
+    while !informer.has_synced() || (informer.indexer().len() as u64) < objects {
+        if start.elapsed() > Duration::from_secs(900) {
+            return Err("no sync within 15 minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let synced = start.elapsed();
+    if redelivered.count() > 0 {
+        return Err("the relist began before the first sync was measured; raise SCALE_RELIST_AFTER".into());
+    }
+    let heap_synced = allocated().saturating_sub(heap_before);
+    let (rss_synced, _) = rss();
+    reset_peak();
+    let relist_started = Instant::now();
+    while redelivered.count() < objects {
+        if relist_started.elapsed() > Duration::from_secs(900) {
+            return Err(format!(
+                "the relist re-delivered {} of {objects} objects in 15 minutes",
+                redelivered.count()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let peak = peak_allocated().saturating_sub(heap_before);
+    let heap_after = allocated().saturating_sub(heap_before);
+    let (rss_after, rss_peak) = rss();
+    informer.stop();
+    Ok(json!({
+        "sync_s": synced.as_secs_f64(),
+        "relisted_at_s": (synced + relist_started.elapsed()).as_secs_f64(),
+        "heap_synced_mib": mib(heap_synced as f64),
+        "heap_peak_mib": mib(peak as f64),
+        "heap_after_mib": mib(heap_after as f64),
+        "rss_synced_mib": mib(rss_synced as f64),
+        "rss_after_mib": mib(rss_after as f64),
+        "rss_peak_mib": mib(rss_peak as f64),
+    }))
+}
+
 fn consume(args: &[String]) -> Result<(), Error> {
     let url = url_flag(args)?;
     let rt = runtime()?;
@@ -315,7 +409,8 @@ fn consume(args: &[String]) -> Result<(), Error> {
             flag(args, "--secs")?,
         ))?,
         Some("sync") => rt.block_on(sync(&url, flag(args, "--objects")?))?,
-        _ => return Err("usage: consume <sustained|sync> --url URL ...".into()),
+        Some("relist") => rt.block_on(relist(&url, flag(args, "--objects")?))?,
+        _ => return Err("usage: consume <sustained|sync|relist> --url URL ...".into()),
     };
     rt.shutdown_timeout(Duration::from_secs(1));
     println!("{result}");
@@ -346,6 +441,8 @@ fn orchestrate() -> Result<(), Error> {
     let rate = env_u64("SCALE_RATE", 10_000);
     let secs = env_u64("SCALE_SECS", 60);
     let sync_objects = env_u64("SCALE_SYNC_OBJECTS", 1_000_000);
+    let relist_objects = env_u64("SCALE_RELIST_OBJECTS", 100_000);
+    let relist_after = env_u64("SCALE_RELIST_AFTER", 20);
     let updates = rate * secs;
 
     println!();
@@ -382,11 +479,21 @@ fn orchestrate() -> Result<(), Error> {
                 .as_array()
                 .map(|a| {
                     a.iter()
-                        .map(|p| format!("{}s {:.0}", p["at_s"], p["rss_mib"].as_f64().unwrap_or(0.0)))
+                        .map(|p| {
+                            format!(
+                                "{}s {:.0}/{:.0}",
+                                p["at_s"],
+                                p["rss_mib"].as_f64().unwrap_or(0.0),
+                                p["heap_mib"].as_f64().unwrap_or(0.0)
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
-            println!("  RSS over time (MiB): {}", over_time.join(", "));
+            println!(
+                "  RSS / live heap over time (MiB; the heap without the benchmark's latency samples): {}",
+                over_time.join(", ")
+            );
             println!("  CPU while streaming: {:.2} cores", r["cores"].as_f64().unwrap_or(0.0));
             println!(
                 "  event → reconcile start ({} reconciles): p50 {:.3} ms, p99 {:.3} ms, max {:.1} ms (target p99 ≤ 5 ms)",
@@ -431,6 +538,32 @@ fn orchestrate() -> Result<(), Error> {
                     rss / json_mib,
                     r["peak_mib"].as_f64().unwrap_or(0.0),
                     heap / json_mib
+                );
+            }
+            Err(e) => println!("  failed: {e}"),
+        }
+    }
+
+    if relist_objects > 0 {
+        println!(
+            "relist: {relist_objects} ConfigMaps listed, the watch expired after {relist_after} s, listed again"
+        );
+        let server = ServerProcess::start_with(relist_objects, 0, None, Some(relist_after))?;
+        let json_mib = mib(server.json_bytes_per_object * relist_objects as f64);
+        match run(&server, &["relist", "--objects", &relist_objects.to_string()]) {
+            Ok(r) => {
+                let num = |k: &str| r[k].as_f64().unwrap_or(0.0);
+                let synced = num("heap_synced_mib");
+                println!(
+                    "  synced in {:.1} s, relisted by {:.1} s; JSON {json_mib:.0} MiB; heap: synced {synced:.0} MiB, peak during the relist {:.0} MiB ({:.2}× synced; target < 2×), after {:.0} MiB; RSS synced {:.0} / after {:.0} / peak {:.0} MiB",
+                    num("sync_s"),
+                    num("relisted_at_s"),
+                    num("heap_peak_mib"),
+                    num("heap_peak_mib") / synced.max(f64::MIN_POSITIVE),
+                    num("heap_after_mib"),
+                    num("rss_synced_mib"),
+                    num("rss_after_mib"),
+                    num("rss_peak_mib"),
                 );
             }
             Err(e) => println!("  failed: {e}"),

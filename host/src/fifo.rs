@@ -271,6 +271,19 @@ impl DeltaFifo {
         self.notify.notify_waiters();
     }
 
+    /// The object the store holds for `obj`'s key when it has `obj`'s resourceVersion (so
+    /// the same content: every write of an object changes its resourceVersion). A relist
+    /// hands this to [`replace`](Self::replace) instead of its freshly decoded copy, so
+    /// objects that did not change are not held twice while the list is applied.
+    pub fn stored_unchanged(&self, obj: &Object) -> Option<Arc<Object>> {
+        let rv = obj.resource_version();
+        if rv.is_empty() {
+            return None;
+        }
+        let stored = self.known.as_ref()?.known_object(obj.key())?;
+        (stored.resource_version() == rv).then_some(stored)
+    }
+
     /// Replaces the content with a fresh list (a relist): a `Replaced` delta per object, then
     /// a `Deleted` tombstone for every queued or known key the list lacks.
     pub fn replace(&self, list: Vec<Arc<Object>>) {
@@ -576,6 +589,24 @@ mod tests {
 
     fn known(o: &Arc<Object>) -> DeletedObject {
         DeletedObject::Known(o.clone())
+    }
+
+    #[test]
+    fn a_relisted_object_with_the_stored_resource_version_is_the_stored_one() {
+        let cached = obj("a", 5);
+        let (_s, known) = store(std::slice::from_ref(&cached));
+        let f = DeltaFifo::new(Some(known));
+        let same = f.stored_unchanged(&obj("a", 5)).expect("unchanged");
+        assert!(Arc::ptr_eq(&same, &cached));
+        assert!(f.stored_unchanged(&obj("a", 6)).is_none(), "a changed object is its new copy");
+        assert!(f.stored_unchanged(&obj("b", 5)).is_none(), "an object the store lacks");
+        assert!(DeltaFifo::new(None).stored_unchanged(&obj("a", 5)).is_none(), "no store");
+        let no_rv = Arc::new(Object::from_json(r#"{"metadata":{"name":"a"}}"#.into()).unwrap());
+        let (_s, known) = store(std::slice::from_ref(&no_rv));
+        assert!(
+            DeltaFifo::new(Some(known)).stored_unchanged(&no_rv).is_none(),
+            "no resourceVersion to compare"
+        );
     }
 
     // TestDeltaFIFO_basic

@@ -14,7 +14,7 @@ pub mod latency;
 mod progress;
 mod server;
 
-pub use alloc::{CountingAllocator, allocated};
+pub use alloc::{CountingAllocator, allocated, peak_allocated, reset_peak};
 pub use clock::unix_nanos;
 pub use corpus::{Corpus, SENT_ANNOTATION, SEQ_ANNOTATION};
 pub use progress::{StreamProgress, WatchFigures};

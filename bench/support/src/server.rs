@@ -10,6 +10,10 @@
 //! - Exactly one watch streams the updates: the first one from the list's resourceVersion.
 //!   Any other watch (a reconnect, another resourceVersion) stays open and sends nothing, so a
 //!   consumer never sees an update twice. After the last update the stream stays open too.
+//! - With [`StreamConfig::expire_first_watch`], the first watch from the list's
+//!   resourceVersion instead waits that long, sends one `ERROR` event (410 Expired, what a
+//!   real server sends when the watch cache no longer holds the version) and ends, so the
+//!   client relists; the next watch from the list's resourceVersion streams the updates.
 //! - Each object's [`SENT_ANNOTATION`](crate::SENT_ANNOTATION) is stamped with the wall
 //!   clock when the server generates it, just before handing it to the response stream.
 //!   Paced, an update is generated at its due time (`warmup + u / rate` after the watch
@@ -54,6 +58,8 @@ pub struct StreamConfig {
     /// Updates in the watch stream (0 when `objects` is 0).
     pub updates: u64,
     pub pace: Pace,
+    /// End the first watch with 410 Expired after this long (forcing one relist).
+    pub expire_first_watch: Option<Duration>,
 }
 
 /// A running server; stops when dropped.
@@ -70,7 +76,13 @@ impl StreamServer {
         let json_bytes_per_object = corpus.json_bytes_per_object();
         let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared { corpus, config, watch_started: AtomicBool::new(false), addr });
+        let shared = Arc::new(Shared {
+            corpus,
+            config,
+            watch_started: AtomicBool::new(false),
+            watch_expired: AtomicBool::new(false),
+            addr,
+        });
         let app = axum::Router::new()
             .route("/api", axum::routing::get(api_versions))
             .route("/apis", axum::routing::get(api_groups))
@@ -108,6 +120,7 @@ struct Shared {
     corpus: Corpus,
     config: StreamConfig,
     watch_started: AtomicBool,
+    watch_expired: AtomicBool,
     addr: SocketAddr,
 }
 
@@ -156,6 +169,25 @@ async fn configmaps(State(s): State<Arc<Shared>>, Query(q): Query<HashMap<String
         return json(s.corpus.list_body(unix_nanos()));
     }
     let from_list = q.get("resourceVersion").is_some_and(|rv| *rv == s.corpus.list_rv().to_string());
+    if let Some(after) = s.config.expire_first_watch
+        && from_list
+        && !s.watch_expired.swap(true, Ordering::SeqCst)
+    {
+        let expired = format!(
+            concat!(
+                r#"{{"type":"ERROR","object":{{"kind":"Status","apiVersion":"v1","metadata":{{}},"#,
+                r#""status":"Failure","message":"too old resource version: {} ({})","reason":"Expired","code":410}}}}"#,
+                "\n"
+            ),
+            s.corpus.list_rv(),
+            s.corpus.list_rv() + 1
+        );
+        let event = futures::stream::once(async move {
+            tokio::time::sleep(after).await;
+            Ok::<_, std::io::Error>(Bytes::from(expired))
+        });
+        return json(Body::from_stream(event));
+    }
     let first = from_list && !s.watch_started.swap(true, Ordering::SeqCst);
     if !first || s.corpus.objects() == 0 {
         return json(Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>()));

@@ -43,8 +43,14 @@ async fn read_events(tcp: &mut tokio::net::TcpStream, count: usize, limit: Durat
 
 #[tokio::test]
 async fn serves_discovery_the_list_and_one_watch() {
-    let server =
-        StreamServer::start(StreamConfig { objects: 3, updates: 5, pace: Pace::Flat }).await.expect("server");
+    let server = StreamServer::start(StreamConfig {
+        objects: 3,
+        updates: 5,
+        pace: Pace::Flat,
+        expire_first_watch: None,
+    })
+    .await
+    .expect("server");
     let url = server.url().to_owned();
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 
@@ -73,11 +79,42 @@ async fn serves_discovery_the_list_and_one_watch() {
 #[tokio::test]
 async fn a_paced_watch_sends_no_update_before_it_is_due() {
     let pace = Pace::PerSecond { rate: 1000, warmup: Duration::ZERO };
-    let server = StreamServer::start(StreamConfig { objects: 10, updates: 50, pace }).await.expect("server");
+    let server =
+        StreamServer::start(StreamConfig { objects: 10, updates: 50, pace, expire_first_watch: None })
+            .await
+            .expect("server");
     let started = Instant::now();
     let mut watch = get(server.url(), "/api/v1/configmaps?watch=true&resourceVersion=1010").await;
     let raw = read_events(&mut watch, 50, Duration::from_secs(10)).await;
     assert!(String::from_utf8_lossy(&raw).contains(&format!(r#""{SEQ_ANNOTATION}":"49""#)));
     // Update 49 is due 49 ms after the watch started.
     assert!(started.elapsed() >= Duration::from_millis(49), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn an_expiring_first_watch_ends_with_410_and_the_next_one_streams() {
+    let config = StreamConfig {
+        objects: 3,
+        updates: 2,
+        pace: Pace::Flat,
+        expire_first_watch: Some(Duration::from_millis(50)),
+    };
+    let server = StreamServer::start(config).await.expect("server");
+    let url = server.url().to_owned();
+
+    let mut first = get(&url, "/api/v1/configmaps?watch=true&resourceVersion=1003").await;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), first.read_to_end(&mut raw))
+        .await
+        .expect("the expired watch ends")
+        .expect("read");
+    let text = String::from_utf8_lossy(&raw);
+    let (_, body) = text.split_once("\r\n\r\n").expect("headers end");
+    assert!(body.contains(r#""type":"ERROR""#) && body.contains(r#""code":410"#), "{body}");
+    assert!(!body.contains("MODIFIED"), "{body}");
+
+    // The relist's watch, from the same resourceVersion, gets the updates.
+    let mut second = get(&url, "/api/v1/configmaps?watch=true&resourceVersion=1003").await;
+    let raw = read_events(&mut second, 2, Duration::from_secs(10)).await;
+    assert!(String::from_utf8_lossy(&raw).contains(&format!(r#""{SEQ_ANNOTATION}":"1""#)));
 }

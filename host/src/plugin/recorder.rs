@@ -12,6 +12,13 @@
 //!   10 minutes bumps the existing event's `series` instead of creating another.
 //! - Memory is bounded: past [`MAX_TRACKED`] entries, expired ones are forgotten.
 //! - Once the server is found to lack events.k8s.io/v1, core/v1 Events are written for good.
+//!
+//! Why not `kube::runtime::events::Recorder`: it keys its series by object, type, reason and
+//! action but not the note, so two events that differ only in their note (a plugin's
+//! "created x" and "created y") would be folded into one series and the second note lost
+//! (client-go counts an event as a repeat only when its message matches too); it has no
+//! spam filter and no core/v1 fallback for servers without events.k8s.io/v1. Adopting it
+//! would change what users see.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

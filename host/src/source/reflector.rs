@@ -189,7 +189,7 @@ impl Reflector {
                 Effect::List(from) => {
                     let listed = tokio::select! {
                         _ = cancel.cancelled() => Err(None),
-                        r = self.list(&from) => r.map_err(Some),
+                        r = self.list(&fifo, &from) => r.map_err(Some),
                     };
                     match listed {
                         Ok((objects, rv)) => {
@@ -262,12 +262,16 @@ impl Reflector {
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs)
             .or((status.as_u16() == 429).then_some(Duration::from_secs(1)));
-        let body = collect(response.into_body()).await.unwrap_or_default();
+        let body = collect(response).await.unwrap_or_default();
         Err(status_error(status.as_u16(), &body, retry_after))
     }
 
     /// A full list (paged when `from` is): the objects and the list's resourceVersion.
-    async fn list(&self, from: &ListFrom) -> Result<(Vec<Arc<Object>>, String), ReflectorError> {
+    async fn list(
+        &self,
+        fifo: &DeltaFifo,
+        from: &ListFrom,
+    ) -> Result<(Vec<Arc<Object>>, String), ReflectorError> {
         let type_meta = Some((self.resource.api_version.as_str(), self.resource.kind.as_str()));
         let mut rv = from.resource_version().to_owned();
         let mut objects = Vec::new();
@@ -280,7 +284,7 @@ impl Reflector {
         loop {
             let request = self.requests.list(&rv, page_size, continue_token.as_deref())?;
             let page = match self.get(request).await {
-                Ok(response) => collect(response.into_body()).await?,
+                Ok(response) => collect(response).await?,
                 Err(e) if e.is_gone() && continue_token.is_some() => {
                     // The continue token expired mid-list: start over, consistently.
                     tracing::info!(resource = %self.name(), "list continue token expired; restarting list");
@@ -295,7 +299,9 @@ impl Reflector {
                 .map_err(|e| ReflectorError::Decode(format!("list page: {e}")))?;
             for item in parsed.items.unwrap_or_default() {
                 match Object::from_api_json(item.get().as_bytes(), type_meta, self.config.transform) {
-                    Ok(obj) => objects.push(Arc::new(obj)),
+                    // An unchanged object (a relist) is the one already cached: the copy is
+                    // dropped at once instead of living beside the cache until the replace.
+                    Ok(obj) => objects.push(fifo.stored_unchanged(&obj).unwrap_or_else(|| Arc::new(obj))),
                     Err(error) => {
                         tracing::warn!(resource = %self.name(), %error, "skipping malformed list item")
                     }
@@ -465,8 +471,29 @@ fn split_event(line: &[u8]) -> Option<(&'static str, &[u8])> {
     (object.first() == Some(&b'{') && object.last() == Some(&b'}')).then_some((kind, object))
 }
 
-async fn collect(body: kube::client::Body) -> Result<Bytes, ReflectorError> {
-    body.collect().await.map(|c| c.to_bytes()).map_err(ReflectorError::Transport)
+/// Largest buffer reserved up front from a response's declared length.
+const MAX_RESERVE: u64 = 1 << 30;
+
+/// A whole response body in one buffer. Each frame is copied in as it arrives, into a
+/// buffer sized from the response's `Content-Length` when it has one: `BodyExt::collect`
+/// keeps every frame and then copies them all into a second buffer, holding the body twice,
+/// which for an unpaged list of 100,000 objects is ~200 MB more at the moment a relist also
+/// holds the whole cache. (A chunked response grows the buffer as it comes.)
+async fn collect(response: http::Response<kube::client::Body>) -> Result<Bytes, ReflectorError> {
+    let declared = response
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(MAX_RESERVE);
+    let mut body = response.into_body();
+    let mut buf = bytes::BytesMut::with_capacity(usize::try_from(declared).unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(ReflectorError::Transport)?.into_data() {
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
 }
 
 /// Sleeps unless cancelled first; returns false when cancelled.
