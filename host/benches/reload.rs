@@ -164,7 +164,16 @@ async fn run(
                 (elapsed, started)
             }
         };
-        // Both builds compiled once (tier-ups done): the cache is warm from here on.
+        // Both builds in the compile cache (with tier-up on, a version replaced before its
+        // tier-up ran is not compiled): every swap below the cold ones is warm.
+        let (e, builds) = (engine.clone(), s.builds.clone());
+        tokio::task::spawn_blocking(move || {
+            for b in &builds {
+                e.load_component(b).expect("compile");
+            }
+        })
+        .await
+        .expect("compile");
         swap(s.builds[1].clone()).await;
         swap(s.builds[0].clone()).await;
         settle(engine.clone()).await;
