@@ -1,6 +1,11 @@
 //! Hot-reload swap latency: from the manager noticing a changed `.wasm` to the new version
 //! serving (its reconciler swapped in, its handlers wired, every key re-enqueued), with a
-//! warm compile cache (the build was compiled before) and cold (a build never seen).
+//! warm compile cache (the build was compiled before) and cold (a build never seen), for a
+//! small plugin (`reload-stamp`, ~110 KB) and a 1 MB one (`website-operator`). Cold swaps
+//! run twice in the same process, tier-up off (Cranelift before serving) and on (Winch
+//! before serving, Cranelift in the background); with tier-up on, the time from the file
+//! change until the plugin runs Cranelift code is reported too. Each cold swap waits for
+//! the previous one's tier-up to finish, so none measures another's background compile.
 //!
 //! The change is noticed through `PluginManager::rescan` (what SIGHUP does), so the file
 //! watcher's debounce period (200 ms by default) is not part of the figure.
@@ -63,16 +68,135 @@ fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+fn median(samples: &[Duration]) -> Duration {
+    let mut s = samples.to_vec();
+    s.sort();
+    s[s.len() / 2]
+}
+
 fn summary(label: &str, mut samples: Vec<Duration>) {
     samples.sort();
     let pct = |p: f64| samples[((samples.len() - 1) as f64 * p).round() as usize];
     println!(
-        "{label:<28} n={:<4} median {:>8.2} ms   p90 {:>8.2} ms   max {:>8.2} ms",
+        "  {label:<30} n={:<4} median {:>8.2} ms   p90 {:>8.2} ms   max {:>8.2} ms",
         samples.len(),
         pct(0.5).as_secs_f64() * 1e3,
         pct(0.9).as_secs_f64() * 1e3,
         samples[samples.len() - 1].as_secs_f64() * 1e3
     );
+}
+
+/// A plugin to swap: its TOML and two builds.
+struct Subject {
+    name: &'static str,
+    toml: String,
+    builds: [Vec<u8>; 2],
+}
+
+/// What one manager run measured for one plugin.
+#[derive(Default)]
+struct Swaps {
+    warm: Vec<Duration>,
+    cold: Vec<Duration>,
+    /// From the file change until the plugin's instances run Cranelift code.
+    until_optimized: Vec<Duration>,
+}
+
+/// Starts a manager over `subjects` (tier-up on or off, a fresh compile cache) and swaps
+/// each plugin `samples` times warm and `cold` times cold.
+async fn run(
+    cluster: &DevCluster,
+    subjects: &[Subject],
+    tier_up: bool,
+    samples: usize,
+    cold: usize,
+) -> Vec<Swaps> {
+    let client = cluster.client().expect("client");
+    let metrics = Metrics::new();
+    let cache = tempfile::tempdir().expect("tempdir");
+    let engine = PluginEngine::new(
+        EngineConfig { cache_dir: Some(cache.path().to_owned()), tier_up, ..EngineConfig::default() },
+        Some(&metrics),
+    )
+    .expect("engine");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let install = |file: &str, bytes: &[u8]| {
+        let tmp = dir.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, bytes).expect("write");
+        std::fs::rename(&tmp, dir.path().join(file)).expect("rename");
+    };
+    for s in subjects {
+        install(&format!("{}.toml", s.name), s.toml.as_bytes());
+        install(&format!("{}.wasm", s.name), &s.builds[0]);
+    }
+    let deps = ManagerDeps {
+        engine: engine.clone(),
+        informers: Arc::new(FactoryLeases(InformerFactory::new(client.clone(), FactoryOptions::default()))),
+        kube: Some(KubeServices::new(client, tokio::runtime::Handle::current(), "bench")),
+        metrics,
+    };
+    let shutdown = CancellationToken::new();
+    let manager = PluginManager::start(
+        ManagerOptions { watch: false, ..ManagerOptions::new(dir.path()) },
+        deps,
+        shutdown.clone(),
+    )
+    .await
+    .expect("manager");
+    let settle = |engine: PluginEngine| async move {
+        tokio::task::spawn_blocking(move || {
+            assert!(engine.wait_for_tier_ups(Duration::from_secs(300)), "tier-up stuck")
+        })
+        .await
+        .expect("wait");
+    };
+    let mut results = Vec::new();
+    for s in subjects {
+        let swap = |bytes: Vec<u8>| {
+            install(&format!("{}.wasm", s.name), &bytes);
+            let manager = &manager;
+            async move {
+                let started = Instant::now();
+                manager.rescan().await;
+                let elapsed = started.elapsed();
+                let status = manager.status().get(s.name).expect("status");
+                assert_eq!(status.version, Some(version_of(&bytes)), "swap did not take: {status:?}");
+                (elapsed, started)
+            }
+        };
+        // Both builds in the compile cache (with tier-up on, a version replaced before its
+        // tier-up ran is not compiled): every swap below the cold ones is warm.
+        let (e, builds) = (engine.clone(), s.builds.clone());
+        tokio::task::spawn_blocking(move || {
+            for b in &builds {
+                e.load_component(b).expect("compile");
+            }
+        })
+        .await
+        .expect("compile");
+        swap(s.builds[1].clone()).await;
+        swap(s.builds[0].clone()).await;
+        settle(engine.clone()).await;
+        let mut r = Swaps::default();
+        for i in 0..samples {
+            r.warm.push(swap(s.builds[(i + 1) % 2].clone()).await.0);
+        }
+        for i in 0..cold {
+            let (elapsed, started) = swap(unique(&s.builds[i % 2], i)).await;
+            r.cold.push(elapsed);
+            settle(engine.clone()).await;
+            if tier_up {
+                r.until_optimized.push(started.elapsed());
+            }
+        }
+        results.push(r);
+    }
+    let loads = engine.component_loads();
+    let ups = engine.tier_ups();
+    println!("tier-up {}: component loads {loads:?}; tier-ups {ups:?}", if tier_up { "on" } else { "off" });
+    shutdown.cancel();
+    manager.stopped().await;
+    results
 }
 
 fn main() {
@@ -82,6 +206,7 @@ fn main() {
     }
     let samples = arg("--samples", 20);
     let objects = arg("--objects", 100);
+    let cold = samples.min(10);
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(async move {
@@ -93,64 +218,36 @@ fn main() {
             ));
         }
         cluster.apply_yaml(&yaml).expect("seed");
-        let client = cluster.client().expect("client");
-        let metrics = Metrics::new();
-        let cache = tempfile::tempdir().expect("tempdir");
-        let engine = PluginEngine::new(
-            EngineConfig { cache_dir: Some(cache.path().to_owned()), ..EngineConfig::default() },
-            Some(&metrics),
-        )
-        .expect("engine");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let install = |file: &str, bytes: &[u8]| {
-            let tmp = dir.path().join(format!(".{file}.tmp"));
-            std::fs::write(&tmp, bytes).expect("write");
-            std::fs::rename(&tmp, dir.path().join(file)).expect("rename");
-        };
-        install(
-            "stamp.toml",
-            b"concurrency = 2\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"bench\"\nlabel-selector = \"role=src\"\n[permissions]\nwrite = [\"v1/ConfigMap\"]\n",
-        );
-        let (a, b) = (build("reload-stamp-a"), build("reload-stamp-b"));
-        install("stamp.wasm", &a);
-        let deps = ManagerDeps {
-            engine,
-            informers: Arc::new(FactoryLeases(InformerFactory::new(client.clone(), FactoryOptions::default()))),
-            kube: Some(KubeServices::new(client, tokio::runtime::Handle::current(), "bench")),
-            metrics,
-        };
-        let shutdown = CancellationToken::new();
-        let manager = PluginManager::start(ManagerOptions { watch: false, ..ManagerOptions::new(dir.path()) }, deps, shutdown.clone())
-            .await
-            .expect("manager");
-        let swap = |bytes: Vec<u8>| {
-            install("stamp.wasm", &bytes);
-            let manager = &manager;
-            async move {
-                let started = Instant::now();
-                manager.rescan().await;
-                let elapsed = started.elapsed();
-                let status = manager.status().get("stamp").expect("status");
-                assert_eq!(status.version, Some(version_of(&bytes)), "swap did not take: {status:?}");
-                elapsed
-            }
-        };
-        // Both builds compiled once: the cache is warm from here on.
-        swap(b.clone()).await;
-        swap(a.clone()).await;
-        let mut warm = Vec::new();
-        for i in 0..samples {
-            warm.push(swap(if i % 2 == 0 { b.clone() } else { a.clone() }).await);
+        let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let read = |p: &str| std::fs::read_to_string(examples.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+        // The Website kind, and no Website: the swap's cost is the plugin's, not its work.
+        cluster.apply_yaml(&read("seed/20-website-crd.yaml")).expect("website CRD");
+        let site = build("website-operator");
+        let subjects = [
+            Subject {
+                name: "stamp",
+                toml: "concurrency = 2\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"bench\"\nlabel-selector = \"role=src\"\n[permissions]\nwrite = [\"v1/ConfigMap\"]\n".to_owned(),
+                builds: [build("reload-stamp-a"), build("reload-stamp-b")],
+            },
+            Subject {
+                name: "website-operator",
+                toml: read("plugins/website-operator.toml"),
+                builds: [site.clone(), unique(&site, usize::MAX)],
+            },
+        ];
+        let off = run(&cluster, &subjects, false, samples, cold).await;
+        let on = run(&cluster, &subjects, true, samples, cold).await;
+        println!();
+        println!("hot-reload swap latency ({objects} objects of the stamp plugin's `for` kind re-enqueued per swap)");
+        for ((s, off), on) in subjects.iter().zip(off).zip(on) {
+            println!("{} ({} KB)", s.name, s.builds[0].len() / 1024);
+            let ratio = median(&off.cold).as_secs_f64() / median(&on.cold).as_secs_f64();
+            summary("warm compile cache", off.warm.into_iter().chain(on.warm).collect());
+            summary("cold, tier-up off (Cranelift)", off.cold);
+            summary("cold, tier-up on (Winch)", on.cold);
+            summary("cold until Cranelift code runs", on.until_optimized);
+            println!("  cold swap, tier-up off / on (medians): {ratio:.2}x");
         }
-        let mut cold = Vec::new();
-        for i in 0..samples.min(10) {
-            cold.push(swap(unique(if i % 2 == 0 { &b } else { &a }, i)).await);
-        }
-        println!("hot-reload swap latency ({objects} objects of the `for` kind re-enqueued per swap)");
-        summary("warm compile cache", warm);
-        summary("cold (compile)", cold);
-        shutdown.cancel();
-        manager.stopped().await;
         cluster.shutdown().await;
     });
 }

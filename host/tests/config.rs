@@ -717,6 +717,16 @@ fn idle_instance_timeout_defaults_to_a_minute_and_zero_keeps_instances() {
 }
 
 #[test]
+fn tier_up_defaults_to_on_and_takes_only_a_bool() {
+    let path = Path::new("/etc/wasmctrl/wasmctrl.toml");
+    let tier_up = |text: &str| HostConfig::parse(path, text).unwrap().tier_up;
+    assert!(tier_up(""));
+    assert!(!tier_up("tier-up = false"));
+    assert!(tier_up("tier-up = true"));
+    assert!(HostConfig::parse(path, "tier-up = \"yes\"").is_err());
+}
+
+#[test]
 fn compile_cache_budget_defaults_to_a_gibibyte() {
     let path = Path::new("/etc/wasmctrl/wasmctrl.toml");
     let budget = |text: &str| HostConfig::parse(path, text).unwrap().cache_max_bytes;

@@ -1,30 +1,38 @@
-//! The one wasmtime [`Engine`] of the host, its epoch ticker and its on-disk compile cache.
+//! The host's wasmtime [`Engine`]s (Cranelift, and Winch when tier-up is on), their epoch
+//! ticker and the on-disk compile cache.
 //!
 //! Invariants:
-//! - The engine is configured once (Cranelift, epoch interruption, optional pooling
-//!   allocator) and shared by every plugin; so is the [`Linker`]: the WASI interfaces of
+//! - The optimising engine is configured once (Cranelift, epoch interruption, optional
+//!   pooling allocator) and shared by every plugin; so is the [`Linker`]: the WASI interfaces of
 //!   [`super::wasi`] and each `wasmctrl:controller` import, every interface linked on its
 //!   own with a getter that hands out only that interface's view of the store's state.
+//!   With tier-up on, a baseline engine (Winch, otherwise the same settings) has a linker
+//!   linked the same way; a component runs only in stores of the engine that compiled it.
 //! - A component importing a WASI interface the host does not link is refused before any
 //!   instance of it exists ([`PluginEngine::check_imports`]), naming the interface.
 //! - By default ([`EngineTuning`]) each linear memory gets wasmtime's 4 GiB reservation plus
 //!   its guard region (address space only, also under the pooling allocator), so compiled
 //!   guest code has no explicit bounds check on loads and stores; a plugin's `memory` limit
 //!   is enforced at `memory.grow` either way.
-//! - While a [`PluginEngine`] lives, a ticker thread bumps the engine's epoch every
+//! - While a [`PluginEngine`] lives, a ticker thread bumps every engine's epoch every
 //!   [`EngineConfig::epoch_tick`]; running calls check their deadline (and cancellation)
 //!   at each tick. The thread stops when the last handle is dropped.
 //! - Compiled artifacts live in the on-disk [`super::compile_cache`] (atomic writes, a byte
 //!   budget, least recently used out first). An artifact that fails to load (other
-//!   wasmtime, corrupted) is recompiled and replaced.
+//!   wasmtime, corrupted) is recompiled and replaced. Only Cranelift artifacts are cached.
 //! - [`PluginEngine::shared_component`] compiles (or loads from the cache) once per content
 //!   hash: concurrent loads of the same bytes wait for one compile, and the compiled code is
 //!   shared by every plugin using it for as long as one does (see [`super::shared`]).
+//! - Tier-up ([`EngineConfig::tier_up`]): a load that misses the compile cache compiles with
+//!   Winch and returns at once; Cranelift compiles the same bytes in the background
+//!   ([`super::tier_up`]) and the plugins switch to its code when ready ([`super::tier`]).
+//!   A cache hit is used directly (no Winch). A component Winch cannot compile is compiled
+//!   by Cranelift before the load returns, as with tier-up off: tier-up never fails a load.
 //! - At most one Cranelift compile per core runs at once (each already uses every core);
 //!   loads beyond that wait, so loading many distinct plugins at once does not hold the
-//!   intermediate state of all their compiles in memory together.
+//!   intermediate state of all their compiles in memory together. Background tier-ups wait
+//!   behind loads; Winch compiles (a fraction of the time and memory) do not wait.
 
-use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig, Strategy};
 
 use super::PluginError;
 use super::bindings::TypesHost;
@@ -41,9 +49,12 @@ use super::bindings::wasmctrl::controller::{cache, client, config, events, log, 
 use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
 use super::gate::Gate;
 use super::idle::{IdleInstances, IdleReaper, ReaperThread};
-use super::metrics::{ComponentLoadLabels, RuntimeMetrics};
+use super::metrics::{ComponentLoadLabels, RuntimeMetrics, TierUpLabels};
+use super::optimizer::Optimizer;
 use super::shared::{Outcome, Registry, Shared};
 use super::state::HostState;
+use super::tier::{Tier, TieredComponent};
+use super::tier_up::{TierUpJob, TierUpWorker};
 use crate::metrics::Metrics;
 
 /// How the shared engine is set up.
@@ -65,6 +76,13 @@ pub struct EngineConfig {
     pub idle_instance_timeout: Option<Duration>,
     /// Code generation and memory layout knobs; the default is what the host runs with.
     pub tuning: EngineTuning,
+    /// Tier-up: a component missing from the compile cache is compiled with Winch first
+    /// (several times faster to compile, slower to run) and serves at once, while Cranelift
+    /// compiles it in the background; plugins switch to the optimised code when it is
+    /// ready. Off here (every plugin runs Cranelift code from its first call, which is
+    /// what benchmarks and tests of guest speed expect); the host TOML's `tier-up` turns it
+    /// on by default.
+    pub tier_up: bool,
 }
 
 /// Engine knobs that trade speed for address space or for guarantees. The defaults are the
@@ -104,6 +122,7 @@ impl Default for EngineConfig {
             max_wasm_stack: 512 << 10,
             idle_instance_timeout: Some(DEFAULT_IDLE_INSTANCE_TIMEOUT),
             tuning: EngineTuning::default(),
+            tier_up: false,
         }
     }
 }
@@ -123,16 +142,29 @@ impl Default for PoolingLimits {
     }
 }
 
-/// How many component loads compiled, read the compile cache, or reused shared code.
+/// How many component loads compiled (Cranelift), compiled with Winch (to tier up), read
+/// the compile cache, or reused shared code.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ComponentLoads {
     pub compiled: u64,
+    pub baseline: u64,
     pub from_cache: u64,
     pub shared: u64,
 }
 
+/// Background tier-ups so far, by result (also the `wasmctrl_plugin_tier_ups` metric).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierUps {
+    /// The optimised code was handed to the plugins running the component.
+    pub done: u64,
+    /// No plugin ran the component any more.
+    pub abandoned: u64,
+    /// Cranelift refused the component (its plugins stay on the baseline code).
+    pub failed: u64,
+}
+
 /// A compiled component shared by content hash; its code stays shared while one is alive.
-pub type SharedComponent = Shared<LoadedComponent, PluginError>;
+pub type SharedComponent = Shared<Arc<TieredComponent>, PluginError>;
 
 /// A compiled component and where it came from.
 #[derive(Clone)]
@@ -159,17 +191,24 @@ struct EngineInner {
     metrics: RuntimeMetrics,
     ticker: Option<EpochTicker>,
     /// Compiled components in use, by hex SHA-256 of their `.wasm`.
-    components: Registry<String, LoadedComponent, PluginError>,
+    components: Registry<String, Arc<TieredComponent>, PluginError>,
     /// Releases idle instances, when an idle timeout is set.
     idle: Option<(Arc<IdleReaper>, ReaperThread)>,
-    /// Bounds the compiles running at once.
-    compiles: Gate,
-    /// The on-disk compile cache, when configured.
-    disk: Option<CompileCache>,
+    /// Cranelift through the compile cache (and the gate bounding compiles at once).
+    optimizer: Optimizer,
+    /// The Winch engine and the background compiles, when tier-up is on.
+    tier_up: Option<(Baseline, TierUpWorker)>,
+}
+
+/// The baseline compiler's engine and its linker.
+struct Baseline {
+    engine: Engine,
+    linker: Linker<HostState>,
 }
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
+        self.tier_up.take();
         self.idle.take();
         if let Some(t) = self.ticker.take() {
             t.stop();
@@ -181,46 +220,28 @@ impl PluginEngine {
     /// Configures the engine, links the imports and starts the epoch ticker. Registers
     /// the runtime's metrics in `metrics` when given.
     pub fn new(config: EngineConfig, metrics: Option<&Metrics>) -> Result<Self, PluginError> {
-        let mut wasm = Config::new();
-        wasm.wasm_component_model(true)
-            .cranelift_opt_level(OptLevel::Speed)
-            .epoch_interruption(config.tuning.epoch_interruption)
-            .max_wasm_stack(config.max_wasm_stack)
-            .parallel_compilation(true);
-        if let Some(bytes) = config.tuning.memory_reservation {
-            wasm.memory_reservation(bytes);
-        }
-        if let Some(bytes) = config.tuning.memory_guard_size {
-            wasm.memory_guard_size(bytes);
-        }
-        if let Some(p) = &config.pooling {
-            let mut pool = PoolingAllocationConfig::default();
-            let n = p.instances.max(1);
-            // A wasm32-wasip2 Rust component instantiates a handful of core modules
-            // (the program plus wit-component shims), one memory and a few tables.
-            pool.total_component_instances(n)
-                .total_core_instances(n.saturating_mul(8))
-                .total_memories(n.saturating_mul(2))
-                .total_tables(n.saturating_mul(4))
-                .total_stacks(0)
-                .max_memory_size(p.max_memory)
-                .max_core_instances_per_component(16)
-                .max_memories_per_component(4)
-                .max_tables_per_component(8);
-            wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        }
-        let engine = Engine::new(&wasm).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
+        let engine = Engine::new(&wasm_config(&config)).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
         let linker = link(&engine).map_err(|e| PluginError::Engine(format!("linking the imports: {e:#}")))?;
         let runtime_metrics = RuntimeMetrics::default();
         if let Some(m) = metrics {
             runtime_metrics.register(m);
         }
-        let ticker = EpochTicker::start(engine.clone(), config.epoch_tick.max(Duration::from_micros(100)))?;
+        let disk = config.cache_dir.clone().map(|dir| CompileCache::new(dir, config.cache_max_bytes));
+        let gate = Arc::new(Gate::new(std::thread::available_parallelism().map_or(1, usize::from)));
+        let optimizer = Optimizer::new(engine.clone(), disk, gate);
+        let tier_up = match config.tier_up.then(|| baseline_engine(&config)).flatten() {
+            Some(baseline) => {
+                Some((baseline, TierUpWorker::start(optimizer.clone(), runtime_metrics.clone())?))
+            }
+            None => None,
+        };
+        let mut ticked = vec![engine.clone()];
+        ticked.extend(tier_up.as_ref().map(|(b, _)| b.engine.clone()));
+        let ticker = EpochTicker::start(ticked, config.epoch_tick.max(Duration::from_micros(100)))?;
         let idle = match config.idle_instance_timeout.filter(|t| !t.is_zero()) {
             Some(timeout) => Some(IdleReaper::start(timeout)?),
             None => None,
         };
-        let disk = config.cache_dir.clone().map(|dir| CompileCache::new(dir, config.cache_max_bytes));
         Ok(PluginEngine {
             inner: Arc::new(EngineInner {
                 engine,
@@ -230,8 +251,8 @@ impl PluginEngine {
                 ticker: Some(ticker),
                 components: Registry::default(),
                 idle,
-                compiles: Gate::new(std::thread::available_parallelism().map_or(1, usize::from)),
-                disk,
+                optimizer,
+                tier_up,
             }),
         })
     }
@@ -241,8 +262,37 @@ impl PluginEngine {
         &self.inner.engine
     }
 
-    pub(crate) fn linker(&self) -> &Linker<HostState> {
-        &self.inner.linker
+    /// The linker for instances of `component` (of the engine that compiled it).
+    pub(crate) fn linker_for(&self, component: &Component) -> &Linker<HostState> {
+        match &self.inner.tier_up {
+            Some((baseline, _)) if Engine::same(component.engine(), &baseline.engine) => &baseline.linker,
+            _ => &self.inner.linker,
+        }
+    }
+
+    /// Whether loads that miss the compile cache start on Winch code and tier up.
+    pub fn tier_up_enabled(&self) -> bool {
+        self.inner.tier_up.is_some()
+    }
+
+    /// Waits until the background tier-ups queued so far have finished (each plugin using
+    /// their components switched), at most `timeout`; whether they have. True at once with
+    /// tier-up off.
+    pub fn wait_for_tier_ups(&self, timeout: Duration) -> bool {
+        self.inner.tier_up.as_ref().is_none_or(|(_, worker)| worker.wait_idle(timeout))
+    }
+
+    /// Every compile permit: Cranelift compiles (background tier-ups included) wait until
+    /// they are dropped.
+    #[cfg(test)]
+    pub(crate) fn hold_compiles(&self) -> Vec<super::gate::Permit<'_>> {
+        self.inner.optimizer.gate().enter_all()
+    }
+
+    /// Background tier-ups so far, by result.
+    pub fn tier_ups(&self) -> TierUps {
+        let get = |result| self.inner.metrics.tier_ups.get_or_create(&TierUpLabels { result }).get();
+        TierUps { done: get("done"), abandoned: get("abandoned"), failed: get("failed") }
     }
 
     pub(crate) fn metrics(&self) -> &RuntimeMetrics {
@@ -256,11 +306,12 @@ impl PluginEngine {
 
     /// The compiled component of `wasm`, shared with every other plugin of the same bytes:
     /// the one in use, or the one a concurrent call is compiling (this call waits for it),
-    /// or else [`PluginEngine::load_component`]'s. Blocking.
+    /// or else a new load: [`PluginEngine::load_component`]'s, or with tier-up on and a
+    /// compile cache miss, Winch's (Cranelift's follows in the background). Blocking.
     pub fn shared_component(&self, wasm: &[u8]) -> Result<SharedComponent, PluginError> {
         let hash = hex::encode(Sha256::digest(wasm));
         let (shared, outcome) =
-            self.inner.components.get_or_load(&hash, || self.load_hashed(wasm, hash.clone()))?;
+            self.inner.components.get_or_load(&hash, || self.load_tiered(wasm, hash.clone()))?;
         if outcome == Outcome::Shared {
             self.count_load("shared");
         }
@@ -295,7 +346,12 @@ impl PluginEngine {
     pub fn component_loads(&self) -> ComponentLoads {
         let get =
             |origin| self.inner.metrics.component_loads.get_or_create(&ComponentLoadLabels { origin }).get();
-        ComponentLoads { compiled: get("compiled"), from_cache: get("cache"), shared: get("shared") }
+        ComponentLoads {
+            compiled: get("compiled"),
+            baseline: get("baseline"),
+            from_cache: get("cache"),
+            shared: get("shared"),
+        }
     }
 
     fn count_load(&self, origin: &'static str) {
@@ -312,59 +368,59 @@ impl PluginEngine {
 
     fn load_hashed(&self, wasm: &[u8], hash: String) -> Result<LoadedComponent, PluginError> {
         let start = Instant::now();
-        let Some(disk) = &self.inner.disk else {
-            let component = self.compile(wasm)?;
-            self.count_load("compiled");
-            return Ok(LoadedComponent { component, hash, from_cache: false, elapsed: start.elapsed() });
-        };
-        let path = disk.path_of(&hash, &self.engine_hash());
-        if path.is_file() {
-            // SAFETY: the cache directory holds only artifacts this host wrote with
-            // `precompile_component` for an engine with the same compatibility hash
-            // (part of the file name); it is trusted like the host binary.
-            match unsafe { Component::deserialize_file(&self.inner.engine, &path) } {
-                Ok(component) => {
-                    disk.touch(&path);
-                    self.count_load("cache");
-                    return Ok(LoadedComponent {
-                        component,
-                        hash,
-                        from_cache: true,
-                        elapsed: start.elapsed(),
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "cached component unusable; recompiling");
-                }
-            }
+        let optimizer = &self.inner.optimizer;
+        if let Some(component) = optimizer.cached(&hash) {
+            self.count_load("cache");
+            return Ok(LoadedComponent { component, hash, from_cache: true, elapsed: start.elapsed() });
         }
         self.validate_component(wasm)?;
-        let artifact = {
-            let _permit = self.inner.compiles.enter();
-            self.inner.engine.precompile_component(wasm)
-        }
-        .map_err(|e| PluginError::Compile(format!("{e:#}")))?;
-        let component = match disk.store(&path, &artifact) {
-            // SAFETY: as above; the file was written by this process just now. Loading
-            // from the file (not the bytes) lets wasmtime map it copy-on-write.
-            Ok(()) => unsafe { Component::deserialize_file(&self.inner.engine, &path) },
-            Err(e) => {
-                // A read-only or full cache directory must not stop plugins from loading.
-                tracing::warn!(error = %e, "compile cache not writable; using the artifact from memory");
-                // SAFETY: `artifact` was produced by this engine's `precompile_component` just now.
-                unsafe { Component::deserialize(&self.inner.engine, &artifact) }
-            }
-        }
-        .map_err(|e| PluginError::Compile(format!("loading the compiled component: {e:#}")))?;
+        let component = optimizer.compile(wasm, &hash, optimizer.gate().enter())?;
         self.count_load("compiled");
         Ok(LoadedComponent { component, hash, from_cache: false, elapsed: start.elapsed() })
     }
 
-    /// Compiles without touching the cache.
+    /// With tier-up on and no cached artifact, the Winch-compiled component (its tier-up
+    /// queued); else [`PluginEngine::load_hashed`]'s.
+    fn load_tiered(&self, wasm: &[u8], hash: String) -> Result<Arc<TieredComponent>, PluginError> {
+        let start = Instant::now();
+        let optimized =
+            |component| Ok(Arc::new(TieredComponent::new(hash.clone(), component, Tier::Optimized, start)));
+        let Some((baseline, worker)) = &self.inner.tier_up else {
+            return optimized(self.load_hashed(wasm, hash.clone())?.component);
+        };
+        if let Some(component) = self.inner.optimizer.cached(&hash) {
+            self.count_load("cache");
+            return optimized(component);
+        }
+        self.validate_component(wasm)?;
+        let version = hash.get(..12).unwrap_or(&hash);
+        match Component::new(&baseline.engine, wasm) {
+            Ok(component) => {
+                self.count_load("baseline");
+                let tiered = Arc::new(TieredComponent::new(hash.clone(), component, Tier::Baseline, start));
+                tracing::debug!(%version, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "compiled with Winch; Cranelift follows in the background");
+                worker.submit(TierUpJob {
+                    wasm: wasm.to_vec(),
+                    hash: hash.clone(),
+                    target: Arc::downgrade(&tiered),
+                });
+                Ok(tiered)
+            }
+            Err(e) => {
+                // A feature Winch lacks (or bytes nobody can compile: Cranelift then says why).
+                tracing::debug!(%version, error = %format!("{e:#}"), "Winch cannot compile this component; compiling with Cranelift");
+                let optimizer = &self.inner.optimizer;
+                let component = optimizer.compile(wasm, &hash, optimizer.gate().enter())?;
+                self.count_load("compiled");
+                optimized(component)
+            }
+        }
+    }
+
+    /// Compiles with Cranelift without touching the cache.
     pub fn compile(&self, wasm: &[u8]) -> Result<Component, PluginError> {
         self.validate_component(wasm)?;
-        let _permit = self.inner.compiles.enter();
-        Component::new(&self.inner.engine, wasm).map_err(|e| PluginError::Compile(format!("{e:#}")))
+        self.inner.optimizer.compile_uncached(wasm)
     }
 
     fn validate_component(&self, wasm: &[u8]) -> Result<(), PluginError> {
@@ -381,19 +437,61 @@ impl PluginEngine {
     /// [`super::wasi`]); `plugin` names it in the message.
     pub fn check_imports(&self, plugin: &str, component: &Component) -> Result<(), PluginError> {
         let ty = component.component_type();
-        let imports: Vec<&str> = ty.imports(&self.inner.engine).map(|(name, _)| name).collect();
+        let imports: Vec<&str> = ty.imports(component.engine()).map(|(name, _)| name).collect();
         let ungranted = super::wasi::ungranted_imports(imports);
         if ungranted.is_empty() {
             return Ok(());
         }
         Err(PluginError::Ungranted { plugin: plugin.to_owned(), reason: super::wasi::refusal(&ungranted) })
     }
+}
 
-    /// A short hex digest of what makes compiled artifacts compatible with this engine.
-    fn engine_hash(&self) -> String {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.inner.engine.precompile_compatibility_hash().hash(&mut h);
-        format!("{:016x}", h.finish())
+/// The wasmtime configuration of the optimising engine.
+fn wasm_config(config: &EngineConfig) -> Config {
+    let mut wasm = Config::new();
+    wasm.wasm_component_model(true)
+        .cranelift_opt_level(OptLevel::Speed)
+        .epoch_interruption(config.tuning.epoch_interruption)
+        .max_wasm_stack(config.max_wasm_stack)
+        .parallel_compilation(true);
+    if let Some(bytes) = config.tuning.memory_reservation {
+        wasm.memory_reservation(bytes);
+    }
+    if let Some(bytes) = config.tuning.memory_guard_size {
+        wasm.memory_guard_size(bytes);
+    }
+    if let Some(p) = &config.pooling {
+        let mut pool = PoolingAllocationConfig::default();
+        let n = p.instances.max(1);
+        // A wasm32-wasip2 Rust component instantiates a handful of core modules
+        // (the program plus wit-component shims), one memory and a few tables.
+        pool.total_component_instances(n)
+            .total_core_instances(n.saturating_mul(8))
+            .total_memories(n.saturating_mul(2))
+            .total_tables(n.saturating_mul(4))
+            .total_stacks(0)
+            .max_memory_size(p.max_memory)
+            .max_core_instances_per_component(16)
+            .max_memories_per_component(4)
+            .max_tables_per_component(8);
+        wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
+    wasm
+}
+
+/// The Winch engine (the optimising engine's settings, Winch's code generator) and its
+/// linker; `None`, with a warning, when wasmtime refuses it here (tier-up is then off:
+/// every load compiles with Cranelift).
+fn baseline_engine(config: &EngineConfig) -> Option<Baseline> {
+    let mut wasm = wasm_config(config);
+    wasm.strategy(Strategy::Winch);
+    let built = Engine::new(&wasm).and_then(|engine| Ok(Baseline { linker: link(&engine)?, engine }));
+    match built {
+        Ok(b) => Some(b),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "Winch is unavailable on this host; tier-up is off (every load compiles with Cranelift)");
+            None
+        }
     }
 }
 
@@ -423,14 +521,14 @@ fn link(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     Ok(l)
 }
 
-/// Bumps the engine's epoch at a fixed period on its own thread.
+/// Bumps the engines' epochs at a fixed period on its own thread.
 struct EpochTicker {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
 }
 
 impl EpochTicker {
-    fn start(engine: Engine, tick: Duration) -> Result<Self, PluginError> {
+    fn start(engines: Vec<Engine>, tick: Duration) -> Result<Self, PluginError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -438,7 +536,9 @@ impl EpochTicker {
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
                     std::thread::park_timeout(tick);
-                    engine.increment_epoch();
+                    for engine in &engines {
+                        engine.increment_epoch();
+                    }
                 }
             })
             .map_err(|e| PluginError::Engine(format!("starting the epoch ticker: {e}")))?;

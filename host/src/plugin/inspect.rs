@@ -47,7 +47,7 @@ pub fn inspect_component(engine: &PluginEngine, wasm: &[u8]) -> Result<Component
     let fits = if ungranted.is_empty() { Ok(()) } else { Err(super::wasi::refusal(&ungranted)) };
     let fits = fits.and_then(|()| {
         engine
-            .linker()
+            .linker_for(&component)
             .instantiate_pre(&component)
             .map_err(|e| format!("{e:#}"))
             .and_then(|pre| PluginPre::new(pre).map(|_| ()).map_err(|e| format!("{e:#}")))

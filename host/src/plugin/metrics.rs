@@ -1,5 +1,5 @@
 //! The plugin runtime's own metric families: traps, instantiations, refused host calls,
-//! live instances and component loads.
+//! live instances, component loads and tier-ups.
 //!
 //! Invariants: one [`RuntimeMetrics`] per engine, registered at most once (by the engine,
 //! when given the host's registry); every other module only increments what it is handed.
@@ -21,9 +21,18 @@ pub struct PluginCallLabels {
 /// `{origin}` label of `wasmctrl_plugin_component_loads`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct ComponentLoadLabels {
-    /// `compiled` (Cranelift ran), `cache` (read from the compile cache) or `shared`
-    /// (the compiled code another plugin uses, or a concurrent load's).
+    /// `compiled` (Cranelift ran), `baseline` (Winch ran; Cranelift runs in the
+    /// background), `cache` (read from the compile cache) or `shared` (the compiled code
+    /// another plugin uses, or a concurrent load's).
     pub origin: &'static str,
+}
+
+/// `{result}` label of `wasmctrl_plugin_tier_ups`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct TierUpLabels {
+    /// `done` (the plugins switched to the optimised code), `abandoned` (no plugin ran
+    /// the component any more) or `failed` (Cranelift refused it; plugins stay on Winch).
+    pub result: &'static str,
 }
 
 /// The runtime's own metric families, registered once per engine.
@@ -37,8 +46,10 @@ pub(crate) struct RuntimeMetrics {
     pub forbidden: Family<PluginCallLabels, Counter>,
     /// Instances alive now, every plugin and version together.
     pub live_instances: Gauge,
-    /// Component loads by where the code came from (`compiled`, `cache`, `shared`).
+    /// Component loads by where the code came from (`compiled`, `baseline`, `cache`, `shared`).
     pub component_loads: Family<ComponentLoadLabels, Counter>,
+    /// Background Cranelift compiles of components loaded with Winch, by result.
+    pub tier_ups: Family<TierUpLabels, Counter>,
 }
 
 impl RuntimeMetrics {
@@ -62,8 +73,13 @@ impl RuntimeMetrics {
         );
         m.register(
             "wasmctrl_plugin_component_loads",
-            "Component loads by origin: compiled, read from the compile cache, or shared with another plugin",
+            "Component loads by origin: compiled (Cranelift), baseline (Winch, optimised in the background), read from the compile cache, or shared with another plugin",
             self.component_loads.clone(),
+        );
+        m.register(
+            "wasmctrl_plugin_tier_ups",
+            "Background Cranelift compiles of components first loaded with Winch, by result: done (plugins switched to the optimised code), abandoned (no plugin ran it any more), failed",
+            self.tier_ups.clone(),
         );
     }
 

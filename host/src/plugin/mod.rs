@@ -7,7 +7,10 @@
 //!    `wit/`), [`metrics`] (the runtime's metric families), `call` (the call in progress),
 //!    `callsites` (tracing callsites for guest log fields), [`record`] (the fixture call
 //!    log), `recorder` (the Event spam filter and aggregation), `stdio` (guest stdout and
-//!    stderr into the log), [`shared`], [`pool`], `gate`, `idle`, [`compile_cache`].
+//!    stderr into the log), [`shared`], [`pool`], `gate`, `idle`, [`compile_cache`],
+//!    [`tier`] (a component's code across its tier-up from Winch to Cranelift), then
+//!    `optimizer` (Cranelift through the compile cache) and `tier_up` (the background
+//!    Cranelift compiles), which import only these.
 //! 2. Shared pieces of the imports: `access` (a plugin's permission checks) and
 //!    [`cluster`] ([`KubeServices`], the host's cluster access, owned here so that the
 //!    `client` and `events` imports both use it without importing each other).
@@ -48,6 +51,7 @@ mod idle;
 pub mod inspect;
 mod log;
 pub mod metrics;
+mod optimizer;
 pub mod pool;
 pub mod record;
 mod recorder;
@@ -56,6 +60,8 @@ pub mod shared;
 pub mod spec;
 mod state;
 mod stdio;
+pub mod tier;
+mod tier_up;
 pub mod wasi;
 
 pub use adapter::PluginReconciler;
@@ -65,12 +71,13 @@ pub use cluster::KubeServices;
 pub use compile_cache::DEFAULT_CACHE_MAX_BYTES;
 pub use engine::{
     ComponentLoads, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig, EngineTuning, LoadedComponent, PluginEngine,
-    PoolingLimits, SharedComponent,
+    PoolingLimits, SharedComponent, TierUps,
 };
 pub use inspect::{ComponentReport, inspect_component};
 pub use record::{CallLog, RecordedEvent, RecordedWrite};
-pub use runtime::{CallError, FilterInput, Plugin, PluginEnv, PluginHooks};
+pub use runtime::{CallError, FilterInput, Plugin, PluginEnv, PluginHooks, TierCalls};
 pub use spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
+pub use tier::Tier;
 
 /// Why a plugin could not be loaded.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -6,6 +6,10 @@
 //! - An instance comes back to the idle list only if its call ended cleanly; a lease
 //!   dropped while marked poisoned (a trap) destroys the instance and frees its slot, so
 //!   the next checkout instantiates afresh.
+//! - [`Pool::renew`] starts a new generation: the idle instances are dropped at once, the
+//!   checked-out ones when their lease ends (their call finishes first), and no instance of
+//!   an older generation is ever handed out again. The bound on live instances holds across
+//!   generations: an old instance's slot is freed only when it is dropped.
 //! - Instances are created outside the pool's lock (instantiation and `init` run guest code).
 //! - Each idle instance remembers when it became idle; [`Pool::release_idle_since`] drops
 //!   those idle since a cutoff (outside the lock) and frees their slots. A checkout takes
@@ -23,9 +27,11 @@ pub struct Pool<T> {
 }
 
 struct PoolState<T> {
-    /// Idle instances and when each became idle, oldest first.
+    /// Idle instances and when each became idle, oldest first; all of the current generation.
     idle: Vec<(T, Instant)>,
     live: usize,
+    /// Bumped by [`Pool::renew`].
+    generation: u64,
 }
 
 /// Why no item could be had.
@@ -44,7 +50,7 @@ impl<T> Pool<T> {
     pub fn new(max: usize) -> Self {
         Pool {
             max: max.max(1),
-            state: Mutex::new(PoolState { idle: Vec::new(), live: 0 }),
+            state: Mutex::new(PoolState { idle: Vec::new(), live: 0, generation: 0 }),
             freed: Condvar::new(),
         }
     }
@@ -68,14 +74,17 @@ impl<T> Pool<T> {
     ) -> Result<Lease<'_, T>, CheckoutError<E>> {
         let mut s = self.state.lock();
         loop {
+            let generation = s.generation;
             if let Some((item, _)) = s.idle.pop() {
-                return Ok(Lease { pool: self, item: Some(item), poisoned: false });
+                return Ok(Lease { pool: self, item: Some(item), poisoned: false, generation });
             }
             if s.live < self.max {
                 s.live += 1;
                 drop(s);
+                // Created for this generation: if the pool is renewed while `create` runs,
+                // the item serves this one call and is dropped when the lease ends.
                 return match create() {
-                    Ok(item) => Ok(Lease { pool: self, item: Some(item), poisoned: false }),
+                    Ok(item) => Ok(Lease { pool: self, item: Some(item), poisoned: false, generation }),
                     Err(e) => {
                         self.release_slot();
                         Err(CheckoutError::Create(e))
@@ -112,6 +121,21 @@ impl<T> Pool<T> {
         drop(idle);
     }
 
+    /// Starts a new generation: drops the idle instances now and each checked-out one when
+    /// its lease ends; later checkouts get only instances created from now on.
+    pub fn renew(&self) {
+        let idle = {
+            let mut s = self.state.lock();
+            s.generation += 1;
+            let idle = std::mem::take(&mut s.idle);
+            s.live -= idle.len();
+            self.freed.notify_all();
+            idle
+        };
+        // Dropped outside the lock: tearing a store down is not free.
+        drop(idle);
+    }
+
     /// Drops the instances idle since `cutoff` or earlier; returns how many.
     pub fn release_idle_since(&self, cutoff: Instant) -> usize {
         let released = {
@@ -132,11 +156,14 @@ impl<T> Pool<T> {
     }
 }
 
-/// A checked-out instance; returns to the pool on drop unless poisoned.
+/// A checked-out instance; returns to the pool on drop unless poisoned or of a generation
+/// the pool has left.
 pub struct Lease<'a, T> {
     pool: &'a Pool<T>,
     item: Option<T>,
     poisoned: bool,
+    /// The pool's generation when the instance was handed out (or created).
+    generation: u64,
 }
 
 impl<T> Lease<'_, T> {
@@ -155,14 +182,16 @@ impl<T> Lease<'_, T> {
 impl<T> Drop for Lease<'_, T> {
     fn drop(&mut self) {
         let Some(item) = self.item.take() else { return };
-        if self.poisoned {
-            drop(item);
-            self.pool.release_slot();
-        } else {
+        if !self.poisoned {
             let mut s = self.pool.state.lock();
-            s.idle.push((item, Instant::now()));
-            self.pool.freed.notify_one();
+            if s.generation == self.generation {
+                s.idle.push((item, Instant::now()));
+                self.pool.freed.notify_one();
+                return;
+            }
         }
+        drop(item);
+        self.pool.release_slot();
     }
 }
 
@@ -241,6 +270,30 @@ mod tests {
         assert_eq!(pool.counts(), (0, 0));
         let mut l = pool.checkout(far, ok(4)).unwrap_or_else(|_| panic!());
         assert_eq!(*l.get(), 4, "the next checkout creates a new instance");
+    }
+
+    #[test]
+    fn renewing_drops_idle_instances_now_and_busy_ones_when_returned() {
+        let pool = Arc::new(Pool::new(2));
+        let far = Instant::now() + Duration::from_secs(60);
+        let mut busy = pool.checkout(far, ok(1)).unwrap_or_else(|_| panic!());
+        drop(pool.checkout(far, ok(2)).unwrap_or_else(|_| panic!()));
+        assert_eq!(pool.counts(), (1, 2));
+        pool.renew();
+        assert_eq!(pool.counts(), (0, 1), "the idle instance was dropped; the busy one still counts");
+        // The pool is full (the busy instance holds its slot): a checkout waits for it.
+        let p = pool.clone();
+        let waiter = std::thread::spawn(move || {
+            let _a = p.checkout(far, ok(3)).unwrap_or_else(|_| panic!());
+            let mut b = p.checkout(far, ok(4)).unwrap_or_else(|_| panic!());
+            *b.get()
+        });
+        assert_eq!(*busy.get(), 1, "the call in flight keeps its instance");
+        drop(busy);
+        assert_eq!(waiter.join().unwrap_or_default(), 4, "the old instance was not handed out again");
+        assert_eq!(pool.counts(), (2, 2));
+        let mut again = pool.checkout(far, ok(5)).unwrap_or_else(|_| panic!());
+        assert!(matches!(*again.get(), 3 | 4), "new-generation instances are reused");
     }
 
     #[test]

@@ -16,11 +16,19 @@
 //! - Plugins loaded from bytes share compiled code by content hash (one compile for any
 //!   number of copies); instances idle past the engine's idle timeout are released and the
 //!   next call instantiates (and `init`s) a new one.
+//! - Tier-up (a plugin loaded on Winch code, see [`super::tier`]): when the optimised code is
+//!   ready, new instances come from it; idle baseline instances are dropped, and one in a
+//!   call finishes that call and is then dropped (never reused). The switch changes only
+//!   which code serves a call: the pool's bound on instances (and so on calls at once) holds
+//!   across it, no call is dropped or run twice, and the plugin's queue, handlers and hook
+//!   dispatch are not involved.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use wasmtime::Store;
 use wasmtime::component::Component;
 
@@ -44,6 +52,7 @@ use super::metrics::PluginCallLabels;
 use super::pool::{CheckoutError, Pool};
 use super::spec::{Gvk, PluginSpec};
 use super::state::{HostState, PluginContexts};
+use super::tier::{Tier, TierUpTarget};
 use crate::controller::{Action, ReconcileError, Request};
 
 /// What the host gives a plugin beyond its spec: the caches of its readable kinds and
@@ -112,7 +121,16 @@ impl From<CallError> for ReconcileError {
 pub(crate) struct Instance {
     store: Store<HostState>,
     bindings: PluginBindings,
+    /// The compiler of the code it runs.
+    tier: Tier,
     _live: LiveInstance,
+}
+
+/// Calls a plugin served so far, by the tier of the code that ran them (`init` excluded).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierCalls {
+    pub baseline: u64,
+    pub optimized: u64,
 }
 
 /// Counts an instance in `wasmctrl_plugin_live_instances` while it exists.
@@ -139,7 +157,10 @@ pub struct Plugin {
 
 struct PluginInner {
     engine: PluginEngine,
-    pre: PluginPre<HostState>,
+    /// The code new instances are made from (replaced once, by a tier-up).
+    code: ArcSwap<Code>,
+    /// Calls served by baseline and by optimised code.
+    calls: [AtomicU64; 2],
     /// The spec the plugin runs with (limits normalized).
     spec: PluginSpec,
     /// Short content hash of the `.wasm` (as `/plugins` shows it), for logs.
@@ -151,7 +172,55 @@ struct PluginInner {
     version: String,
     /// The compiled code shared with other plugins of the same bytes (kept shared while
     /// this plugin lives); `None` when built from a caller's component.
-    _code: Option<SharedComponent>,
+    shared: Option<SharedComponent>,
+}
+
+/// Compiled code ready to instantiate.
+struct Code {
+    pre: PluginPre<HostState>,
+    tier: Tier,
+}
+
+impl Code {
+    /// `component` (of `tier`) linked for instantiation.
+    fn prepare(
+        engine: &PluginEngine,
+        plugin: &str,
+        component: &Component,
+        tier: Tier,
+    ) -> Result<Code, PluginError> {
+        let incompatible = |e: wasmtime::Error| PluginError::Incompatible {
+            plugin: plugin.to_owned(),
+            reason: format!("{e:#}"),
+        };
+        let instance_pre = engine.linker_for(component).instantiate_pre(component).map_err(incompatible)?;
+        Ok(Code { pre: PluginPre::new(instance_pre).map_err(incompatible)?, tier })
+    }
+}
+
+impl TierUpTarget for PluginInner {
+    fn tier_up(&self, optimized: &Component, since_load: Duration) {
+        if self.code.load().tier == Tier::Optimized {
+            return;
+        }
+        match Code::prepare(&self.engine, &self.spec.name, optimized, Tier::Optimized) {
+            Ok(code) => {
+                self.code.store(Arc::new(code));
+                // From here every checkout gets an instance of the optimised code: the
+                // baseline ones idle now go, the busy ones once their call is done.
+                self.pool.renew();
+                tracing::info!(
+                    plugin = %self.spec.name,
+                    version = %self.short_version,
+                    since_load_ms = since_load.as_secs_f64() * 1e3,
+                    "tier-up: new instances run Cranelift code"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(plugin = %self.spec.name, version = %self.short_version, error = %e, "tier-up: the optimised code does not link; staying on Winch code");
+            }
+        }
+    }
 }
 
 impl IdleInstances for PluginInner {
@@ -180,9 +249,10 @@ impl Plugin {
         wasm: &[u8],
         env: PluginEnv,
     ) -> Result<Plugin, PluginError> {
-        let code = engine.shared_component(wasm)?;
-        let loaded = code.value();
-        Self::build(engine, spec, &loaded.component, loaded.hash.clone(), env, Some(code.clone()))
+        let shared = engine.shared_component(wasm)?;
+        let (component, tier) = shared.value().current();
+        let version = shared.value().hash().to_owned();
+        Self::build(engine, spec, &component, tier, version, env, Some(shared))
     }
 
     /// As [`Plugin::load`], from an already compiled component.
@@ -193,27 +263,23 @@ impl Plugin {
         version: String,
         env: PluginEnv,
     ) -> Result<Plugin, PluginError> {
-        Self::build(engine, spec, component, version, env, None)
+        Self::build(engine, spec, component, Tier::Optimized, version, env, None)
     }
 
     fn build(
         engine: &PluginEngine,
         mut spec: PluginSpec,
         component: &Component,
+        tier: Tier,
         version: String,
         env: PluginEnv,
-        code: Option<SharedComponent>,
+        shared: Option<SharedComponent>,
     ) -> Result<Plugin, PluginError> {
         spec.limits = spec.limits.normalized();
         spec.concurrency = spec.concurrency.max(1);
         let name = spec.name.clone();
         engine.check_imports(&name, component)?;
-        let instance_pre = engine
-            .linker()
-            .instantiate_pre(component)
-            .map_err(|e| PluginError::Incompatible { plugin: name.clone(), reason: format!("{e:#}") })?;
-        let pre = PluginPre::new(instance_pre)
-            .map_err(|e| PluginError::Incompatible { plugin: name.clone(), reason: format!("{e:#}") })?;
+        let code = Code::prepare(engine, &name, component, tier)?;
         // One instance per concurrent reconcile plus one for notifications (hooks, map,
         // filter), so those never wait behind a full set of reconciles.
         let pool = Pool::new(spec.concurrency + 1);
@@ -221,14 +287,15 @@ impl Plugin {
         let contexts = contexts(&spec, &short, env, engine);
         let mut inner = PluginInner {
             engine: engine.clone(),
-            pre,
+            code: ArcSwap::from_pointee(code),
+            calls: [AtomicU64::new(0), AtomicU64::new(0)],
             spec,
             short_version: short,
             contexts,
             pool,
             hooks: PluginHooks::default(),
             version,
-            _code: code,
+            shared,
         };
         let (first, info) = inner
             .instantiate()
@@ -245,10 +312,20 @@ impl Plugin {
         let hooks = info.hooks;
         inner.hooks = hooks;
         inner.pool.put_new(first);
-        tracing::info!(plugin = %name, version = %inner.version, ?hooks, "plugin loaded");
+        tracing::info!(plugin = %name, version = %inner.version, ?hooks, tier = tier.as_str(), "plugin loaded");
         let inner = Arc::new(inner);
         let weak = Arc::downgrade(&inner);
         engine.register_idle(weak);
+        if tier == Tier::Baseline
+            && let Some(shared) = &inner.shared
+        {
+            let target: std::sync::Weak<dyn TierUpTarget> =
+                Arc::downgrade(&inner) as std::sync::Weak<dyn TierUpTarget>;
+            // The tier-up may have come while this plugin was being built: then switch now.
+            if let Some(optimized) = shared.value().subscribe(target) {
+                inner.tier_up(&optimized, shared.value().loaded_at().elapsed());
+            }
+        }
         Ok(Plugin { inner })
     }
 
@@ -275,6 +352,20 @@ impl Plugin {
     /// The optional exports the plugin declared in `init`.
     pub fn hooks(&self) -> PluginHooks {
         self.inner.hooks
+    }
+
+    /// The compiler of the code new instances run: [`Tier::Baseline`] from a cold load with
+    /// tier-up on until the background Cranelift compile is done, then [`Tier::Optimized`].
+    pub fn tier(&self) -> Tier {
+        self.inner.code.load().tier
+    }
+
+    /// Calls served so far (`init` excluded), by the tier of the code that ran them.
+    pub fn calls_by_tier(&self) -> TierCalls {
+        TierCalls {
+            baseline: self.inner.calls[0].load(Ordering::Relaxed),
+            optimized: self.inner.calls[1].load(Ordering::Relaxed),
+        }
     }
 
     /// (idle, live) instances of the pool.
@@ -415,7 +506,8 @@ impl PluginInner {
     /// A new instance with `init` run on it, and what its `init` reported.
     fn instantiate(&self) -> Result<(Instance, InitInfo), CallError> {
         let plugin = &self.spec.name;
-        let mut store = Store::new(self.engine.engine(), HostState::new(&self.contexts));
+        let code = self.code.load_full();
+        let mut store = Store::new(code.pre.engine(), HostState::new(&self.contexts));
         store.limiter(|s| &mut s.limits);
         store.epoch_deadline_callback(check_at_tick);
         store.set_epoch_deadline(1);
@@ -426,7 +518,7 @@ impl PluginInner {
             .instantiations
             .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: "init".into() })
             .inc();
-        let bindings = self.pre.instantiate(&mut store).map_err(|e| CallError::Init {
+        let bindings = code.pre.instantiate(&mut store).map_err(|e| CallError::Init {
             plugin: plugin.clone(),
             reason: describe_error(&e, &store, &self.spec),
         })?;
@@ -440,7 +532,10 @@ impl PluginInner {
         let info = init.map_err(|reason| CallError::Init { plugin: plugin.clone(), reason })?;
         let for_kind = info.for_kind.map(|g| Gvk::new(g.api_version, g.kind));
         let live = LiveInstance::new(&self.engine.metrics().live_instances);
-        Ok((Instance { store, bindings, _live: live }, InitInfo { hooks: info.hooks.into(), for_kind }))
+        Ok((
+            Instance { store, bindings, tier: code.tier, _live: live },
+            InitInfo { hooks: info.hooks.into(), for_kind },
+        ))
     }
 
     /// Runs `f` on a pooled instance under the sandbox's limits.
@@ -463,6 +558,11 @@ impl PluginInner {
         let data = inst.store.data_mut();
         data.call = CallInfo { export, request, deadline };
         data.stderr.lock().clear();
+        self.calls[match inst.tier {
+            Tier::Baseline => 0,
+            Tier::Optimized => 1,
+        }]
+        .fetch_add(1, Ordering::Relaxed);
         match f(inst) {
             Ok(r) => Ok(r),
             Err(e) => {
@@ -567,3 +667,7 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSp
     }
     reason
 }
+
+#[cfg(test)]
+#[path = "tier_up_tests.rs"]
+mod tier_up_tests;

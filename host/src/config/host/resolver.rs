@@ -49,6 +49,7 @@ pub(super) fn resolve(
     let cache_max_bytes = file.cache_max_size.map_or(crate::plugin::DEFAULT_CACHE_MAX_BYTES, ByteSize::bytes);
     let idle_instance_timeout =
         file.idle_instance_timeout.map_or(crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT, DurationValue::get);
+    let tier_up = file.tier_up.unwrap_or(true);
 
     let c = &file.cluster;
     let mode_name = match c.mode {
@@ -203,6 +204,7 @@ pub(super) fn resolve(
         cache_dir,
         cache_max_bytes,
         idle_instance_timeout,
+        tier_up,
         cluster,
         server_address,
         leader_election,

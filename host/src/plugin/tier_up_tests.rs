@@ -1,0 +1,248 @@
+//! Tier-up through real compiled guests: a cold load serves on Winch code, then on
+//! Cranelift code; a warm load never uses Winch; a call in flight during the switch
+//! completes; a version dropped before its tier-up leaves nothing behind; Winch code is
+//! interrupted at its deadline like Cranelift code; a component Winch cannot compile loads
+//! with Cranelift.
+//!
+//! The background compiles are held back by taking every compile permit, so which code
+//! serves which call is decided by the test, never by timing. Needs the guests built
+//! (`cargo xtask build-guests`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::*;
+use crate::object::Object;
+use crate::plugin::{CacheReadError, CacheReader, EngineConfig, TierUps};
+
+/// Long enough for any background compile on a loaded machine; never reached when all is well.
+const SETTLE: Duration = Duration::from_secs(300);
+
+fn wasm(crate_name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../guests/target/wasm32-wasip2/release")
+        .join(format!("{}.wasm", crate_name.replace('-', "_")));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask build-guests`", path.display()))
+}
+
+fn engine(cache: &Path, tier_up: bool) -> PluginEngine {
+    let config = EngineConfig {
+        cache_dir: Some(cache.to_owned()),
+        pooling: None,
+        epoch_tick: Duration::from_millis(2),
+        tier_up,
+        ..EngineConfig::default()
+    };
+    PluginEngine::new(config, None).unwrap_or_else(|e| panic!("engine: {e}"))
+}
+
+fn configmap() -> Gvk {
+    Gvk::new("v1", "ConfigMap")
+}
+
+fn spec(name: &str) -> PluginSpec {
+    let mut s = PluginSpec::new(name, configmap());
+    s.limits.deadline = Duration::from_secs(60);
+    s
+}
+
+fn env(cache: Arc<dyn CacheReader>) -> PluginEnv {
+    PluginEnv { caches: HashMap::from([(configmap(), cache)]), kube: None }
+}
+
+fn fine() -> Request {
+    Request { namespace: None, name: "fine".into() }
+}
+
+/// Compiled artifacts in the compile cache directory.
+fn artifacts(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| {
+        d.filter_map(Result::ok).filter(|e| e.path().extension().is_some_and(|x| x == "cwasm")).count()
+    })
+}
+
+/// A cache whose `get` blocks until the test lets it return (it reports each entry).
+struct BlockingCache {
+    entered: Mutex<mpsc::Sender<()>>,
+    release: Mutex<mpsc::Receiver<()>>,
+}
+
+impl CacheReader for BlockingCache {
+    fn get(&self, _key: &str) -> Option<Arc<Object>> {
+        let _ = self.entered.lock().send(());
+        let _ = self.release.lock().recv();
+        None
+    }
+
+    fn list(&self, _: Option<&str>, _: Option<&str>) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        Ok(Vec::new())
+    }
+
+    fn by_index(&self, _: &str, _: &str) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        Ok(Vec::new())
+    }
+}
+
+#[test]
+fn a_cold_load_serves_on_winch_code_then_on_cranelift_code() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = engine(dir.path(), true);
+    assert!(engine.tier_up_enabled());
+    let held = engine.hold_compiles();
+    let plugin = Plugin::load(&engine, spec("cold"), &wasm("test-plugin-panic"), PluginEnv::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.tier(), Tier::Baseline);
+    assert_eq!(engine.component_loads().baseline, 1);
+    assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 1, optimized: 0 });
+    assert_eq!(artifacts(dir.path()), 0, "Winch artifacts are not cached");
+
+    drop(held);
+    assert!(engine.wait_for_tier_ups(SETTLE), "the tier-up did not finish");
+    assert_eq!(engine.tier_ups(), TierUps { done: 1, abandoned: 0, failed: 0 });
+    assert_eq!(plugin.tier(), Tier::Optimized);
+    assert_eq!(plugin.pool_counts(), (0, 0), "the idle Winch instance was dropped");
+    for _ in 0..3 {
+        assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    }
+    assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 1, optimized: 3 });
+    assert_eq!(plugin.pool_counts(), (1, 1), "one Cranelift instance, reused");
+    assert_eq!(artifacts(dir.path()), 1, "the Cranelift artifact is in the compile cache");
+    assert_eq!(engine.component_loads().compiled, 0, "no load waited for Cranelift");
+}
+
+#[test]
+fn a_warm_cache_load_never_uses_winch() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let bytes = wasm("test-plugin-panic");
+    engine(dir.path(), false).load_component(&bytes).unwrap_or_else(|e| panic!("{e}"));
+    let engine = engine(dir.path(), true);
+    let plugin =
+        Plugin::load(&engine, spec("warm"), &bytes, PluginEnv::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.tier(), Tier::Optimized);
+    assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 0, optimized: 1 });
+    let loads = engine.component_loads();
+    assert_eq!((loads.from_cache, loads.baseline, loads.compiled), (1, 0, 0), "{loads:?}");
+    assert!(engine.wait_for_tier_ups(SETTLE));
+    assert_eq!(engine.tier_ups(), TierUps::default(), "nothing to tier up");
+}
+
+#[test]
+fn a_call_in_flight_during_the_switch_completes_on_winch_code_and_its_instance_goes() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = engine(dir.path(), true);
+    let (entered_tx, entered) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel();
+    let cache = Arc::new(BlockingCache { entered: Mutex::new(entered_tx), release: Mutex::new(release_rx) });
+    let held = engine.hold_compiles();
+    let plugin = Plugin::load(&engine, spec("in-flight"), &wasm("test-plugin-probe"), env(cache))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.tier(), Tier::Baseline);
+    let slow = std::thread::spawn({
+        let plugin = plugin.clone();
+        move || {
+            let key =
+                Request { namespace: Some("default".into()), name: "cache-get|v1|ConfigMap|cm1".into() };
+            plugin.reconcile_blocking(&key)
+        }
+    });
+    entered.recv_timeout(SETTLE).unwrap_or_else(|e| panic!("the call never reached the cache: {e}"));
+    assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 1, optimized: 0 });
+
+    drop(held);
+    assert!(engine.wait_for_tier_ups(SETTLE), "the tier-up did not finish");
+    assert_eq!(plugin.tier(), Tier::Optimized);
+    assert_eq!(plugin.pool_counts(), (0, 1), "the busy Winch instance still counts against the pool");
+    let requeue = Request { namespace: None, name: "requeue".into() };
+    assert_eq!(plugin.reconcile_blocking(&requeue), Ok(Action::Requeue));
+    assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 1, optimized: 1 });
+
+    release.send(()).unwrap_or_else(|e| panic!("{e}"));
+    let done = slow.join().unwrap_or_else(|_| panic!("the call in flight panicked"));
+    assert_eq!(done, Err(ReconcileError::Terminal("ok:none".into())), "the call in flight completed");
+    assert_eq!(plugin.pool_counts(), (1, 1), "the Winch instance was dropped, not returned");
+    assert_eq!(engine.live_instances(), 1);
+    assert_eq!(plugin.reconcile_blocking(&requeue), Ok(Action::Requeue));
+    assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 1, optimized: 2 });
+}
+
+#[test]
+fn a_version_dropped_before_its_tier_up_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = engine(dir.path(), true);
+    let held = engine.hold_compiles();
+    let plugin = Plugin::load(&engine, spec("removed"), &wasm("test-plugin-panic"), PluginEnv::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    assert_eq!((engine.shared_components(), engine.live_instances()), (1, 1));
+    drop(plugin);
+    drop(held);
+    assert!(engine.wait_for_tier_ups(SETTLE), "the tier-up did not settle");
+    assert_eq!(engine.tier_ups(), TierUps { done: 0, abandoned: 1, failed: 0 });
+    assert_eq!((engine.shared_components(), engine.live_instances()), (0, 0));
+    assert_eq!(artifacts(dir.path()), 0, "abandoned before compiling: nothing compiled");
+}
+
+#[test]
+fn winch_code_is_interrupted_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = engine(dir.path(), true);
+    let _held = engine.hold_compiles();
+    let mut s = spec("loop");
+    s.limits.deadline = Duration::from_millis(200);
+    let plugin = Plugin::load(&engine, s, &wasm("test-plugin-infinite-loop"), PluginEnv::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.tier(), Tier::Baseline);
+    let r = plugin.reconcile_blocking(&Request { namespace: None, name: "misbehave".into() });
+    assert!(
+        matches!(&r, Err(ReconcileError::Panic(m)) if m.contains("deadline of 200ms exceeded")),
+        "epoch interruption stops Winch code too: {r:?}"
+    );
+    assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 2, optimized: 0 });
+}
+
+/// A component holding one core module whose function makes a tail call (Cranelift
+/// supports tail calls, Winch does not).
+fn component_with_a_tail_call() -> Vec<u8> {
+    use wasm_encoder::{
+        CodeSection, Function, FunctionSection, Instruction, Module, ModuleSection, TypeSection, ValType,
+    };
+    let none: [ValType; 0] = [];
+    let mut types = TypeSection::new();
+    types.ty().function(none, none);
+    let mut functions = FunctionSection::new();
+    functions.function(0).function(0);
+    let mut code = CodeSection::new();
+    let no_locals: [(u32, ValType); 0] = [];
+    let mut caller = Function::new(no_locals);
+    caller.instruction(&Instruction::ReturnCall(1));
+    caller.instruction(&Instruction::End);
+    let mut callee = Function::new(no_locals);
+    callee.instruction(&Instruction::End);
+    code.function(&caller).function(&callee);
+    let mut module = Module::new();
+    module.section(&types).section(&functions).section(&code);
+    let mut component = wasm_encoder::Component::new();
+    component.section(&ModuleSection(&module));
+    component.finish()
+}
+
+#[test]
+fn a_component_winch_cannot_compile_loads_with_cranelift() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = engine(dir.path(), true);
+    let bytes = component_with_a_tail_call();
+    let shared = engine.shared_component(&bytes).unwrap_or_else(|e| panic!("Cranelift accepts it: {e}"));
+    assert_eq!(shared.value().tier(), Tier::Optimized);
+    let loads = engine.component_loads();
+    assert_eq!((loads.compiled, loads.baseline), (1, 0), "{loads:?}");
+    assert!(engine.wait_for_tier_ups(SETTLE));
+    assert_eq!(engine.tier_ups(), TierUps::default());
+}
