@@ -500,7 +500,10 @@ impl Controller {
         let stop = shutdown.child_token();
         let mut workers = JoinSet::new();
         for _ in 0..s.max_concurrent_reconciles {
-            workers.spawn(worker(self.shared.clone(), stop.clone()));
+            // Counted before the task first runs: a worker spawned is one readiness counts,
+            // even while another has already taken the first keys.
+            let slot = WorkerSlot::new(self.shared.clone());
+            workers.spawn(worker(self.shared.clone(), stop.clone(), slot));
         }
         tokio::select! {
             _ = stop.cancelled() => {}
@@ -534,8 +537,8 @@ impl Drop for RunGuard {
     }
 }
 
-/// Counts a running worker for readiness and the active-workers gauge, also if the worker
-/// task is aborted.
+/// Counts a started worker for readiness, from its spawn until its task ends or is dropped
+/// (also if it is aborted before it first runs).
 struct WorkerSlot(Arc<Shared>);
 
 impl WorkerSlot {
@@ -551,8 +554,7 @@ impl Drop for WorkerSlot {
     }
 }
 
-async fn worker(shared: Arc<Shared>, stop: CancellationToken) {
-    let _slot = WorkerSlot::new(shared.clone());
+async fn worker(shared: Arc<Shared>, stop: CancellationToken, _slot: WorkerSlot) {
     loop {
         let request = tokio::select! {
             biased;
