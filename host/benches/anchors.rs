@@ -5,7 +5,7 @@
 //! - informer watch events/s and cache bytes per object: wasmctrl's SharedIndexInformer,
 //!   kube-rs's `watcher` + `reflector` (typed `ConfigMap`), client-go's SharedIndexInformer
 //!   (`bench/anchors/informer`);
-//! - event → reconcile-start latency p50 / p99 at 5,000 and 20,000 updates/s: wasmctrl's
+//! - event → reconcile-start latency p50 / p99 at 5,000, 20,000 and 50,000 updates/s: wasmctrl's
 //!   controller with a no-op Wasm plugin, kube-rs's `Controller`, controller-runtime
 //!   (`bench/anchors/controller`); each with a no-op reconcile, concurrency 1.
 //!
@@ -43,7 +43,7 @@
 //!   `RawExtension`), then `sigs.k8s.io/json`'s validation and typed decode of the object;
 //!   a CPU profile (`-cpuprofile` on `bench/anchors/informer`) puts ~75% of its time there.
 //!
-//! Sizes: `BENCH_OBJECTS` (20000), `BENCH_UPDATES` (200000), `BENCH_RATES` ("5000,20000"),
+//! Sizes: `BENCH_OBJECTS` (20000), `BENCH_UPDATES` (200000), `BENCH_RATES` ("5000,20000,50000"),
 //! `BENCH_SECONDS` (6), `BENCH_ROUNDS` (1; the best informer round is kept).
 
 use std::io::{BufRead, BufReader, Write};
@@ -71,8 +71,8 @@ use wasmctrl::plugin::{
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::latency::{self, Sample};
 use wasmctrl_bench_support::{
-    BackgroundServer, CountingAllocator, Pace, SEQ_ANNOTATION, StreamConfig, StreamProgress, allocated,
-    unix_nanos,
+    BackgroundServer, CountingAllocator, Figure, Pace, SEQ_ANNOTATION, StreamConfig, StreamProgress,
+    allocated, unix_nanos,
 };
 
 #[global_allocator]
@@ -483,6 +483,27 @@ struct Row {
     label: String,
     higher_is_better: bool,
     cells: [Cell; 3],
+    /// Issue 12's target for wasmctrl's figure, in the row's unit.
+    target: Option<f64>,
+}
+
+impl Row {
+    /// Records wasmctrl's figure next to the others for `cargo xtask bench`'s closing table.
+    fn record(&self, unit: &str) {
+        let Ok(ours) = self.cells[0] else { return };
+        let figure = if self.higher_is_better {
+            Figure::higher("anchors", &self.label, ours, unit)
+        } else {
+            Figure::lower("anchors", &self.label, ours, unit)
+        };
+        let mut figure = figure
+            .against("kube-rs", self.cells[1].clone().unwrap_or(f64::NAN))
+            .against("Go", self.cells[2].clone().unwrap_or(f64::NAN));
+        if let Some(t) = self.target {
+            figure = figure.target(t);
+        }
+        figure.record();
+    }
 }
 
 fn self_consumer(args: &[String]) -> impl FnOnce(&str) -> Command {
@@ -513,7 +534,7 @@ fn orchestrate() -> Result<(), Error> {
     let seconds = env_usize("BENCH_SECONDS", 6).max(1) as u64;
     let rounds = env_usize("BENCH_ROUNDS", 1).max(1);
     let rates: Vec<u32> = std::env::var("BENCH_RATES")
-        .unwrap_or_else(|_| "5000,20000".into())
+        .unwrap_or_else(|_| "5000,20000,50000".into())
         .split(',')
         .filter_map(|r| r.trim().parse().ok())
         .collect();
@@ -578,13 +599,21 @@ fn orchestrate() -> Result<(), Error> {
         }
     }
     let mut rows = vec![
-        Row { label: "informer watch events/s".into(), higher_is_better: true, cells: rate_cells },
+        Row {
+            label: "informer watch events/s".into(),
+            higher_is_better: true,
+            cells: rate_cells,
+            target: Some(200_000.0),
+        },
         Row {
             label: format!("cache bytes per object (JSON {json_bytes:.0} B)"),
             higher_is_better: false,
             cells: bytes_cells,
+            target: Some(1.2 * json_bytes),
         },
     ];
+    rows[0].record("events/s");
+    rows[1].record("B");
 
     // Controllers, one paced run per rate.
     for &rate in &rates {
@@ -631,16 +660,28 @@ fn orchestrate() -> Result<(), Error> {
                 }
             }
         }
-        rows.push(Row {
+        // Issue 12: p99 ≤ 1 ms up to 20,000 updates/s, ≤ 5 ms at 50,000.
+        let p99_target = match rate {
+            ..=20_000 => Some(1.0),
+            20_001..=50_000 => Some(5.0),
+            _ => None,
+        };
+        let p50 = Row {
             label: format!("event → reconcile p50 ms at {rate}/s"),
             higher_is_better: false,
             cells: p50,
-        });
-        rows.push(Row {
+            target: None,
+        };
+        let p99 = Row {
             label: format!("event → reconcile p99 ms at {rate}/s"),
             higher_is_better: false,
             cells: p99,
-        });
+            target: p99_target,
+        };
+        p50.record("ms");
+        p99.record("ms");
+        rows.push(p50);
+        rows.push(p99);
     }
 
     println!();

@@ -31,6 +31,7 @@ use wasmctrl::object::Object;
 use wasmctrl::plugin::{
     CacheReader, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv, PluginSpec,
 };
+use wasmctrl_bench_support::Figure;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -352,4 +353,20 @@ fn main() {
             ratio(secs(r.reconcile), secs(rust.reconcile)),
         );
     }
+    // The Rust guest next to the others (the ratio says how many times the Rust one is better).
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let mut reconcile =
+        Figure::lower("languages", "configmap-mirror reconcile µs, Rust guest", us(rust.reconcile), "µs");
+    let mut cold = Figure::lower(
+        "languages",
+        "configmap-mirror fresh instance + call µs, Rust guest",
+        us(rust.instance),
+        "µs",
+    );
+    for r in rows.iter().filter(|r| r.name != "Rust") {
+        reconcile = reconcile.against(r.name, us(r.reconcile));
+        cold = cold.against(r.name, us(r.instance));
+    }
+    reconcile.record();
+    cold.record();
 }

@@ -35,6 +35,7 @@ use wasmctrl::object::Object;
 use wasmctrl::plugin::{
     CacheReader, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv, PluginSpec,
 };
+use wasmctrl_bench_support::Figure;
 
 /// Environment variable naming the scenario a child runs.
 const SCENARIO: &str = "WASMCTRL_MANY_PLUGINS_SCENARIO";
@@ -287,6 +288,21 @@ fn main() {
             kib((r.rss_loaded as i64 - r.rss_empty as i64) / n),
             kib((r.rss_loaded as i64 - r.rss_released as i64) / r.released.max(1) as i64),
         );
+        // Issue 12: ≤ 150 MB for the host with 100 loaded plugins, ≤ 150 KiB per idle instance.
+        Figure::lower(
+            "many_plugins",
+            format!("RSS MB with {} plugins loaded, {label}", r.plugins),
+            r.rss_loaded as f64 / 1e6,
+            "MB",
+        )
+        .target(150.0)
+        .record();
+        let per_instance = (r.rss_loaded as f64 - r.rss_released as f64) / r.released.max(1) as f64 / 1024.0;
+        Figure::lower("many_plugins", format!("KiB per idle instance, {label}"), per_instance, "KiB")
+            .target(150.0)
+            .record();
+        Figure::lower("many_plugins", format!("load ms of {} plugins, {label}", r.plugins), r.load_ms, "ms")
+            .record();
     }
     println!("  (load: wall time of loading every plugin at once; compiles: Cranelift runs; empty: RSS");
     println!("   of the process with the engine and caches, before any plugin; per plugin: (RSS loaded -");

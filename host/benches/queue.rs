@@ -30,7 +30,7 @@ use wasmctrl::informer::{HandlerRegistration, InformerOptions, ResourceEventHand
 use wasmctrl::queue::WorkQueue;
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::latency::{self, Percentiles, Sample};
-use wasmctrl_bench_support::{BackgroundServer, Pace, StreamConfig, unix_nanos};
+use wasmctrl_bench_support::{BackgroundServer, Figure, Pace, StreamConfig, unix_nanos};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -214,6 +214,13 @@ fn main() {
             items as f64 / best.as_secs_f64(),
             best.as_secs_f64() * 1e6 / items as f64
         );
+        Figure::higher(
+            "queue",
+            format!("workqueue add+get+done/s, {workers} worker(s)"),
+            items as f64 / best.as_secs_f64(),
+            "items/s",
+        )
+        .record();
     }
 
     let objects = env_usize("BENCH_OBJECTS", 1000).max(1);
@@ -231,6 +238,13 @@ fn main() {
             ms(l.to_reconcile.max),
             l.to_reconcile.count
         );
+        Figure::lower(
+            "queue",
+            format!("event → reconcile p99 ms at {rate}/s, native no-op, {workers} worker(s)"),
+            ms(l.to_reconcile.p99),
+            "ms",
+        )
+        .record();
         println!(
             "              (informer listener p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms)",
             ms(l.to_handler.p50),

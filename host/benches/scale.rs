@@ -43,7 +43,7 @@ use wasmctrl::plugin::{
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::latency::{self, Sample};
 use wasmctrl_bench_support::{
-    BackgroundServer, CountingAllocator, Pace, StreamConfig, allocated, peak_allocated, reset_peak,
+    BackgroundServer, CountingAllocator, Figure, Pace, StreamConfig, allocated, peak_allocated, reset_peak,
     unix_nanos,
 };
 
@@ -519,6 +519,32 @@ fn orchestrate() -> Result<(), Error> {
                 })
                 .unwrap_or_default();
             println!("  by thirds of the stream: {}", thirds.join("; "));
+            // Issue 12: ≤ 350 MB, no growth over time, p99 ≤ 5 ms.
+            let mb = |k: &str| r[k].as_f64().unwrap_or(f64::NAN) * 1.048_576;
+            Figure::lower(
+                "scale",
+                format!("sustained: RSS MB at the end of {secs} s"),
+                mb("rss_end_mib"),
+                "MB",
+            )
+            .against("after the sync", mb("rss_synced_mib"))
+            .target(350.0)
+            .record();
+            Figure::lower(
+                "scale",
+                format!("sustained: p99 ms event → reconcile at {rate}/s"),
+                r["p99_ms"].as_f64().unwrap_or(f64::NAN),
+                "ms",
+            )
+            .target(5.0)
+            .record();
+            Figure::lower(
+                "scale",
+                "sustained: CPU cores while streaming",
+                r["cores"].as_f64().unwrap_or(f64::NAN),
+                "cores",
+            )
+            .record();
         }
         Err(e) => println!("  failed: {e}"),
     }
@@ -539,6 +565,16 @@ fn orchestrate() -> Result<(), Error> {
                     r["peak_mib"].as_f64().unwrap_or(0.0),
                     heap / json_mib
                 );
+                Figure::lower("scale", format!("sync of {sync_objects}: RSS ÷ JSON"), rss / json_mib, "×")
+                    .target(1.2)
+                    .record();
+                Figure::lower(
+                    "scale",
+                    format!("sync of {sync_objects}: seconds"),
+                    r["sync_s"].as_f64().unwrap_or(f64::NAN),
+                    "s",
+                )
+                .record();
             }
             Err(e) => println!("  failed: {e}"),
         }
@@ -565,6 +601,14 @@ fn orchestrate() -> Result<(), Error> {
                     num("rss_after_mib"),
                     num("rss_peak_mib"),
                 );
+                Figure::lower(
+                    "scale",
+                    format!("relist of {relist_objects}: heap peak ÷ synced heap"),
+                    num("heap_peak_mib") / synced.max(f64::MIN_POSITIVE),
+                    "×",
+                )
+                .target(2.0)
+                .record();
             }
             Err(e) => println!("  failed: {e}"),
         }

@@ -23,6 +23,7 @@ use anyhow::{Context, Result, bail};
 use wasmctrl_testkit::realserver::{self, BACKEND_ENV, KUBECONFIG_ENV, RealServer};
 
 mod bench;
+mod bench_summary;
 
 mod guest_langs;
 

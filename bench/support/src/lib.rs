@@ -1,7 +1,7 @@
 //! What the benchmarks share: the generated ConfigMap stream ([`Corpus`]), the fake API
 //! server that serves it over HTTP on loopback ([`StreamServer`]), the wall clock the
-//! stamps use, event → reconcile latency percentiles, and a counting allocator for heap
-//! figures.
+//! stamps use, event → reconcile latency percentiles, a counting allocator for heap
+//! figures, and the key figures each benchmark records for `cargo xtask bench`'s table.
 //!
 //! Every consumer measured against another (wasmctrl, kube-rs, and the Go programs in
 //! `bench/anchors`) reads the same bytes from this server and measures latency from the
@@ -13,9 +13,11 @@ mod corpus;
 pub mod latency;
 mod progress;
 mod server;
+pub mod summary;
 
 pub use alloc::{CountingAllocator, allocated, peak_allocated, reset_peak};
 pub use clock::unix_nanos;
 pub use corpus::{Corpus, SENT_ANNOTATION, SEQ_ANNOTATION};
 pub use progress::{StreamProgress, WatchFigures};
 pub use server::{BackgroundServer, Pace, StreamConfig, StreamServer};
+pub use summary::Figure;
