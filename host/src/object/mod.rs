@@ -5,6 +5,10 @@
 //! - `raw` is the object's JSON exactly as it will be handed to plugins; the metadata
 //!   fields kept beside it were parsed from that same JSON, so the two never disagree.
 //! - The key is `namespace/name`, or `name` for cluster-scoped objects.
+//! - The other metadata strings are ranges of `raw` itself where the JSON spells them without
+//!   escapes ([`meta`]), so caching an object costs little beyond its JSON.
+
+mod meta;
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,6 +17,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use meta::{MetaBuilder, Text, string_pairs};
+
 /// Why bytes could not be turned into an [`Object`].
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {
@@ -20,6 +26,8 @@ pub enum ObjectError {
     Json(#[from] serde_json::Error),
     #[error("object has no metadata.name")]
     MissingName,
+    #[error("object of {0} bytes is too large (the limit is 2 GiB)")]
+    TooLarge(usize),
 }
 
 /// An owner reference, as the controller and garbage collector read it.
@@ -65,12 +73,9 @@ pub struct Object {
     key: Box<str>,
     /// Length of the namespace prefix of `key` (0 for cluster-scoped objects).
     namespace_len: usize,
-    uid: Box<str>,
-    resource_version: Box<str>,
     generation: Option<i64>,
-    deletion_timestamp: Option<Box<str>>,
-    labels: Box<[(Box<str>, Box<str>)]>,
-    annotations: Box<[(Box<str>, Box<str>)]>,
+    /// uid, resourceVersion, deletionTimestamp, labels and annotations, over `raw`.
+    meta: meta::Meta,
     owner_references: Box<[OwnerRef]>,
 }
 
@@ -89,10 +94,11 @@ impl Object {
         let m: RawMetadata<'_> = serde_json::from_str(env.metadata.ok_or(ObjectError::MissingName)?.get())?;
         let annotations = match m.annotations {
             Some(a) => string_pairs(a)?,
-            None => Box::default(),
+            None => Vec::new(),
         };
-        let fields = MetaFields::from_raw(m, annotations)?;
-        Ok(fields.into_object(raw))
+        let annotations: Vec<_> = annotations.iter().map(|(k, v)| (k, v)).collect();
+        let fields = MetaFields::from_raw(&raw, m, &annotations, &[])?;
+        Ok(fields.into_object(raw.clone()))
     }
 
     /// The object's JSON, as handed to plugins.
@@ -119,11 +125,11 @@ impl Object {
     }
 
     pub fn uid(&self) -> &str {
-        &self.uid
+        self.meta.uid(&self.raw)
     }
 
     pub fn resource_version(&self) -> &str {
-        &self.resource_version
+        self.meta.resource_version(&self.raw)
     }
 
     pub fn generation(&self) -> Option<i64> {
@@ -131,25 +137,25 @@ impl Object {
     }
 
     pub fn deletion_timestamp(&self) -> Option<&str> {
-        self.deletion_timestamp.as_deref()
+        self.meta.deletion_timestamp(&self.raw)
     }
 
     /// Labels, sorted by key.
     pub fn labels(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.labels.iter().map(|(k, v)| (&**k, &**v))
+        self.meta.iter(&self.raw, true)
     }
 
     pub fn label(&self, key: &str) -> Option<&str> {
-        lookup(&self.labels, key)
+        self.meta.get(&self.raw, true, key)
     }
 
     /// Annotations, sorted by key.
     pub fn annotations(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.annotations.iter().map(|(k, v)| (&**k, &**v))
+        self.meta.iter(&self.raw, false)
     }
 
     pub fn annotation(&self, key: &str) -> Option<&str> {
-        lookup(&self.annotations, key)
+        self.meta.get(&self.raw, false, key)
     }
 
     pub fn owner_references(&self) -> &[OwnerRef] {
@@ -206,17 +212,17 @@ struct RawEnvelope<'a> {
 #[serde(rename_all = "camelCase")]
 struct RawMetadata<'a> {
     #[serde(borrow, default)]
-    name: Option<std::borrow::Cow<'a, str>>,
+    name: Option<Text<'a>>,
     #[serde(borrow, default)]
-    namespace: Option<std::borrow::Cow<'a, str>>,
+    namespace: Option<Text<'a>>,
     #[serde(borrow, default)]
-    uid: Option<std::borrow::Cow<'a, str>>,
+    uid: Option<Text<'a>>,
     #[serde(borrow, default)]
-    resource_version: Option<std::borrow::Cow<'a, str>>,
+    resource_version: Option<Text<'a>>,
     #[serde(default)]
     generation: Option<i64>,
     #[serde(borrow, default)]
-    deletion_timestamp: Option<std::borrow::Cow<'a, str>>,
+    deletion_timestamp: Option<Text<'a>>,
     #[serde(borrow, default)]
     labels: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -227,53 +233,46 @@ struct RawMetadata<'a> {
     managed_fields: Option<&'a RawValue>,
 }
 
-/// Sorted key/value pairs (labels, annotations).
-type Pairs = Box<[(Box<str>, Box<str>)]>;
-
-/// Reads a JSON object of strings into sorted pairs (null values are skipped).
-fn string_pairs(raw: &RawValue) -> Result<Pairs, serde_json::Error> {
-    let map: Option<std::collections::BTreeMap<Box<str>, Option<Box<str>>>> =
-        serde_json::from_str(raw.get())?;
-    Ok(map
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(k, v)| v.map(|v| (k, v)))
-        .collect::<Vec<_>>()
-        .into_boxed_slice())
-}
-
 /// The metadata an [`Object`] keeps, read from its raw form; both constructors go through it.
 struct MetaFields {
     key: Box<str>,
     namespace_len: usize,
-    uid: Box<str>,
-    resource_version: Box<str>,
     generation: Option<i64>,
-    deletion_timestamp: Option<Box<str>>,
-    labels: Pairs,
-    annotations: Pairs,
+    meta: meta::Meta,
     owner_references: Box<[OwnerRef]>,
 }
 
 impl MetaFields {
-    fn from_raw(m: RawMetadata<'_>, annotations: Pairs) -> Result<Self, ObjectError> {
-        let name = m.name.ok_or(ObjectError::MissingName)?;
-        let (key, namespace_len) = match m.namespace.as_deref() {
+    /// `m` was parsed from `raw`; `edits` (sorted `(start, end, inserted length)`) turn `raw`
+    /// into the bytes the object keeps.
+    fn from_raw(
+        raw: &[u8],
+        m: RawMetadata<'_>,
+        annotations: &[(&Text<'_>, &Text<'_>)],
+        edits: &[(usize, usize, usize)],
+    ) -> Result<Self, ObjectError> {
+        let name = &m.name.as_ref().ok_or(ObjectError::MissingName)?.0;
+        let (key, namespace_len) = match m.namespace.as_ref().map(|n| &*n.0) {
             Some(ns) if !ns.is_empty() => (format!("{ns}/{name}"), ns.len()),
-            _ => (name.into_owned(), 0),
+            _ => (name.to_string(), 0),
         };
+        let labels = match m.labels {
+            Some(l) => string_pairs(l)?,
+            None => Vec::new(),
+        };
+        let meta = MetaBuilder::new(raw)?.finish(
+            m.uid.as_ref(),
+            m.resource_version.as_ref(),
+            m.deletion_timestamp.as_ref(),
+            &labels,
+            annotations,
+            edits,
+        )?;
         Ok(MetaFields {
             key: key.into_boxed_str(),
             namespace_len,
-            uid: m.uid.as_deref().unwrap_or_default().into(),
-            resource_version: m.resource_version.as_deref().unwrap_or_default().into(),
             generation: m.generation,
-            deletion_timestamp: m.deletion_timestamp.as_deref().map(Into::into),
-            labels: match m.labels {
-                Some(l) => string_pairs(l)?,
-                None => Box::default(),
-            },
-            annotations,
+            meta,
             owner_references: m.owner_references.unwrap_or_default().into_boxed_slice(),
         })
     }
@@ -283,12 +282,8 @@ impl MetaFields {
             raw,
             key: self.key,
             namespace_len: self.namespace_len,
-            uid: self.uid,
-            resource_version: self.resource_version,
             generation: self.generation,
-            deletion_timestamp: self.deletion_timestamp,
-            labels: self.labels,
-            annotations: self.annotations,
+            meta: self.meta,
             owner_references: self.owner_references,
         }
     }
@@ -364,10 +359,12 @@ impl Object {
         let env: RawEnvelope<'_> = serde_json::from_slice(raw)?;
         let meta_raw = env.metadata.ok_or(ObjectError::MissingName)?;
         let m: RawMetadata<'_> = serde_json::from_str(meta_raw.get())?;
-        let mut annotations = match m.annotations {
+        let parsed_annotations = match m.annotations {
             Some(a) => string_pairs(a)?,
-            None => Box::default(),
+            None => Vec::new(),
         };
+        let mut annotations: Vec<(&Text<'_>, &Text<'_>)> =
+            parsed_annotations.iter().map(|(k, v)| (k, v)).collect();
 
         // (start, end, replacement) edits, applied in order of position.
         let mut edits: Vec<(usize, usize, String)> = Vec::new();
@@ -395,10 +392,9 @@ impl Object {
         }
         if transform.strip_last_applied
             && let Some(a) = m.annotations
-            && lookup(&annotations, LAST_APPLIED_ANNOTATION).is_some()
+            && annotations.iter().any(|(k, _)| k.0 == LAST_APPLIED_ANNOTATION)
         {
-            annotations =
-                annotations.iter().filter(|(k, _)| &**k != LAST_APPLIED_ANNOTATION).cloned().collect();
+            annotations.retain(|(k, _)| k.0 != LAST_APPLIED_ANNOTATION);
             match find_member(a.get(), LAST_APPLIED_ANNOTATION)
                 .and_then(|v| member_span(raw, v.get(), LAST_APPLIED_ANNOTATION))
             {
@@ -407,9 +403,11 @@ impl Object {
             }
         }
 
-        let bytes = if needs_fallback {
-            rewrite_slow(raw, type_meta, transform)?
-        } else if edits.is_empty() {
+        if needs_fallback {
+            // Re-serialised: the spans are read again from the bytes kept.
+            return Object::from_json(rewrite_slow(raw, type_meta, transform)?);
+        }
+        let bytes = if edits.is_empty() {
             Bytes::copy_from_slice(raw)
         } else {
             edits.sort_by_key(|e| e.0);
@@ -426,7 +424,8 @@ impl Object {
             Bytes::from(out)
         };
 
-        Ok(MetaFields::from_raw(m, annotations)?.into_object(bytes))
+        let moves: Vec<(usize, usize, usize)> = edits.iter().map(|(s, e, r)| (*s, *e, r.len())).collect();
+        Ok(MetaFields::from_raw(raw, m, &annotations, &moves)?.into_object(bytes))
     }
 }
 
@@ -482,10 +481,6 @@ fn rewrite_slow(
         }
     }
     Ok(Bytes::from(serde_json::to_vec(&v)?))
-}
-
-fn lookup<'a>(pairs: &'a [(Box<str>, Box<str>)], key: &str) -> Option<&'a str> {
-    pairs.binary_search_by(|(k, _)| (**k).cmp(key)).ok().map(|i| &*pairs[i].1)
 }
 
 /// Builds the cache key for `namespace` + `name`.
@@ -660,6 +655,19 @@ mod tests {
         assert_eq!(a.deletion_timestamp(), b.deletion_timestamp());
         assert_eq!(a.labels().collect::<Vec<_>>(), [("a", "1"), ("b", "2")]);
         assert_eq!(a.controller_owner().map(|o| &*o.uid), Some("ou"));
+    }
+
+    #[test]
+    fn metadata_strings_are_read_from_the_kept_bytes_after_edits() {
+        let input = r#"{"metadata":{"managedFields":[{"m":1}],"name":"n","namespace":"ns","uid":"u-1","resourceVersion":"42",
+            "labels":{"tier":"web","app":"x"},"annotations":{"b":"2","kubectl.kubernetes.io/last-applied-configuration":"{}","a":"esc\"aped"}}}"#;
+        let strip = Transform { strip_last_applied: true, ..Transform::default() };
+        let o = Object::from_api_json(input.as_bytes(), Some(("v1", "ConfigMap")), strip).unwrap();
+        assert!(text(&o).starts_with(r#"{"apiVersion":"v1","kind":"ConfigMap","#), "{}", text(&o));
+        assert_eq!((o.uid(), o.resource_version()), ("u-1", "42"));
+        assert_eq!(o.labels().collect::<Vec<_>>(), [("app", "x"), ("tier", "web")]);
+        assert_eq!(o.annotations().collect::<Vec<_>>(), [("a", "esc\"aped"), ("b", "2")]);
+        assert_eq!(o.meta.copied_bytes(), "esc\"aped".len(), "only the escaped value is copied");
     }
 
     #[test]
