@@ -1179,7 +1179,8 @@ fn the_engine_drops_idle_code_on_its_own_after_the_timeout() {
     let (path, bytes) = wasm_file(files.path(), "test-plugin-panic");
     let plugin = load_file(&engine, "swept", &path, &bytes);
     let give_up = std::time::Instant::now() + Duration::from_secs(30);
-    while plugin.code_resident() {
+    // The reaper takes the code out, then counts the drop: wait for both.
+    while plugin.code_resident() || engine.code_drops().dropped == 0 {
         assert!(std::time::Instant::now() < give_up, "the idle code was never dropped");
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -1206,5 +1207,13 @@ fn plugins_without_a_file_or_an_idle_code_timeout_keep_their_code() {
     let engine = PluginEngine::new(config, None).unwrap_or_else(|e| panic!("{e}"));
     let plugin = load_file(&engine, "kept", &path, &bytes);
     assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + 100 * HOUR), 0, "no idle-code timeout");
+    assert!(plugin.code_resident());
+    drop((plugin, engine));
+
+    // Code the compile cache does not have (it would cost a compile to get back) is kept.
+    let engine = idle_engine(cache.path(), HOUR);
+    let plugin = load_file(&engine, "uncached", &path, &bytes);
+    assert_eq!(clear_compile_cache(cache.path()), 1);
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 0);
     assert!(plugin.code_resident());
 }

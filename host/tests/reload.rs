@@ -1180,8 +1180,8 @@ async fn hot_reloads_work_the_same_with_the_code_dropped_while_idle() {
     until_converged(&api, "a").await;
 
     // Dropped while idle, then loaded again by the next event.
-    host.until("the idle code to be dropped", dropped).await;
-    assert!(drops(&host) >= 1.0);
+    // The reaper takes the code out, then counts the drop: wait for both.
+    host.until("the idle code to be dropped", |h| dropped(h) && drops(h) >= 1.0).await;
     apply_src(&api, "src-0", "2").await;
     until_converged(&api, "a").await;
     assert!(reloads(&host) >= 1.0, "the event's reconcile loaded the code again");

@@ -95,12 +95,11 @@ impl PluginCode {
         self.current.store(Some(Arc::new(code)));
     }
 
-    /// Whether the code may be dropped now (see the module's invariants); `version` is the
-    /// plugin's content hash.
-    pub fn droppable(&self, engine: &PluginEngine, version: &str) -> bool {
+    /// Whether the code is of a kind that may be dropped (see the module's invariants; the
+    /// caller checks that the compile cache holds its artifact).
+    pub fn droppable(&self) -> bool {
         self.file.is_some()
             && self.current.load().as_ref().is_some_and(|c| c.tier == Tier::Optimized && c.shared.is_some())
-            && engine.has_cached_artifact(version)
     }
 
     /// Takes the code out; the caller drops it (outside any lock: unmapping code is not

@@ -149,6 +149,12 @@ impl<T> Pool<T> {
         drop(idle);
     }
 
+    /// Whether the pool has been inactive (nothing checked out or returned) since `cutoff`
+    /// or earlier.
+    pub fn inactive_since(&self, cutoff: Instant) -> bool {
+        self.state.lock().last_active <= cutoff
+    }
+
     /// Runs `f` under the pool's lock when no instance is alive (idle or checked out) and
     /// the pool has been inactive since `cutoff` or earlier; `None` otherwise. A checkout
     /// waits for `f`, so keep it short (take something out; drop it after).
@@ -325,6 +331,7 @@ mod tests {
         let lease = pool.checkout(far, ok(1)).unwrap_or_else(|_| panic!());
         let later = Instant::now() + Duration::from_secs(3600);
         assert_eq!(pool.when_unused_since(later, || ()), None, "checked out");
+        assert!(pool.inactive_since(later) && !pool.inactive_since(Instant::now() - Duration::from_secs(1)));
         drop(lease);
         assert_eq!(pool.when_unused_since(later, || ()), None, "idle, but alive");
         pool.clear_idle();

@@ -220,7 +220,12 @@ impl IdlePlugin for PluginInner {
     }
 
     fn drop_code_unused_since(&self, cutoff: Instant) -> bool {
-        if !self.code.droppable(&self.engine, &self.version) {
+        // The cheap checks first; the compile cache's (a file's metadata) last.
+        if !self.code.droppable() || !self.pool.inactive_since(cutoff) {
+            return false;
+        }
+        if !self.engine.has_cached_artifact(&self.version) {
+            tracing::debug!(plugin = %self.spec.name, version = %self.short_version, "idle code kept: the compile cache does not have it");
             return false;
         }
         // Instances idle that long go with the code (they hold it).
