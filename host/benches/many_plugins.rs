@@ -20,6 +20,16 @@
 //! empty host and per idle instance. Targets (issue 12): ≤ 150 MB with 100 distinct plugins
 //! loaded, ≤ 150 KiB per idle instance beyond the shared code.
 //!
+//! Then, per scenario, a second table on idle code (what `idle-code-timeout` does): each
+//! plugin is loaded from its own file (as the host loads a plugins directory), so it may
+//! drop its compiled code. After the release above, each plugin gets one call (a new
+//! instance, its code resident: "new instance") and one more ("warm": an idle instance
+//! reused); then every plugin drops its code (an explicit sweep as of a day later) and the
+//! RSS is taken ("RSS dropped"); then each plugin gets one call, one plugin after another
+//! ("first call": the code loaded again, from the compile cache or shared with a plugin
+//! that loaded it already, then instantiated and `init`-ed, then the reconcile). Latencies
+//! are p50 / max over the plugins, one call each.
+//!
 //! `PLUGINS` (default 100) sets the count; `SCENARIOS=copies` (or `distinct`) runs only those.
 
 use std::collections::HashMap;
@@ -33,7 +43,8 @@ use wasmctrl::cache::{IndexFunc, Writer};
 use wasmctrl::controller::{Action, Request};
 use wasmctrl::object::Object;
 use wasmctrl::plugin::{
-    CacheReader, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv, PluginSpec,
+    CacheReader, DEFAULT_IDLE_CODE_TIMEOUT, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv,
+    PluginSpec,
 };
 use wasmctrl_bench_support::Figure;
 
@@ -160,15 +171,94 @@ struct Report {
     rss_loaded: u64,
     rss_released: u64,
     released: usize,
+    /// The idle-code part.
+    code: CodeReport,
+}
+
+/// What the idle-code part of a scenario measured.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CodeReport {
+    /// First call per plugin after its instances were released (code resident), µs.
+    new_instance_us: (f64, f64),
+    /// A call on an idle instance, µs.
+    warm_us: (f64, f64),
+    /// Plugins that dropped their code.
+    dropped: usize,
+    rss_dropped: u64,
+    /// First call per plugin after its code was dropped, µs.
+    first_call_us: (f64, f64),
+    /// How those first calls got the code: read from the compile cache, or shared.
+    reload_from_cache: u64,
+    reload_shared: u64,
+    /// After those first calls.
+    rss_reloaded: u64,
+}
+
+/// (p50, max) of `samples`, µs.
+fn p50_max(mut samples: Vec<Duration>) -> (f64, f64) {
+    samples.sort();
+    let us = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e6);
+    (us(samples.get(samples.len() / 2)), us(samples.last()))
+}
+
+/// One reconcile per plugin, timed each.
+fn time_calls(plugins: &[Plugin], request: &Request) -> Vec<Duration> {
+    plugins
+        .iter()
+        .map(|p| {
+            let start = Instant::now();
+            assert_eq!(p.reconcile_blocking(request), Ok(Action::Done), "{}", p.name());
+            start.elapsed()
+        })
+        .collect()
+}
+
+/// Releases the instances and drops the code of every plugin, and measures the first call
+/// after each (see the header).
+fn idle_code(engine: &PluginEngine, plugins: &[Plugin], request: &Request) -> CodeReport {
+    let new_instance_us = p50_max(time_calls(plugins, request));
+    let warm_us = p50_max(time_calls(plugins, request));
+    let dropped = engine.drop_idle_code_at(Instant::now() + Duration::from_secs(24 * 3600));
+    assert!(plugins.iter().all(|p| !p.code_resident()), "every plugin dropped its code");
+    let (rss_dropped, _) = rss();
+    let before = engine.component_loads();
+    let first_call_us = p50_max(time_calls(plugins, request));
+    let after = engine.component_loads();
+    assert_eq!(after.compiled, before.compiled, "no compile: the code came from the cache");
+    let (rss_reloaded, _) = rss();
+    CodeReport {
+        new_instance_us,
+        warm_us,
+        dropped,
+        rss_dropped,
+        first_call_us,
+        reload_from_cache: after.from_cache - before.from_cache,
+        reload_shared: after.shared - before.shared,
+        rss_reloaded,
+    }
 }
 
 /// Runs one scenario in this process (the child side).
 fn run_scenario(distinct: bool, cache: &Path) -> Report {
     let n = plugins();
     let base = Arc::new(mirror_wasm());
-    let engine =
-        PluginEngine::new(EngineConfig { cache_dir: Some(cache.to_owned()), ..Default::default() }, None)
-            .unwrap_or_else(|e| panic!("engine: {e}"));
+    let config = EngineConfig {
+        cache_dir: Some(cache.to_owned()),
+        idle_code_timeout: Some(DEFAULT_IDLE_CODE_TIMEOUT),
+        ..Default::default()
+    };
+    let engine = PluginEngine::new(config, None).unwrap_or_else(|e| panic!("engine: {e}"));
+    // Each plugin's file (the fallback should the compile cache lose its code; never read
+    // here, as the asserts on the loads check).
+    let files = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let paths: Vec<PathBuf> = (0..n)
+        .map(|i| {
+            let path = files.path().join(format!("mirror-{i}.wasm"));
+            let wasm = if distinct { distinct_wasm(&base, i) } else { base.to_vec() };
+            std::fs::write(&path, wasm).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            path
+        })
+        .collect();
     let env = steady_state_env();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -180,11 +270,11 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
     let loaded: Vec<Plugin> = runtime.block_on(async {
         let tasks: Vec<_> = (0..n)
             .map(|i| {
-                let (engine, base, env) = (engine.clone(), base.clone(), env.clone());
+                let (engine, base, env, path) = (engine.clone(), base.clone(), env.clone(), paths[i].clone());
                 tokio::task::spawn_blocking(move || {
                     // Each plugin's own bytes, as the host reads each file; freed once loaded.
                     let wasm = if distinct { distinct_wasm(&base, i) } else { base.to_vec() };
-                    Plugin::load(&engine, mirror_spec(format!("mirror-{i}")), &wasm, env)
+                    Plugin::load_file(&engine, mirror_spec(format!("mirror-{i}")), &path, &wasm, env)
                 })
             })
             .collect();
@@ -207,6 +297,7 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
     let released = engine.release_idle_instances_at(Instant::now() + Duration::from_secs(24 * 3600));
     let (rss_released, _) = rss();
     let loads = engine.component_loads();
+    let code = idle_code(&engine, &loaded, &request);
     Report {
         plugins: n,
         load_ms,
@@ -218,6 +309,7 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
         rss_loaded,
         rss_released,
         released,
+        code,
     }
 }
 
@@ -257,6 +349,7 @@ fn main() {
         "per plugin",
         "per instance"
     );
+    let mut idle_code_rows: Vec<(&str, CodeReport, usize)> = Vec::new();
     for (label, scenario, cache) in [
         ("copies, cold", "copies", copies_cache.path()),
         ("copies, warm", "copies", copies_cache.path()),
@@ -303,8 +396,49 @@ fn main() {
             .record();
         Figure::lower("many_plugins", format!("load ms of {} plugins, {label}", r.plugins), r.load_ms, "ms")
             .record();
+        idle_code_rows.push((label, r.code, r.plugins));
     }
     println!("  (load: wall time of loading every plugin at once; compiles: Cranelift runs; empty: RSS");
     println!("   of the process with the engine and caches, before any plugin; per plugin: (RSS loaded -");
     println!("   empty) / plugins; per instance: RSS freed by releasing the idle instances / instances)");
+    print_idle_code(&idle_code_rows);
+}
+
+/// The idle-code table (see the header).
+fn print_idle_code(rows: &[(&str, CodeReport, usize)]) {
+    let us = |(p50, max): (f64, f64)| format!("{p50:.0} / {max:.0} µs");
+    println!();
+    println!("Idle code dropped, then the first call of each plugin (p50 / max over the plugins)");
+    println!(
+        "  {:<16} {:>17} {:>17} {:>8} {:>12} {:>19} {:>14} {:>13}",
+        "scenario",
+        "warm call",
+        "new instance",
+        "dropped",
+        "RSS dropped",
+        "first call",
+        "code from",
+        "RSS reloaded"
+    );
+    for (label, c, plugins) in rows {
+        println!(
+            "  {:<16} {:>17} {:>17} {:>8} {:>12} {:>19} {:>14} {:>13}",
+            label,
+            us(c.warm_us),
+            us(c.new_instance_us),
+            format!("{}/{plugins}", c.dropped),
+            mib(c.rss_dropped),
+            us(c.first_call_us),
+            format!("{} cache, {} shared", c.reload_from_cache, c.reload_shared),
+            mib(c.rss_reloaded),
+        );
+        Figure::lower("many_plugins", format!("first call µs after idle code was dropped (p50), {label}"), c.first_call_us.0, "µs")
+            .against("warm call", c.warm_us.0)
+            .record();
+        Figure::lower("many_plugins", format!("RSS MB with the idle code dropped, {label}"), c.rss_dropped as f64 / 1e6, "MB")
+            .record();
+    }
+    println!("  (warm call: an idle instance reused; new instance: the first call after the instances");
+    println!("   were released (~instantiation + init); first call: after the code was dropped, the code");
+    println!("   loaded again (compile cache, or shared with a copy that loaded it), instantiated, init-ed)");
 }

@@ -717,6 +717,17 @@ fn idle_instance_timeout_defaults_to_a_minute_and_zero_keeps_instances() {
 }
 
 #[test]
+fn idle_code_timeout_defaults_to_ten_minutes_and_zero_keeps_the_code() {
+    let path = Path::new("/etc/wasmctrl/wasmctrl.toml");
+    let timeout = |text: &str| HostConfig::parse(path, text).unwrap().idle_code_timeout;
+    assert_eq!(timeout(""), std::time::Duration::from_secs(600));
+    assert_eq!(timeout("idle-code-timeout = \"1h\""), std::time::Duration::from_secs(3600));
+    assert_eq!(timeout("idle-code-timeout = \"0s\""), std::time::Duration::ZERO);
+    assert!(HostConfig::parse(path, "idle-code-timeout = \"later\"").is_err());
+    assert!(HostConfig::parse(path, "idle-code-timeout = 600").is_err(), "a duration is a string");
+}
+
+#[test]
 fn tier_up_defaults_to_on_and_takes_only_a_bool() {
     let path = Path::new("/etc/wasmctrl/wasmctrl.toml");
     let tier_up = |text: &str| HostConfig::parse(path, text).unwrap().tier_up;

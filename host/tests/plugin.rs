@@ -14,8 +14,8 @@ use wasmctrl::controller::{Action, ReconcileError, Reconciler, Request};
 use wasmctrl::metrics::Metrics;
 use wasmctrl::object::{DeletedObject, Object};
 use wasmctrl::plugin::{
-    CacheReader, CallError, EngineConfig, FilterInput, Gvk, Permissions, Plugin, PluginEngine, PluginEnv,
-    PluginReconciler, PluginSpec, inspect_component,
+    CacheReadError, CacheReader, CallError, CodeDrops, EngineConfig, FilterInput, Gvk, Permissions, Plugin,
+    PluginEngine, PluginEnv, PluginReconciler, PluginSpec, Tier, inspect_component,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -944,4 +944,276 @@ spec:
         drop(lease);
         drop(cluster);
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Idle code
+
+/// An engine with its own compile cache in `dir`, idle instances and idle code after
+/// `idle` (an hour: only explicit sweeps release anything).
+fn idle_engine(dir: &std::path::Path, idle: Duration) -> PluginEngine {
+    let config = EngineConfig {
+        cache_dir: Some(dir.to_owned()),
+        epoch_tick: Duration::from_millis(2),
+        idle_instance_timeout: Some(idle),
+        idle_code_timeout: Some(idle),
+        ..Default::default()
+    };
+    PluginEngine::new(config, None).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `crate_name`'s `.wasm` copied to `dir/<name>.wasm` (the plugin's file).
+fn wasm_file(dir: &std::path::Path, crate_name: &str) -> (PathBuf, Vec<u8>) {
+    let bytes = wasm(crate_name);
+    let path = dir.join(format!("{crate_name}.wasm"));
+    std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
+    (path, bytes)
+}
+
+fn load_file(engine: &PluginEngine, name: &str, path: &std::path::Path, bytes: &[u8]) -> Plugin {
+    Plugin::load_file(engine, spec(name), path, bytes, env_with(indexer([])))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Removes every compiled artifact from the compile cache directory; how many.
+fn clear_compile_cache(dir: &std::path::Path) -> usize {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{e}"));
+    let artifacts: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .collect();
+    for p in &artifacts {
+        std::fs::remove_file(p).unwrap_or_else(|e| panic!("{e}"));
+    }
+    artifacts.len()
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn idle_code_is_dropped_and_the_next_call_loads_it_from_the_compile_cache() {
+    let (cache, files) = (tempdir(), tempdir());
+    let engine = idle_engine(cache.path(), HOUR);
+    let (path, bytes) = wasm_file(files.path(), "test-plugin-panic");
+    let plugin = load_file(&engine, "idle-code", &path, &bytes);
+    let before_call = std::time::Instant::now();
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
+    assert_eq!(engine.drop_idle_code_at(before_call + HOUR), 0, "a call came since: kept");
+    assert!(plugin.code_resident());
+
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 1);
+    assert!(!plugin.code_resident());
+    assert_eq!((plugin.pool_counts(), engine.live_instances()), ((0, 0), 0), "its instances went too");
+    assert_eq!(engine.shared_components(), 0, "no plugin holds the compiled code any more");
+    assert_eq!(engine.code_drops(), CodeDrops { dropped: 1, reloaded: 0 });
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 0, "nothing left to drop");
+
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done), "loaded again");
+    assert!(plugin.code_resident());
+    assert_eq!(plugin.tier(), Tier::Optimized);
+    assert_eq!(engine.code_drops(), CodeDrops { dropped: 1, reloaded: 1 });
+    let loads = engine.component_loads();
+    assert_eq!((loads.compiled, loads.from_cache, loads.shared), (1, 1, 0), "read from the cache: {loads:?}");
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
+    assert_eq!(engine.code_drops().reloaded, 1, "loaded once, then resident");
+
+    // A trap after a reload discards the instance as usual; the code stays.
+    assert!(matches!(plugin.reconcile_blocking(&req(None, "misbehave")), Err(ReconcileError::Panic(_))));
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
+    assert_eq!(engine.code_drops().reloaded, 1);
+}
+
+#[test]
+fn code_shared_with_a_plugin_still_using_it_stays_and_is_shared_again() {
+    let (cache, files) = (tempdir(), tempdir());
+    let engine = idle_engine(cache.path(), HOUR);
+    let (path, bytes) = wasm_file(files.path(), "test-plugin-panic");
+    let idle = load_file(&engine, "idle", &path, &bytes);
+    // Loaded from bytes alone: nothing to fall back on, so it keeps its code.
+    let busy =
+        Plugin::load(&engine, spec("busy"), &bytes, env_with(indexer([]))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 1);
+    assert!(!idle.code_resident() && busy.code_resident());
+    assert_eq!(engine.shared_components(), 1, "the other plugin still uses the compiled code");
+    assert_eq!(idle.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
+    let loads = engine.component_loads();
+    assert_eq!(
+        (loads.compiled, loads.from_cache, loads.shared),
+        (1, 0, 2),
+        "reused, not reloaded: {loads:?}"
+    );
+}
+
+#[test]
+fn concurrent_first_calls_after_a_drop_wait_for_one_load() {
+    let (cache, files) = (tempdir(), tempdir());
+    let engine = idle_engine(cache.path(), HOUR);
+    let (path, bytes) = wasm_file(files.path(), "test-plugin-panic");
+    let plugins: Vec<Plugin> = (0..2)
+        .map(|i| {
+            let mut s = spec(&format!("copy-{i}"));
+            s.concurrency = 4;
+            Plugin::load_file(&engine, s, &path, &bytes, env_with(indexer([])))
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 2);
+    assert_eq!(engine.shared_components(), 0);
+    let calls_per_plugin = 4;
+    let start = Arc::new(std::sync::Barrier::new(2 * calls_per_plugin));
+    let threads: Vec<_> = plugins
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.clone(), calls_per_plugin))
+        .map(|p| {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                p.reconcile_blocking(&req(None, "fine"))
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap_or_else(|_| panic!("call thread panicked")), Ok(Action::Done));
+    }
+    assert_eq!(engine.code_drops().reloaded, 2, "one reload per plugin");
+    let loads = engine.component_loads();
+    assert_eq!(
+        (loads.compiled, loads.from_cache, loads.shared),
+        (1, 1, 2),
+        "one cache read for both plugins (and the second copy's first load shared): {loads:?}"
+    );
+}
+
+#[test]
+fn a_compile_cache_that_lost_the_code_reads_the_file_again_if_unchanged() {
+    let (cache, files) = (tempdir(), tempdir());
+    let engine = idle_engine(cache.path(), HOUR);
+    let (path, bytes) = wasm_file(files.path(), "test-plugin-panic");
+    let plugin = load_file(&engine, "lost", &path, &bytes);
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 1);
+    assert_eq!(clear_compile_cache(cache.path()), 1);
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done), "compiled from the file");
+    let loads = engine.component_loads();
+    assert_eq!((loads.compiled, loads.from_cache), (2, 0), "{loads:?}");
+
+    // The file changed since the load (its new version is on its way) and the cache lost
+    // the code again: the call fails, retryably, naming the file; the plugin stays usable.
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 1);
+    assert_eq!(clear_compile_cache(cache.path()), 1);
+    std::fs::write(&path, wasm("test-plugin-probe")).unwrap_or_else(|e| panic!("{e}"));
+    match plugin.reconcile_blocking(&req(None, "fine")) {
+        Err(ReconcileError::Retryable(m)) => assert!(m.contains("changed since the load"), "{m}"),
+        other => panic!("expected a retryable failure, got {other:?}"),
+    }
+    assert!(!plugin.code_resident());
+    assert_eq!(plugin.pool_counts(), (0, 0), "the failed load freed its slot");
+    std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done), "retried");
+    assert_eq!(engine.code_drops(), CodeDrops { dropped: 2, reloaded: 2 });
+}
+
+/// A cache whose `get` blocks until the test lets it return (it reports each entry).
+struct BlockingCache {
+    entered: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl CacheReader for BlockingCache {
+    fn get(&self, _key: &str) -> Option<Arc<Object>> {
+        let _ = self.entered.lock().map(|tx| tx.send(()));
+        let _ = self.release.lock().map(|rx| rx.recv());
+        None
+    }
+
+    fn list(&self, _: Option<&str>, _: Option<&str>) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        Ok(Vec::new())
+    }
+
+    fn by_index(&self, _: &str, _: &str) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        Ok(Vec::new())
+    }
+}
+
+#[test]
+fn a_call_in_flight_keeps_the_code() {
+    let (cache, files) = (tempdir(), tempdir());
+    let engine = idle_engine(cache.path(), HOUR);
+    let (path, bytes) = wasm_file(files.path(), "test-plugin-probe");
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let blocking = Arc::new(BlockingCache {
+        entered: std::sync::Mutex::new(entered_tx),
+        release: std::sync::Mutex::new(release_rx),
+    });
+    let mut caches: HashMap<Gvk, Arc<dyn CacheReader>> = HashMap::new();
+    caches.insert(configmap(), blocking);
+    let mut s = spec("in-flight");
+    s.limits.deadline = Duration::from_secs(60);
+    let plugin = Plugin::load_file(&engine, s, &path, &bytes, PluginEnv { caches, kube: None })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let slow = std::thread::spawn({
+        let plugin = plugin.clone();
+        move || plugin.reconcile_blocking(&req(Some("default"), "cache-get|v1|ConfigMap|cm1"))
+    });
+    entered
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("the call never reached the cache: {e}"));
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 0, "a call is under way");
+    assert!(plugin.code_resident());
+    release.send(()).unwrap_or_else(|e| panic!("{e}"));
+    let done = slow.join().unwrap_or_else(|_| panic!("the call in flight panicked"));
+    assert_eq!(done, Err(ReconcileError::Terminal("ok:none".into())), "the call in flight completed");
+    assert_eq!(engine.code_drops().dropped, 0);
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 1, "idle now");
+}
+
+#[test]
+fn the_engine_drops_idle_code_on_its_own_after_the_timeout() {
+    let (cache, files) = (tempdir(), tempdir());
+    let engine = idle_engine(cache.path(), Duration::from_millis(50));
+    let (path, bytes) = wasm_file(files.path(), "test-plugin-panic");
+    let plugin = load_file(&engine, "swept", &path, &bytes);
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    // The reaper takes the code out, then counts the drop: wait for both.
+    while plugin.code_resident() || engine.code_drops().dropped == 0 {
+        assert!(std::time::Instant::now() < give_up, "the idle code was never dropped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(engine.code_drops().dropped, 1);
+    assert_eq!(plugin.reconcile_blocking(&req(None, "fine")), Ok(Action::Done));
+    assert_eq!(engine.code_drops().reloaded, 1);
+}
+
+#[test]
+fn plugins_without_a_file_or_an_idle_code_timeout_keep_their_code() {
+    let (cache, files) = (tempdir(), tempdir());
+    let (path, bytes) = wasm_file(files.path(), "test-plugin-panic");
+    let engine = idle_engine(cache.path(), HOUR);
+    let from_bytes =
+        Plugin::load(&engine, spec("bytes"), &bytes, env_with(indexer([]))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 0);
+    assert!(from_bytes.code_resident());
+    drop((from_bytes, engine));
+    let config = EngineConfig {
+        cache_dir: Some(cache.path().to_owned()),
+        idle_instance_timeout: Some(HOUR),
+        ..Default::default()
+    };
+    let engine = PluginEngine::new(config, None).unwrap_or_else(|e| panic!("{e}"));
+    let plugin = load_file(&engine, "kept", &path, &bytes);
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + 100 * HOUR), 0, "no idle-code timeout");
+    assert!(plugin.code_resident());
+    drop((plugin, engine));
+
+    // Code the compile cache does not have (it would cost a compile to get back) is kept.
+    let engine = idle_engine(cache.path(), HOUR);
+    let plugin = load_file(&engine, "uncached", &path, &bytes);
+    assert_eq!(clear_compile_cache(cache.path()), 1);
+    assert_eq!(engine.drop_idle_code_at(std::time::Instant::now() + HOUR), 0);
+    assert!(plugin.code_resident());
 }

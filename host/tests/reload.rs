@@ -108,6 +108,8 @@ struct Host {
     factory: InformerFactory,
     metrics: Arc<Metrics>,
     dir: tempfile::TempDir,
+    /// The engine of the test's own (`None`: the one shared by every test).
+    engine: Option<PluginEngine>,
     manager: Option<PluginManager>,
     shutdown: CancellationToken,
 }
@@ -128,6 +130,15 @@ fn engine(metrics: &Metrics) -> PluginEngine {
 impl Host {
     /// A host whose cluster has a fresh namespace named after `namespace` (see [`Host::ns`]).
     async fn start(namespace: &str, watch: bool) -> Host {
+        Host::start_with_engine(namespace, watch, |_| None).await
+    }
+
+    /// As [`Host::start`], on the engine `engine` makes (given the host's metrics), if any.
+    async fn start_with_engine(
+        namespace: &str,
+        watch: bool,
+        engine: impl FnOnce(&Metrics) -> Option<PluginEngine>,
+    ) -> Host {
         guest_logs();
         let cluster = TestCluster::start().await.expect("test cluster starts");
         let ns = cluster.namespace_named(namespace).await.expect("namespace");
@@ -144,6 +155,7 @@ impl Host {
             },
         );
         let metrics = Metrics::new();
+        let engine = engine(&metrics);
         let dir = tempfile::tempdir().expect("tempdir");
         let mut host = Host {
             _cluster: cluster,
@@ -152,6 +164,7 @@ impl Host {
             factory,
             metrics,
             dir,
+            engine,
             manager: None,
             shutdown: CancellationToken::new(),
         };
@@ -161,7 +174,7 @@ impl Host {
 
     async fn start_manager(&mut self, watch: bool) {
         let deps = ManagerDeps {
-            engine: engine(&self.metrics),
+            engine: self.engine.clone().unwrap_or_else(|| engine(&self.metrics)),
             informers: Arc::new(FactoryLeases(self.factory.clone())),
             kube: Some(KubeServices::new(
                 self.client.clone(),
@@ -1127,5 +1140,64 @@ async fn readyz_is_ready_while_every_plugin_has_a_running_version() {
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("plugin later: no running version: waiting for its .wasm"), "{body}");
     token.cancel();
+    host.stop().await;
+}
+
+/// With idle instances and idle code let go after 20 ms, a plugin's code is dropped between
+/// events and loaded again by the next one; hot swaps to a new build and back, each
+/// happening while the running version's code is dropped, hand over exactly as they do with
+/// the code loaded: every object ends up reconciled by the latest build, no key by two
+/// calls at once, no reconcile fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reloads_work_the_same_with_the_code_dropped_while_idle() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let idle = Duration::from_millis(20);
+    let host = Host::start_with_engine("idle-code", true, |metrics| {
+        let config = EngineConfig {
+            cache_dir: Some(cache.path().to_owned()),
+            idle_instance_timeout: Some(idle),
+            idle_code_timeout: Some(idle),
+            ..EngineConfig::default()
+        };
+        Some(PluginEngine::new(config, Some(metrics)).unwrap_or_else(|e| panic!("engine: {e}")))
+    })
+    .await;
+    let ns = &host.ns.clone();
+    let (a, b) = (build("reload-stamp-a"), build("reload-stamp-b"));
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    let drops = |h: &Host| h.metric("wasmctrl_plugin_code_drops_total");
+    let reloads = |h: &Host| h.metric("wasmctrl_plugin_code_reloads_total");
+    // No plugin of the engine holds compiled code (nor an instance): the running version's
+    // code is dropped.
+    let dropped =
+        |h: &Host| h.engine.as_ref().is_some_and(|e| e.shared_components() == 0 && e.live_instances() == 0);
+    host.install("idlestamp.toml", stamp_toml(ns, 0).as_bytes());
+    host.install("idlestamp.wasm", &a);
+    host.until_version("idlestamp", &a).await;
+    for i in 0..5 {
+        apply_src(&api, &format!("src-{i}"), "1").await;
+    }
+    until_converged(&api, "a").await;
+
+    // Dropped while idle, then loaded again by the next event.
+    // The reaper takes the code out, then counts the drop: wait for both.
+    host.until("the idle code to be dropped", |h| dropped(h) && drops(h) >= 1.0).await;
+    apply_src(&api, "src-0", "2").await;
+    until_converged(&api, "a").await;
+    assert!(reloads(&host) >= 1.0, "the event's reconcile loaded the code again");
+
+    // Swaps while the running version's code is dropped: to b, and back to a.
+    for (build, stamp) in [(&b, "b"), (&a, "a")] {
+        host.until("the running version's code to be dropped", dropped).await;
+        host.install("idlestamp.wasm", build);
+        host.until_version("idlestamp", build).await;
+        apply_src(&api, "src-1", stamp).await;
+        until_converged(&api, stamp).await;
+    }
+    let per_stamp = check_no_concurrent_reconcile("idlestamp");
+    assert!(per_stamp.get("b").is_some_and(|n| *n >= 5), "b reconciled every key: {per_stamp:?}");
+    let status = host.status("idlestamp").expect("status");
+    assert_eq!((status.state, status.rejected), (PluginState::Running, 0), "{status:?}");
+    assert_eq!(host.metric("controller_runtime_reconcile_errors_total{controller=\"idlestamp\"}"), 0.0);
     host.stop().await;
 }

@@ -28,6 +28,10 @@
 //!   ([`super::tier_up`]) and the plugins switch to its code when ready ([`super::tier`]).
 //!   A cache hit is used directly (no Winch). A component Winch cannot compile is compiled
 //!   by Cranelift before the load returns, as with tier-up off: tier-up never fails a load.
+//! - Idle resources ([`super::idle`]): instances idle for [`EngineConfig::idle_instance_timeout`]
+//!   are released; plugins without a call for [`EngineConfig::idle_code_timeout`] drop their
+//!   compiled code ([`super::code`]), and [`PluginEngine::reload_component`] gives it back
+//!   through the shared registry (the compile cache, normally).
 //! - At most one Cranelift compile per core runs at once (each already uses every core);
 //!   loads beyond that wait, so loading many distinct plugins at once does not hold the
 //!   intermediate state of all their compiles in memory together. Background tier-ups wait
@@ -48,7 +52,7 @@ use super::bindings::TypesHost;
 use super::bindings::wasmctrl::controller::{cache, client, config, events, log, types};
 use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
 use super::gate::Gate;
-use super::idle::{IdleInstances, IdleReaper, ReaperThread};
+use super::idle::{IdlePlugin, IdleReaper, ReaperThread};
 use super::metrics::{ComponentLoadLabels, RuntimeMetrics, TierUpLabels};
 use super::optimizer::Optimizer;
 use super::shared::{Outcome, Registry, Shared};
@@ -74,6 +78,12 @@ pub struct EngineConfig {
     /// Release plugin instances idle this long (the next call instantiates anew); `None`
     /// or zero keeps them until their plugin is dropped.
     pub idle_instance_timeout: Option<Duration>,
+    /// A plugin with no call for this long drops its compiled code (its idle instances
+    /// go too); the next call loads it again from the compile cache (~1 ms). Only plugins
+    /// loaded from a file ([`super::Plugin::load_file`]) running optimised code whose
+    /// artifact is in the compile cache drop it. `None` or zero keeps the code: the default
+    /// here; the host TOML's `idle-code-timeout` turns it on by default.
+    pub idle_code_timeout: Option<Duration>,
     /// Code generation and memory layout knobs; the default is what the host runs with.
     pub tuning: EngineTuning,
     /// Tier-up: a component missing from the compile cache is compiled with Winch first
@@ -112,6 +122,9 @@ impl Default for EngineTuning {
 /// `idle-instance-timeout`).
 pub const DEFAULT_IDLE_INSTANCE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The host TOML's default `idle-code-timeout` ([`EngineConfig::idle_code_timeout`]).
+pub const DEFAULT_IDLE_CODE_TIMEOUT: Duration = Duration::from_secs(600);
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -121,6 +134,7 @@ impl Default for EngineConfig {
             pooling: Some(PoolingLimits::default()),
             max_wasm_stack: 512 << 10,
             idle_instance_timeout: Some(DEFAULT_IDLE_INSTANCE_TIMEOUT),
+            idle_code_timeout: None,
             tuning: EngineTuning::default(),
             tier_up: false,
         }
@@ -163,6 +177,16 @@ pub struct TierUps {
     pub failed: u64,
 }
 
+/// Plugins that dropped their compiled code while idle, and reloads of it (also the
+/// `wasmctrl_plugin_code_drops` and `wasmctrl_plugin_code_reloads` metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodeDrops {
+    /// Code dropped after the idle-code timeout.
+    pub dropped: u64,
+    /// Dropped code loaded again for a call.
+    pub reloaded: u64,
+}
+
 /// A compiled component shared by content hash; its code stays shared while one is alive.
 pub type SharedComponent = Shared<Arc<TieredComponent>, PluginError>;
 
@@ -192,7 +216,7 @@ struct EngineInner {
     ticker: Option<EpochTicker>,
     /// Compiled components in use, by hex SHA-256 of their `.wasm`.
     components: Registry<String, Arc<TieredComponent>, PluginError>,
-    /// Releases idle instances, when an idle timeout is set.
+    /// Releases idle instances and drops idle code, when either timeout is set.
     idle: Option<(Arc<IdleReaper>, ReaperThread)>,
     /// Cranelift through the compile cache (and the gate bounding compiles at once).
     optimizer: Optimizer,
@@ -238,10 +262,7 @@ impl PluginEngine {
         let mut ticked = vec![engine.clone()];
         ticked.extend(tier_up.as_ref().map(|(b, _)| b.engine.clone()));
         let ticker = EpochTicker::start(ticked, config.epoch_tick.max(Duration::from_micros(100)))?;
-        let idle = match config.idle_instance_timeout.filter(|t| !t.is_zero()) {
-            Some(timeout) => Some(IdleReaper::start(timeout)?),
-            None => None,
-        };
+        let idle = IdleReaper::start(config.idle_instance_timeout, config.idle_code_timeout)?;
         Ok(PluginEngine {
             inner: Arc::new(EngineInner {
                 engine,
@@ -318,17 +339,65 @@ impl PluginEngine {
         Ok(shared)
     }
 
-    /// Adds a plugin's pool to the idle-instance sweeps (a no-op without an idle timeout).
-    pub(crate) fn register_idle(&self, plugin: std::sync::Weak<dyn IdleInstances>) {
+    /// The compiled component of the `.wasm` with hex SHA-256 `hash`, for a plugin whose
+    /// code was dropped while idle: the one in use by other plugins, or a concurrent
+    /// load's, or the compile cache's artifact; only when the cache lacks it, a new load of
+    /// the bytes `wasm` gives (read then, checked by the caller). Blocking.
+    pub(crate) fn reload_component(
+        &self,
+        hash: &str,
+        wasm: impl FnOnce() -> Result<Vec<u8>, PluginError>,
+    ) -> Result<SharedComponent, PluginError> {
+        let (shared, outcome) = self.inner.components.get_or_load(&hash.to_owned(), || {
+            let start = Instant::now();
+            if let Some(component) = self.inner.optimizer.cached(hash) {
+                self.count_load("cache");
+                return Ok(Arc::new(TieredComponent::new(
+                    hash.to_owned(),
+                    component,
+                    Tier::Optimized,
+                    start,
+                )));
+            }
+            self.load_tiered(&wasm()?, hash.to_owned())
+        })?;
+        if outcome == Outcome::Shared {
+            self.count_load("shared");
+        }
+        Ok(shared)
+    }
+
+    /// Whether the compile cache holds an artifact for the `.wasm` with hex SHA-256 `hash`
+    /// (for this engine).
+    pub(crate) fn has_cached_artifact(&self, hash: &str) -> bool {
+        self.inner.optimizer.has_artifact(hash)
+    }
+
+    /// Adds a plugin to the idle sweeps (a no-op without an idle timeout).
+    pub(crate) fn register_idle(&self, plugin: std::sync::Weak<dyn IdlePlugin>) {
         if let Some((reaper, _)) = &self.inner.idle {
             reaper.register(plugin);
         }
     }
 
-    /// Releases, as of `now`, the instances idle for the idle timeout or longer (what the
-    /// engine's reaper does on its own every quarter of the timeout); returns how many.
+    /// Releases, as of `now`, the instances idle for the idle-instance timeout or longer
+    /// (what the engine's reaper does on its own every quarter of the timeout); returns how
+    /// many.
     pub fn release_idle_instances_at(&self, now: Instant) -> usize {
-        self.inner.idle.as_ref().map_or(0, |(reaper, _)| reaper.sweep(now))
+        self.inner.idle.as_ref().map_or(0, |(reaper, _)| reaper.sweep_instances(now))
+    }
+
+    /// Drops, as of `now`, the code of the plugins without a call for the idle-code timeout
+    /// or longer that can drop it (what the engine's reaper does on its own every quarter
+    /// of the timeout); returns how many dropped it.
+    pub fn drop_idle_code_at(&self, now: Instant) -> usize {
+        self.inner.idle.as_ref().map_or(0, |(reaper, _)| reaper.sweep_code(now))
+    }
+
+    /// Code dropped while idle and reloaded so far.
+    pub fn code_drops(&self) -> CodeDrops {
+        let m = &self.inner.metrics;
+        CodeDrops { dropped: m.code_drops.get(), reloaded: m.code_reloads.get() }
     }
 
     /// Plugin instances alive now, every plugin and version together (also the

@@ -1,5 +1,5 @@
 //! The plugin runtime's own metric families: traps, instantiations, refused host calls,
-//! live instances, component loads and tier-ups.
+//! live instances, component loads, tier-ups, and code dropped while idle and reloaded.
 //!
 //! Invariants: one [`RuntimeMetrics`] per engine, registered at most once (by the engine,
 //! when given the host's registry); every other module only increments what it is handed.
@@ -50,6 +50,11 @@ pub(crate) struct RuntimeMetrics {
     pub component_loads: Family<ComponentLoadLabels, Counter>,
     /// Background Cranelift compiles of components loaded with Winch, by result.
     pub tier_ups: Family<TierUpLabels, Counter>,
+    /// Plugins that dropped their compiled code after the idle-code timeout.
+    pub code_drops: Counter,
+    /// Plugins that loaded their dropped code again for a call (each also counts as a
+    /// component load: from the cache, shared, or compiled).
+    pub code_reloads: Counter,
 }
 
 impl RuntimeMetrics {
@@ -80,6 +85,16 @@ impl RuntimeMetrics {
             "wasmctrl_plugin_tier_ups",
             "Background Cranelift compiles of components first loaded with Winch, by result: done (plugins switched to the optimised code), abandoned (no plugin ran it any more), failed",
             self.tier_ups.clone(),
+        );
+        m.register(
+            "wasmctrl_plugin_code_drops",
+            "Plugins that dropped their compiled code after idle-code-timeout without a call",
+            self.code_drops.clone(),
+        );
+        m.register(
+            "wasmctrl_plugin_code_reloads",
+            "Plugins that loaded their dropped code again for a call (see wasmctrl_plugin_component_loads for where from)",
+            self.code_reloads.clone(),
         );
     }
 

@@ -22,7 +22,8 @@
 //!    not import it).
 //! 5. [`engine`]: the shared engine, and the linker that links each interface with its own
 //!    getter returning only that interface's view of the state.
-//! 6. [`runtime`] (a loaded [`Plugin`]: instance pool, blocking calls into its exports) and
+//! 6. `code` (a loaded plugin's compiled code: resident, dropped while idle, reloaded),
+//!    [`runtime`] (a loaded [`Plugin`]: instance pool, blocking calls into its exports) and
 //!    [`inspect`] (`wasmctrl check`); [`adapter`] on top ([`PluginReconciler`], the plugin
 //!    as the controller's `Reconciler` and as an informer event handler).
 //!    [`cache_union`]: one kind's cache when several informers watch it for one plugin.
@@ -42,6 +43,7 @@ mod call;
 mod callsites;
 pub mod client;
 pub mod cluster;
+mod code;
 pub mod compile_cache;
 mod config;
 pub mod engine;
@@ -70,8 +72,8 @@ pub use cache_union::UnionCache;
 pub use cluster::KubeServices;
 pub use compile_cache::DEFAULT_CACHE_MAX_BYTES;
 pub use engine::{
-    ComponentLoads, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig, EngineTuning, LoadedComponent, PluginEngine,
-    PoolingLimits, SharedComponent, TierUps,
+    CodeDrops, ComponentLoads, DEFAULT_IDLE_CODE_TIMEOUT, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig,
+    EngineTuning, LoadedComponent, PluginEngine, PoolingLimits, SharedComponent, TierUps,
 };
 pub use inspect::{ComponentReport, inspect_component};
 pub use record::{CallLog, RecordedEvent, RecordedWrite};

@@ -39,6 +39,12 @@ impl Optimizer {
         &self.gate
     }
 
+    /// Whether the cache has an artifact of the wasm with hex SHA-256 `hash` (not whether
+    /// it loads).
+    pub fn has_artifact(&self, hash: &str) -> bool {
+        self.disk.as_ref().is_some_and(|disk| disk.path_of(hash, &self.engine_hash()).is_file())
+    }
+
     /// The cached artifact of the wasm with hex SHA-256 `hash`, if one exists and loads
     /// (its use refreshes its place in the cache).
     pub fn cached(&self, hash: &str) -> Option<Component> {

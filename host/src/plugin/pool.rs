@@ -14,6 +14,10 @@
 //! - Each idle instance remembers when it became idle; [`Pool::release_idle_since`] drops
 //!   those idle since a cutoff (outside the lock) and frees their slots. A checkout takes
 //!   the most recently returned instance, so the ones left idle are the oldest.
+//! - The pool remembers when it was last active (an instance checked out or returned);
+//!   [`Pool::when_unused_since`] runs its closure under the pool's lock only when no
+//!   instance is alive and the pool has not been active since a cutoff, so no checkout can
+//!   start (or be under way) while it runs.
 
 use std::time::Instant;
 
@@ -32,6 +36,8 @@ struct PoolState<T> {
     live: usize,
     /// Bumped by [`Pool::renew`].
     generation: u64,
+    /// When an instance was last checked out or returned (or the pool was created).
+    last_active: Instant,
 }
 
 /// Why no item could be had.
@@ -50,7 +56,12 @@ impl<T> Pool<T> {
     pub fn new(max: usize) -> Self {
         Pool {
             max: max.max(1),
-            state: Mutex::new(PoolState { idle: Vec::new(), live: 0, generation: 0 }),
+            state: Mutex::new(PoolState {
+                idle: Vec::new(),
+                live: 0,
+                generation: 0,
+                last_active: Instant::now(),
+            }),
             freed: Condvar::new(),
         }
     }
@@ -74,6 +85,7 @@ impl<T> Pool<T> {
     ) -> Result<Lease<'_, T>, CheckoutError<E>> {
         let mut s = self.state.lock();
         loop {
+            s.last_active = Instant::now();
             let generation = s.generation;
             if let Some((item, _)) = s.idle.pop() {
                 return Ok(Lease { pool: self, item: Some(item), poisoned: false, generation });
@@ -99,6 +111,7 @@ impl<T> Pool<T> {
 
     fn release_slot(&self) {
         let mut s = self.state.lock();
+        s.last_active = Instant::now();
         s.live -= 1;
         self.freed.notify_one();
     }
@@ -134,6 +147,20 @@ impl<T> Pool<T> {
         };
         // Dropped outside the lock: tearing a store down is not free.
         drop(idle);
+    }
+
+    /// Whether the pool has been inactive (nothing checked out or returned) since `cutoff`
+    /// or earlier.
+    pub fn inactive_since(&self, cutoff: Instant) -> bool {
+        self.state.lock().last_active <= cutoff
+    }
+
+    /// Runs `f` under the pool's lock when no instance is alive (idle or checked out) and
+    /// the pool has been inactive since `cutoff` or earlier; `None` otherwise. A checkout
+    /// waits for `f`, so keep it short (take something out; drop it after).
+    pub fn when_unused_since<R>(&self, cutoff: Instant, f: impl FnOnce() -> R) -> Option<R> {
+        let s = self.state.lock();
+        (s.live == 0 && s.last_active <= cutoff).then(f)
     }
 
     /// Drops the instances idle since `cutoff` or earlier; returns how many.
@@ -184,6 +211,7 @@ impl<T> Drop for Lease<'_, T> {
         let Some(item) = self.item.take() else { return };
         if !self.poisoned {
             let mut s = self.pool.state.lock();
+            s.last_active = Instant::now();
             if s.generation == self.generation {
                 s.idle.push((item, Instant::now()));
                 self.pool.freed.notify_one();
@@ -294,6 +322,25 @@ mod tests {
         assert_eq!(pool.counts(), (2, 2));
         let mut again = pool.checkout(far, ok(5)).unwrap_or_else(|_| panic!());
         assert!(matches!(*again.get(), 3 | 4), "new-generation instances are reused");
+    }
+
+    #[test]
+    fn unused_runs_only_without_live_instances_and_past_the_last_activity() {
+        let pool = Pool::new(2);
+        let far = Instant::now() + Duration::from_secs(60);
+        let lease = pool.checkout(far, ok(1)).unwrap_or_else(|_| panic!());
+        let later = Instant::now() + Duration::from_secs(3600);
+        assert_eq!(pool.when_unused_since(later, || ()), None, "checked out");
+        assert!(pool.inactive_since(later) && !pool.inactive_since(Instant::now() - Duration::from_secs(1)));
+        drop(lease);
+        assert_eq!(pool.when_unused_since(later, || ()), None, "idle, but alive");
+        pool.clear_idle();
+        let cleared = Instant::now();
+        assert_eq!(pool.when_unused_since(later, || 7), Some(7));
+        std::thread::sleep(Duration::from_millis(2));
+        drop(pool.checkout(far, ok(2)).unwrap_or_else(|_| panic!()));
+        pool.clear_idle();
+        assert_eq!(pool.when_unused_since(cleared, || ()), None, "active since the cutoff");
     }
 
     #[test]

@@ -22,31 +22,40 @@
 //!   which code serves a call: the pool's bound on instances (and so on calls at once) holds
 //!   across it, no call is dropped or run twice, and the plugin's queue, handlers and hook
 //!   dispatch are not involved.
+//! - Idle code (see [`super::code`]): a plugin loaded from a file with no call for the
+//!   engine's idle-code timeout releases its idle instances and drops its compiled code, only
+//!   while no instance exists and no call is under way (decided under the pool's lock, so
+//!   no checkout starts meanwhile) and never while on baseline code (a tier-up pending).
+//!   The next call loads the code again before instantiating (concurrent calls wait for
+//!   one load); a reload that fails fails that call only (retryable), and the next call
+//!   tries again. Which code serves a call is all that changes: the pool, the plugin's
+//!   queue and a hot reload's hand-off work the same with the code dropped or not.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use wasmtime::Store;
 use wasmtime::component::Component;
 
 use super::PluginError;
 use super::access::Access;
+use super::bindings::Plugin as PluginBindings;
 use super::bindings::exports::wasmctrl::controller::reconciler::{
     FilterEvent, Hooks, ReconcileError as WitReconcileError, ReconcileResult,
 };
 use super::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as WitRequest};
-use super::bindings::{Plugin as PluginBindings, PluginPre};
 use super::cache::{CacheCtx, CacheReader};
 use super::call::CallInfo;
 use super::client::ClientCtx;
 use super::cluster::KubeServices;
+use super::code::{Code, PluginCode};
 use super::config::ConfigCtx;
-use super::engine::{PluginEngine, SharedComponent};
+use super::engine::PluginEngine;
 use super::events::EventsCtx;
-use super::idle::IdleInstances;
+use super::idle::IdlePlugin;
 use super::log::LogCtx;
 use super::metrics::PluginCallLabels;
 use super::pool::{CheckoutError, Pool};
@@ -157,8 +166,11 @@ pub struct Plugin {
 
 struct PluginInner {
     engine: PluginEngine,
-    /// The code new instances are made from (replaced once, by a tier-up).
-    code: ArcSwap<Code>,
+    /// The code new instances are made from (replaced once by a tier-up; dropped while
+    /// idle and loaded again).
+    code: PluginCode,
+    /// This plugin, for the tier-up of code loaded again (set once built).
+    me: OnceLock<Weak<PluginInner>>,
     /// Calls served by baseline and by optimised code.
     calls: [AtomicU64; 2],
     /// The spec the plugin runs with (limits normalized).
@@ -170,42 +182,17 @@ struct PluginInner {
     pool: Pool<Instance>,
     hooks: PluginHooks,
     version: String,
-    /// The compiled code shared with other plugins of the same bytes (kept shared while
-    /// this plugin lives); `None` when built from a caller's component.
-    shared: Option<SharedComponent>,
-}
-
-/// Compiled code ready to instantiate.
-struct Code {
-    pre: PluginPre<HostState>,
-    tier: Tier,
-}
-
-impl Code {
-    /// `component` (of `tier`) linked for instantiation.
-    fn prepare(
-        engine: &PluginEngine,
-        plugin: &str,
-        component: &Component,
-        tier: Tier,
-    ) -> Result<Code, PluginError> {
-        let incompatible = |e: wasmtime::Error| PluginError::Incompatible {
-            plugin: plugin.to_owned(),
-            reason: format!("{e:#}"),
-        };
-        let instance_pre = engine.linker_for(component).instantiate_pre(component).map_err(incompatible)?;
-        Ok(Code { pre: PluginPre::new(instance_pre).map_err(incompatible)?, tier })
-    }
 }
 
 impl TierUpTarget for PluginInner {
     fn tier_up(&self, optimized: &Component, since_load: Duration) {
-        if self.code.load().tier == Tier::Optimized {
-            return;
-        }
-        match Code::prepare(&self.engine, &self.spec.name, optimized, Tier::Optimized) {
+        // Baseline code is never dropped: resident unless already switched.
+        let Some(current) = self.code.current().filter(|c| c.tier == Tier::Baseline) else { return };
+        let shared = current.shared().cloned();
+        drop(current);
+        match Code::prepare(&self.engine, &self.spec.name, optimized, Tier::Optimized, shared) {
             Ok(code) => {
-                self.code.store(Arc::new(code));
+                self.code.replace(code);
                 // From here every checkout gets an instance of the optimised code: the
                 // baseline ones idle now go, the busy ones once their call is done.
                 self.pool.renew();
@@ -223,13 +210,34 @@ impl TierUpTarget for PluginInner {
     }
 }
 
-impl IdleInstances for PluginInner {
+impl IdlePlugin for PluginInner {
     fn release_idle_since(&self, cutoff: Instant) -> usize {
         let released = self.pool.release_idle_since(cutoff);
         if released > 0 {
             tracing::debug!(plugin = %self.spec.name, version = %self.short_version, released, "released idle instances");
         }
         released
+    }
+
+    fn drop_code_unused_since(&self, cutoff: Instant) -> bool {
+        // The cheap checks first; the compile cache's (a file's metadata) last.
+        if !self.code.droppable() || !self.pool.inactive_since(cutoff) {
+            return false;
+        }
+        if !self.engine.has_cached_artifact(&self.version) {
+            tracing::debug!(plugin = %self.spec.name, version = %self.short_version, "idle code kept: the compile cache does not have it");
+            return false;
+        }
+        // Instances idle that long go with the code (they hold it).
+        self.release_idle_since(cutoff);
+        // Under the pool's lock: no instance exists and no checkout can start meanwhile.
+        let Some(code) = self.pool.when_unused_since(cutoff, || self.code.take()).flatten() else {
+            return false;
+        };
+        drop(code);
+        self.engine.metrics().code_drops.inc();
+        tracing::info!(plugin = %self.spec.name, version = %self.short_version, "compiled code dropped after idle-code-timeout without a call; the next call loads it again");
+        true
     }
 }
 
@@ -242,17 +250,44 @@ impl std::fmt::Debug for Plugin {
 impl Plugin {
     /// Compiles (or loads from the compile cache) `wasm`, checks it targets the `plugin`
     /// world, creates a first instance and runs its `init`. Blocking: run it on a blocking
-    /// thread. Fails, leaving nothing behind, when any step fails.
+    /// thread. Fails, leaving nothing behind, when any step fails. The compiled code stays
+    /// loaded while the plugin lives ([`Plugin::load_file`]'s may be dropped while idle).
     pub fn load(
         engine: &PluginEngine,
         spec: PluginSpec,
         wasm: &[u8],
         env: PluginEnv,
     ) -> Result<Plugin, PluginError> {
+        Self::load_shared(engine, spec, wasm, None, env)
+    }
+
+    /// As [`Plugin::load`], for `wasm` as read from the file `path`. Such a plugin drops
+    /// its compiled code after the engine's idle-code timeout without a call, and loads it
+    /// again for the next call: from the compile cache, or, should the cache have lost it,
+    /// from `path` again if the file's content is still `wasm`'s (see [`super::code`]).
+    pub fn load_file(
+        engine: &PluginEngine,
+        spec: PluginSpec,
+        path: &Path,
+        wasm: &[u8],
+        env: PluginEnv,
+    ) -> Result<Plugin, PluginError> {
+        Self::load_shared(engine, spec, wasm, Some(path), env)
+    }
+
+    fn load_shared(
+        engine: &PluginEngine,
+        spec: PluginSpec,
+        wasm: &[u8],
+        file: Option<&Path>,
+        env: PluginEnv,
+    ) -> Result<Plugin, PluginError> {
         let shared = engine.shared_component(wasm)?;
         let (component, tier) = shared.value().current();
         let version = shared.value().hash().to_owned();
-        Self::build(engine, spec, &component, tier, version, env, Some(shared))
+        engine.check_imports(&spec.name, &component)?;
+        let code = Code::prepare(engine, &spec.name, &component, tier, Some(shared))?;
+        Self::build(engine, spec, code, version, env, file)
     }
 
     /// As [`Plugin::load`], from an already compiled component.
@@ -263,23 +298,23 @@ impl Plugin {
         version: String,
         env: PluginEnv,
     ) -> Result<Plugin, PluginError> {
-        Self::build(engine, spec, component, Tier::Optimized, version, env, None)
+        engine.check_imports(&spec.name, component)?;
+        let code = Code::prepare(engine, &spec.name, component, Tier::Optimized, None)?;
+        Self::build(engine, spec, code, version, env, None)
     }
 
     fn build(
         engine: &PluginEngine,
         mut spec: PluginSpec,
-        component: &Component,
-        tier: Tier,
+        code: Code,
         version: String,
         env: PluginEnv,
-        shared: Option<SharedComponent>,
+        file: Option<&Path>,
     ) -> Result<Plugin, PluginError> {
         spec.limits = spec.limits.normalized();
         spec.concurrency = spec.concurrency.max(1);
         let name = spec.name.clone();
-        engine.check_imports(&name, component)?;
-        let code = Code::prepare(engine, &name, component, tier)?;
+        let tier = code.tier;
         // One instance per concurrent reconcile plus one for notifications (hooks, map,
         // filter), so those never wait behind a full set of reconciles.
         let pool = Pool::new(spec.concurrency + 1);
@@ -287,7 +322,8 @@ impl Plugin {
         let contexts = contexts(&spec, &short, env, engine);
         let mut inner = PluginInner {
             engine: engine.clone(),
-            code: ArcSwap::from_pointee(code),
+            code: PluginCode::new(code, file.map(Path::to_path_buf)),
+            me: OnceLock::new(),
             calls: [AtomicU64::new(0), AtomicU64::new(0)],
             spec,
             short_version: short,
@@ -295,7 +331,6 @@ impl Plugin {
             pool,
             hooks: PluginHooks::default(),
             version,
-            shared,
         };
         let (first, info) = inner
             .instantiate()
@@ -314,18 +349,9 @@ impl Plugin {
         inner.pool.put_new(first);
         tracing::info!(plugin = %name, version = %inner.version, ?hooks, tier = tier.as_str(), "plugin loaded");
         let inner = Arc::new(inner);
-        let weak = Arc::downgrade(&inner);
-        engine.register_idle(weak);
-        if tier == Tier::Baseline
-            && let Some(shared) = &inner.shared
-        {
-            let target: std::sync::Weak<dyn TierUpTarget> =
-                Arc::downgrade(&inner) as std::sync::Weak<dyn TierUpTarget>;
-            // The tier-up may have come while this plugin was being built: then switch now.
-            if let Some(optimized) = shared.value().subscribe(target) {
-                inner.tier_up(&optimized, shared.value().loaded_at().elapsed());
-            }
-        }
+        let _ = inner.me.set(Arc::downgrade(&inner));
+        engine.register_idle(Arc::downgrade(&inner) as Weak<dyn IdlePlugin>);
+        inner.follow_tier_up();
         Ok(Plugin { inner })
     }
 
@@ -356,8 +382,15 @@ impl Plugin {
 
     /// The compiler of the code new instances run: [`Tier::Baseline`] from a cold load with
     /// tier-up on until the background Cranelift compile is done, then [`Tier::Optimized`].
+    /// Code dropped while idle was optimised (baseline code is never dropped).
     pub fn tier(&self) -> Tier {
-        self.inner.code.load().tier
+        self.inner.code.current().map_or(Tier::Optimized, |c| c.tier)
+    }
+
+    /// Whether the compiled code is loaded (false once dropped after the engine's
+    /// idle-code timeout, until the next call loads it again).
+    pub fn code_resident(&self) -> bool {
+        self.inner.code.current().is_some()
     }
 
     /// Calls served so far (`init` excluded), by the tier of the code that ran them.
@@ -503,10 +536,50 @@ fn check_output(size: usize, max: usize) -> wasmtime::Result<()> {
 }
 
 impl PluginInner {
+    /// When this plugin runs baseline code: asks to be told of its tier-up, or switches now
+    /// when the tier-up came already (while the plugin was being built, or its code
+    /// reloaded).
+    fn follow_tier_up(self: &Arc<Self>) {
+        let Some(code) = self.code.current().filter(|c| c.tier == Tier::Baseline) else { return };
+        let Some(shared) = code.shared().cloned() else { return };
+        drop(code);
+        let target = Arc::downgrade(self) as Weak<dyn TierUpTarget>;
+        if let Some(optimized) = shared.value().subscribe(target) {
+            self.tier_up(&optimized, shared.value().loaded_at().elapsed());
+        }
+    }
+
+    /// The code to instantiate: the resident code, or the code dropped while idle loaded
+    /// again (once, whoever else is waiting for it).
+    fn code(&self) -> Result<Arc<Code>, CallError> {
+        let start = Instant::now();
+        let (code, reloaded) =
+            self.code.get_or_reload(&self.engine, &self.spec.name, &self.version).map_err(|e| {
+                tracing::warn!(plugin = %self.spec.name, version = %self.short_version, error = %e, "loading the code dropped while idle failed");
+                CallError::Init { plugin: self.spec.name.clone(), reason: e.to_string() }
+            })?;
+        if reloaded {
+            self.engine.metrics().code_reloads.inc();
+            tracing::info!(
+                plugin = %self.spec.name,
+                version = %self.short_version,
+                tier = code.tier.as_str(),
+                elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
+                "compiled code loaded again after it was dropped while idle"
+            );
+            if code.tier == Tier::Baseline
+                && let Some(me) = self.me.get().and_then(Weak::upgrade)
+            {
+                me.follow_tier_up();
+            }
+        }
+        Ok(code)
+    }
+
     /// A new instance with `init` run on it, and what its `init` reported.
     fn instantiate(&self) -> Result<(Instance, InitInfo), CallError> {
         let plugin = &self.spec.name;
-        let code = self.code.load_full();
+        let code = self.code()?;
         let mut store = Store::new(code.pre.engine(), HostState::new(&self.contexts));
         store.limiter(|s| &mut s.limits);
         store.epoch_deadline_callback(check_at_tick);

@@ -6,8 +6,9 @@
 //!   blocks until it ends and gets the same result (the same value on success, the same
 //!   error on failure), never a second load.
 //! - A loaded value stays shared exactly while some handle to it is alive (the map holds
-//!   only weak references); once the last plugin using it is dropped, the next request
-//!   for the key loads again (from the on-disk compile cache, normally).
+//!   only weak references); once the last plugin using it is dropped (or has dropped its
+//!   code while idle), the next request for the key loads again (from the on-disk compile
+//!   cache, normally).
 //! - A failed load is not remembered past the callers that were waiting for it: the next
 //!   request after they return retries.
 //! - The map's lock is never held while loading (loads take ~100s of ms).

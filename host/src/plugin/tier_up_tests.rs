@@ -2,7 +2,8 @@
 //! Cranelift code; a warm load never uses Winch; a call in flight during the switch
 //! completes; a version dropped before its tier-up leaves nothing behind; Winch code is
 //! interrupted at its deadline like Cranelift code; a component Winch cannot compile loads
-//! with Cranelift.
+//! with Cranelift; code is never dropped while idle before its tier-up, and code loaded
+//! again after a drop is the optimised code (or tiers up again, when the cache lost it).
 //!
 //! The background compiles are held back by taking every compile permit, so which code
 //! serves which call is decided by the test, never by timing. Needs the guests built
@@ -245,4 +246,61 @@ fn a_component_winch_cannot_compile_loads_with_cranelift() {
     assert_eq!((loads.compiled, loads.baseline), (1, 0), "{loads:?}");
     assert!(engine.wait_for_tier_ups(SETTLE));
     assert_eq!(engine.tier_ups(), TierUps::default());
+}
+
+#[test]
+fn idle_code_waits_for_its_tier_up_and_comes_back_optimised() {
+    let (dir, files) = (tempfile::tempdir(), tempfile::tempdir());
+    let (dir, files) = (dir.unwrap_or_else(|e| panic!("{e}")), files.unwrap_or_else(|e| panic!("{e}")));
+    let config = EngineConfig {
+        cache_dir: Some(dir.path().to_owned()),
+        pooling: None,
+        tier_up: true,
+        idle_instance_timeout: Some(Duration::from_secs(3600)),
+        idle_code_timeout: Some(Duration::from_secs(3600)),
+        ..EngineConfig::default()
+    };
+    let engine = PluginEngine::new(config, None).unwrap_or_else(|e| panic!("engine: {e}"));
+    let later = || std::time::Instant::now() + Duration::from_secs(3600);
+    let bytes = wasm("test-plugin-panic");
+    let path = files.path().join("plugin.wasm");
+    std::fs::write(&path, &bytes).unwrap_or_else(|e| panic!("{e}"));
+    let held = engine.hold_compiles();
+    let plugin = Plugin::load_file(&engine, spec("idle"), &path, &bytes, PluginEnv::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.tier(), Tier::Baseline);
+    assert_eq!(engine.drop_idle_code_at(later()), 0, "a tier-up is pending: the Winch code stays");
+    assert!(plugin.code_resident());
+    drop(held);
+    assert!(engine.wait_for_tier_ups(SETTLE), "the tier-up did not finish");
+    assert_eq!(plugin.tier(), Tier::Optimized);
+    assert_eq!(engine.drop_idle_code_at(later()), 1);
+    assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    assert_eq!(
+        plugin.calls_by_tier(),
+        TierCalls { baseline: 0, optimized: 1 },
+        "the Cranelift code, from the cache"
+    );
+    assert_eq!(plugin.tier(), Tier::Optimized);
+    let loads = engine.component_loads();
+    assert_eq!((loads.baseline, loads.from_cache, loads.compiled), (1, 1, 0), "{loads:?}");
+
+    // The cache lost the artifact: the file is compiled again, with Winch first, and the
+    // plugin tiers up again.
+    assert_eq!(engine.drop_idle_code_at(later()), 1);
+    for entry in std::fs::read_dir(dir.path()).unwrap_or_else(|e| panic!("{e}")).filter_map(Result::ok) {
+        std::fs::remove_file(entry.path()).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let held = engine.hold_compiles();
+    assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    assert_eq!(plugin.tier(), Tier::Baseline);
+    assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 1, optimized: 1 });
+    assert_eq!(engine.drop_idle_code_at(later()), 0, "Winch code again: kept until its tier-up");
+    drop(held);
+    assert!(engine.wait_for_tier_ups(SETTLE), "the second tier-up did not finish");
+    assert_eq!(engine.tier_ups(), TierUps { done: 2, abandoned: 0, failed: 0 });
+    assert_eq!(plugin.tier(), Tier::Optimized);
+    assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 1, optimized: 2 });
+    assert_eq!(engine.code_drops(), crate::plugin::CodeDrops { dropped: 2, reloaded: 2 });
 }

@@ -639,7 +639,8 @@ impl Shared {
         let spec = config.to_plugin_spec();
         let env = PluginEnv { caches: leases.caches(), kube: self.deps.kube.clone() };
         let engine = self.deps.engine.clone();
-        tokio::task::spawn_blocking(move || Plugin::load(&engine, spec, &bytes, env))
+        let path = config.wasm_path.clone();
+        tokio::task::spawn_blocking(move || Plugin::load_file(&engine, spec, &path, &bytes, env))
             .await
             .map_err(|e| Rejection(format!("loading the component failed: {e}")))?
             .map_err(|e| Rejection(e.to_string()))

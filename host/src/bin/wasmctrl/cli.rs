@@ -146,6 +146,7 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
             cache_dir: Some(host.cache_dir.clone()),
             cache_max_bytes: host.cache_max_bytes,
             idle_instance_timeout: Some(host.idle_instance_timeout),
+            idle_code_timeout: Some(host.idle_code_timeout),
             tier_up: host.tier_up,
             ..EngineConfig::default()
         },

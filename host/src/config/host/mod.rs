@@ -60,6 +60,8 @@ pub struct HostConfig {
     pub cache_max_bytes: u64,
     /// Plugin instances idle this long are released (zero: never).
     pub idle_instance_timeout: Duration,
+    /// Plugins with no call for this long drop their compiled code (zero: never).
+    pub idle_code_timeout: Duration,
     /// New plugin versions missing from the compile cache start on Winch code and tier up
     /// to Cranelift code in the background.
     pub tier_up: bool,
@@ -98,6 +100,7 @@ impl HostConfig {
             cache_dir: base.join(".wasmctrl-cache"),
             cache_max_bytes: crate::plugin::DEFAULT_CACHE_MAX_BYTES,
             idle_instance_timeout: crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT,
+            idle_code_timeout: crate::plugin::DEFAULT_IDLE_CODE_TIMEOUT,
             tier_up: true,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),

@@ -49,6 +49,8 @@ pub(super) fn resolve(
     let cache_max_bytes = file.cache_max_size.map_or(crate::plugin::DEFAULT_CACHE_MAX_BYTES, ByteSize::bytes);
     let idle_instance_timeout =
         file.idle_instance_timeout.map_or(crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT, DurationValue::get);
+    let idle_code_timeout =
+        file.idle_code_timeout.map_or(crate::plugin::DEFAULT_IDLE_CODE_TIMEOUT, DurationValue::get);
     let tier_up = file.tier_up.unwrap_or(true);
 
     let c = &file.cluster;
@@ -204,6 +206,7 @@ pub(super) fn resolve(
         cache_dir,
         cache_max_bytes,
         idle_instance_timeout,
+        idle_code_timeout,
         tier_up,
         cluster,
         server_address,

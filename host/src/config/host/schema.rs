@@ -26,6 +26,11 @@ pub struct HostToml {
     /// Release plugin instances idle this long; `"0s"` keeps them. Default `60s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_instance_timeout: Option<DurationValue>,
+    /// A plugin with no call for this long drops its compiled code (and its idle
+    /// instances); the next call loads it again from the compile cache. `"0s"` keeps it.
+    /// Default `10m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_code_timeout: Option<DurationValue>,
     /// Compile a new plugin version missing from the compile cache with Winch first (it
     /// serves at once) and tier up to Cranelift code in the background. Default `true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
