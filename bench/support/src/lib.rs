@@ -1,7 +1,7 @@
 //! What the benchmarks share: the generated ConfigMap stream ([`Corpus`]), the fake API
 //! server that serves it over HTTP on loopback ([`StreamServer`]), the wall clock the
 //! stamps use, event → reconcile latency percentiles, and a counting allocator for heap
-//! figures.
+//! figures over a chosen inner allocator (glibc's, jemalloc or mimalloc).
 //!
 //! Every consumer measured against another (wasmctrl, kube-rs, and the Go programs in
 //! `bench/anchors`) reads the same bytes from this server and measures latency from the
@@ -14,7 +14,7 @@ pub mod latency;
 mod progress;
 mod server;
 
-pub use alloc::{CountingAllocator, allocated, peak_allocated, reset_peak};
+pub use alloc::{ALLOCATOR_ENV, Allocator, CountingAllocator, allocated, in_use, peak_allocated, reset_peak};
 pub use clock::unix_nanos;
 pub use corpus::{Corpus, SENT_ANNOTATION, SEQ_ANNOTATION};
 pub use progress::{StreamProgress, WatchFigures};
