@@ -242,7 +242,8 @@ async fn sustained(url: &str, objects: u64, updates: u64, secs: u64) -> Result<V
         inner: PluginReconciler::new(plugin)?,
         cache: cache.clone(),
         last_seq: updates.saturating_sub(1),
-        samples: Default::default(),
+        // Reserved up front, so RSS over time does not grow with the samples.
+        samples: parking_lot::Mutex::new(Vec::with_capacity(usize::try_from(updates)?)),
         done: Default::default(),
     });
     let controller = Controller::builder("scale", stamping.clone())
