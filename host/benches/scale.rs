@@ -219,6 +219,14 @@ impl Reconciler for Stamping {
     }
 }
 
+/// An empty vector with room for `n` samples whose pages are already resident, so that RSS
+/// over time does not grow with the samples.
+fn touched(n: usize) -> Vec<Sample> {
+    let mut v = vec![Sample { seq: u64::MAX, nanos: u64::MAX }; n];
+    v.clear();
+    v
+}
+
 fn noop_plugin() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../guests/target/wasm32-wasip2/release/test_plugin_panic.wasm")
@@ -242,8 +250,7 @@ async fn sustained(url: &str, objects: u64, updates: u64, secs: u64) -> Result<V
         inner: PluginReconciler::new(plugin)?,
         cache: cache.clone(),
         last_seq: updates.saturating_sub(1),
-        // Reserved up front, so RSS over time does not grow with the samples.
-        samples: parking_lot::Mutex::new(Vec::with_capacity(usize::try_from(updates)?)),
+        samples: parking_lot::Mutex::new(touched(usize::try_from(updates)?)),
         done: Default::default(),
     });
     let controller = Controller::builder("scale", stamping.clone())
