@@ -23,7 +23,8 @@
 //! - events/s: updates seen by an event handler (a stream consumer for kube-rs) divided by
 //!   the time from the last listed object seen to the last update seen;
 //! - cache bytes per object: heap after the stream minus heap before the client was made,
-//!   divided by the objects (a counting allocator here; Go's live heap after a GC there);
+//!   divided by the objects (a counting allocator over the `wasmctrl` binary's allocator here,
+//!   `BENCH_ALLOCATOR=system` for glibc's; Go's live heap after a GC there);
 //! - latency: at reconcile start, now − the `sent` stamp of the object in the cache, over the
 //!   updates after the first tenth; percentile q = the sorted samples' ⌊(n − 1)·q⌋-th.
 //!
@@ -71,12 +72,13 @@ use wasmctrl::plugin::{
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::latency::{self, Sample};
 use wasmctrl_bench_support::{
-    BackgroundServer, CountingAllocator, Figure, Pace, SEQ_ANNOTATION, StreamConfig, StreamProgress,
-    allocated, unix_nanos,
+    Allocator, BackgroundServer, CountingAllocator, Figure, Pace, SEQ_ANNOTATION, StreamConfig,
+    StreamProgress, allocated, unix_nanos,
 };
 
 #[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
+static GLOBAL: CountingAllocator =
+    CountingAllocator::new(if cfg!(feature = "jemalloc") { Allocator::Jemalloc } else { Allocator::System });
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 

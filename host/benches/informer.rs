@@ -13,6 +13,9 @@
 //!
 //! Memory: a counting global allocator measures the heap growth of caching M objects (the JSON
 //! buffers are allocated before measuring) in wasmctrl's `Indexer` and in kube-rs's `Store`.
+//! It counts requested bytes over the `wasmctrl` binary's allocator (jemalloc with the default
+//! `jemalloc` feature; `BENCH_ALLOCATOR=system` runs on glibc's malloc, `mimalloc` on mimalloc),
+//! which serves both consumers.
 //!
 //! Sizes: `BENCH_OBJECTS` (default 20000), `BENCH_UPDATES` (default 200000),
 //! `BENCH_CACHE_OBJECTS` (default 100000), `BENCH_ROUNDS` (default 3; the best round is
@@ -30,12 +33,13 @@ use wasmctrl::informer::{InformerOptions, ResourceEventHandler, SharedIndexInfor
 use wasmctrl::object::{DeletedObject, Object, Transform};
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::{
-    BackgroundServer, Corpus, CountingAllocator, Figure, Pace, SEQ_ANNOTATION, StreamConfig, StreamProgress,
-    allocated, unix_nanos,
+    Allocator, BackgroundServer, Corpus, CountingAllocator, Figure, Pace, SEQ_ANNOTATION, StreamConfig,
+    StreamProgress, allocated, unix_nanos,
 };
 
 #[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
+static GLOBAL: CountingAllocator =
+    CountingAllocator::new(if cfg!(feature = "jemalloc") { Allocator::Jemalloc } else { Allocator::System });
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)

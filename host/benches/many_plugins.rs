@@ -432,11 +432,21 @@ fn print_idle_code(rows: &[(&str, CodeReport, usize)]) {
             format!("{} cache, {} shared", c.reload_from_cache, c.reload_shared),
             mib(c.rss_reloaded),
         );
-        Figure::lower("many_plugins", format!("first call µs after idle code was dropped (p50), {label}"), c.first_call_us.0, "µs")
-            .against("warm call", c.warm_us.0)
-            .record();
-        Figure::lower("many_plugins", format!("RSS MB with the idle code dropped, {label}"), c.rss_dropped as f64 / 1e6, "MB")
-            .record();
+        Figure::lower(
+            "many_plugins",
+            format!("first call µs after idle code was dropped (p50), {label}"),
+            c.first_call_us.0,
+            "µs",
+        )
+        .against("warm call", c.warm_us.0)
+        .record();
+        Figure::lower(
+            "many_plugins",
+            format!("RSS MB with the idle code dropped, {label}"),
+            c.rss_dropped as f64 / 1e6,
+            "MB",
+        )
+        .record();
     }
     println!("  (warm call: an idle instance reused; new instance: the first call after the instances");
     println!("   were released (~instantiation + init); first call: after the code was dropped, the code");

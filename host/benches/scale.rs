@@ -5,6 +5,14 @@
 //! with `serve`), so the figures are the host's alone; the host side runs in another child
 //! (`consume ...`) so each scenario starts from an empty process.
 //!
+//! Allocators: each scenario runs once per allocator of `SCALE_ALLOCATORS` (comma-separated
+//! `system`, `jemalloc`, `mimalloc`; default `system` — glibc's malloc — and the `wasmctrl`
+//! binary's, jemalloc with the default `jemalloc` feature), each in its own consumer process
+//! whose every allocation goes to that allocator (the counting allocator of `bench/support`,
+//! told by `BENCH_ALLOCATOR`), with a fresh stream server; then one line per key figure
+//! compares them (ratio to the first). The heap figures count requested bytes, the same
+//! whichever allocator serves; RSS is what differs.
+//!
 //! - `sustained`: `SCALE_OBJECTS` (default 100,000) ~2 KB ConfigMaps listed, then
 //!   `SCALE_RATE` (default 10,000) updates per second for `SCALE_SECS` (default 60; the issue's
 //!   figure is 300) through a controller whose reconciler is a no-op Wasm plugin
@@ -43,12 +51,16 @@ use wasmctrl::plugin::{
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::latency::{self, Sample};
 use wasmctrl_bench_support::{
-    BackgroundServer, CountingAllocator, Figure, Pace, StreamConfig, allocated, peak_allocated, reset_peak,
-    unix_nanos,
+    ALLOCATOR_ENV, Allocator, BackgroundServer, CountingAllocator, Figure, Pace, StreamConfig, allocated,
+    in_use, peak_allocated, reset_peak, unix_nanos,
 };
 
+/// The global allocator of the `wasmctrl` binary built with this package's features.
+const BINARY_ALLOCATOR: Allocator =
+    if cfg!(feature = "jemalloc") { Allocator::Jemalloc } else { Allocator::System };
+
 #[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
+static GLOBAL: CountingAllocator = CountingAllocator::new(BINARY_ALLOCATOR);
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -207,6 +219,14 @@ impl Reconciler for Stamping {
     }
 }
 
+/// An empty vector with room for `n` samples whose pages are already resident, so that RSS
+/// over time does not grow with the samples.
+fn touched(n: usize) -> Vec<Sample> {
+    let mut v = vec![Sample { seq: u64::MAX, nanos: u64::MAX }; n];
+    v.clear();
+    v
+}
+
 fn noop_plugin() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../guests/target/wasm32-wasip2/release/test_plugin_panic.wasm")
@@ -230,7 +250,7 @@ async fn sustained(url: &str, objects: u64, updates: u64, secs: u64) -> Result<V
         inner: PluginReconciler::new(plugin)?,
         cache: cache.clone(),
         last_seq: updates.saturating_sub(1),
-        samples: Default::default(),
+        samples: parking_lot::Mutex::new(touched(usize::try_from(updates)?)),
         done: Default::default(),
     });
     let controller = Controller::builder("scale", stamping.clone())
@@ -413,6 +433,8 @@ fn consume(args: &[String]) -> Result<(), Error> {
         _ => return Err("usage: consume <sustained|sync|relist> --url URL ...".into()),
     };
     rt.shutdown_timeout(Duration::from_secs(1));
+    let mut result = result;
+    result["allocator"] = json!(in_use().map_or("none", Allocator::name));
     println!("{result}");
     Ok(())
 }
@@ -420,20 +442,63 @@ fn consume(args: &[String]) -> Result<(), Error> {
 // ---------------------------------------------------------------------------------------------
 // The harness
 
-fn run(server: &ServerProcess, args: &[&str]) -> Result<Value, Error> {
+/// Runs one consumer child process on `allocator` and returns its figures.
+fn run(server: &ServerProcess, allocator: Allocator, args: &[&str]) -> Result<Value, Error> {
     let out = Command::new(std::env::current_exe()?)
         .arg("consume")
         .args(args)
         .args(["--url", &server.url])
+        .env(ALLOCATOR_ENV, allocator.name())
         .stderr(Stdio::inherit())
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
+    let r = stdout
         .lines()
         .rev()
         .find_map(|l| serde_json::from_str::<Value>(l).ok().filter(Value::is_object))
         .filter(|_| out.status.success())
-        .ok_or_else(|| format!("consumer exited with {}: {stdout}", out.status).into())
+        .ok_or_else(|| format!("consumer exited with {}: {stdout}", out.status))?;
+    if r["allocator"] != allocator.name() {
+        return Err(format!("the consumer ran on {} instead of {}", r["allocator"], allocator.name()).into());
+    }
+    Ok(r)
+}
+
+/// `SCALE_ALLOCATORS` (comma-separated names; default the system's and the binary's).
+fn allocators() -> Result<Vec<Allocator>, Error> {
+    let Ok(names) = std::env::var("SCALE_ALLOCATORS") else {
+        let mut all = vec![Allocator::System, BINARY_ALLOCATOR];
+        all.dedup();
+        return Ok(all);
+    };
+    names
+        .split(',')
+        .map(|n| {
+            Allocator::from_name(n.trim()).ok_or_else(|| {
+                let known: Vec<&str> = Allocator::ALL.iter().map(|a| a.name()).collect();
+                format!("SCALE_ALLOCATORS: unknown allocator {n:?} (known: {})", known.join(", ")).into()
+            })
+        })
+        .collect()
+}
+
+/// One line comparing each allocator's `key` figure with the first allocator's.
+fn compare(results: &[(Allocator, Value)], what: &str, key: &str, unit: &str) {
+    let Some((_, first)) = results.first() else { return };
+    let base = first[key].as_f64().unwrap_or(0.0);
+    let figures: Vec<String> = results
+        .iter()
+        .enumerate()
+        .map(|(i, (a, r))| {
+            let v = r[key].as_f64().unwrap_or(0.0);
+            if i == 0 {
+                format!("{} {v:.2}{unit}", a.name())
+            } else {
+                format!("{} {v:.2}{unit} ({:.2}×)", a.name(), v / base.max(f64::MIN_POSITIVE))
+            }
+        })
+        .collect();
+    println!("    {what}: {}", figures.join(", "));
 }
 
 fn orchestrate() -> Result<(), Error> {
@@ -444,176 +509,239 @@ fn orchestrate() -> Result<(), Error> {
     let relist_objects = env_u64("SCALE_RELIST_OBJECTS", 100_000);
     let relist_after = env_u64("SCALE_RELIST_AFTER", 20);
     let updates = rate * secs;
+    let allocators = allocators()?;
+    let names: Vec<&str> = allocators.iter().map(|a| a.name()).collect();
 
     println!();
     println!(
-        "scale: {objects} ConfigMaps, {rate} updates/s for {secs} s, one no-op Wasm plugin (concurrency 1)"
+        "scale: {objects} ConfigMaps, {rate} updates/s for {secs} s, one no-op Wasm plugin (concurrency 1); allocators {} (the binary's: {})",
+        names.join(", "),
+        BINARY_ALLOCATOR.name()
     );
-    let server = ServerProcess::start(objects, updates, Some(rate))?;
-    let json_mib = mib(server.json_bytes_per_object * objects as f64);
-    match run(
-        &server,
-        &[
-            "sustained",
-            "--objects",
-            &objects.to_string(),
-            "--updates",
-            &updates.to_string(),
-            "--secs",
-            &secs.to_string(),
-        ],
-    ) {
-        Ok(r) => {
-            println!(
-                "  list synced in {:.1} s; objects' JSON {json_mib:.0} MiB ({:.0} B each)",
-                r["sync_s"].as_f64().unwrap_or(0.0),
-                server.json_bytes_per_object
-            );
-            println!(
-                "  RSS after sync {:.0} MiB, at the end {:.0} MiB, peak {:.0} MiB (target ≤ 350 MB)",
-                r["rss_synced_mib"].as_f64().unwrap_or(0.0),
-                r["rss_end_mib"].as_f64().unwrap_or(0.0),
-                r["peak_mib"].as_f64().unwrap_or(0.0)
-            );
-            let over_time: Vec<String> = r["rss_over_time"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|p| {
-                            format!(
-                                "{}s {:.0}/{:.0}",
-                                p["at_s"],
-                                p["rss_mib"].as_f64().unwrap_or(0.0),
-                                p["heap_mib"].as_f64().unwrap_or(0.0)
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            println!(
-                "  RSS / live heap over time (MiB; the heap without the benchmark's latency samples): {}",
-                over_time.join(", ")
-            );
-            println!("  CPU while streaming: {:.2} cores", r["cores"].as_f64().unwrap_or(0.0));
-            println!(
-                "  event → reconcile start ({} reconciles): p50 {:.3} ms, p99 {:.3} ms, max {:.1} ms (target p99 ≤ 5 ms)",
-                r["reconciles"],
-                r["p50_ms"].as_f64().unwrap_or(0.0),
-                r["p99_ms"].as_f64().unwrap_or(0.0),
-                r["max_ms"].as_f64().unwrap_or(0.0)
-            );
-            let thirds: Vec<String> = r["windows"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|w| {
-                            format!(
-                                "from update {}: p50 {:.3} / p99 {:.3} / max {:.1} ms",
-                                w["from_seq"],
-                                w["p50_ms"].as_f64().unwrap_or(0.0),
-                                w["p99_ms"].as_f64().unwrap_or(0.0),
-                                w["max_ms"].as_f64().unwrap_or(0.0)
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            println!("  by thirds of the stream: {}", thirds.join("; "));
-            // Issue 12: ≤ 350 MB, no growth over time, p99 ≤ 5 ms.
-            let mb = |k: &str| r[k].as_f64().unwrap_or(f64::NAN) * 1.048_576;
-            Figure::lower(
-                "scale",
-                format!("sustained: RSS MB at the end of {secs} s"),
-                mb("rss_end_mib"),
-                "MB",
-            )
-            .against("after the sync", mb("rss_synced_mib"))
-            .target(350.0)
-            .record();
-            Figure::lower(
-                "scale",
-                format!("sustained: p99 ms event → reconcile at {rate}/s"),
-                r["p99_ms"].as_f64().unwrap_or(f64::NAN),
-                "ms",
-            )
-            .target(5.0)
-            .record();
-            Figure::lower(
-                "scale",
-                "sustained: CPU cores while streaming",
-                r["cores"].as_f64().unwrap_or(f64::NAN),
-                "cores",
-            )
-            .record();
-        }
-        Err(e) => println!("  failed: {e}"),
-    }
-    drop(server);
-
-    if sync_objects > 0 {
-        println!("sync: {sync_objects} ConfigMaps listed into one informer");
-        let server = ServerProcess::start(sync_objects, 0, None)?;
-        let json_mib = mib(server.json_bytes_per_object * sync_objects as f64);
-        match run(&server, &["sync", "--objects", &sync_objects.to_string()]) {
-            Ok(r) => {
-                let rss = r["rss_mib"].as_f64().unwrap_or(0.0);
-                let heap = r["heap_mib"].as_f64().unwrap_or(0.0);
-                println!(
-                    "  synced in {:.1} s; JSON {json_mib:.0} MiB; RSS {rss:.0} MiB ({:.2}× JSON), peak {:.0} MiB; heap {heap:.0} MiB ({:.2}× JSON) (target RSS ≤ 1.2× JSON)",
-                    r["sync_s"].as_f64().unwrap_or(0.0),
-                    rss / json_mib,
-                    r["peak_mib"].as_f64().unwrap_or(0.0),
-                    heap / json_mib
-                );
-                Figure::lower("scale", format!("sync of {sync_objects}: RSS ÷ JSON"), rss / json_mib, "×")
-                    .target(1.2)
-                    .record();
-                Figure::lower(
-                    "scale",
-                    format!("sync of {sync_objects}: seconds"),
-                    r["sync_s"].as_f64().unwrap_or(f64::NAN),
-                    "s",
-                )
-                .record();
+    let mut results = Vec::new();
+    for &allocator in &allocators {
+        println!(" [{}]", allocator.name());
+        // A server per run: its one watch streams the updates once.
+        let server = ServerProcess::start(objects, updates, Some(rate))?;
+        let json_mib = mib(server.json_bytes_per_object * objects as f64);
+        match run(
+            &server,
+            allocator,
+            &[
+                "sustained",
+                "--objects",
+                &objects.to_string(),
+                "--updates",
+                &updates.to_string(),
+                "--secs",
+                &secs.to_string(),
+            ],
+        ) {
+            Ok(mut r) => {
+                print_sustained(&r, json_mib, server.json_bytes_per_object);
+                let growth =
+                    r["rss_end_mib"].as_f64().unwrap_or(0.0) - r["rss_synced_mib"].as_f64().unwrap_or(0.0);
+                r["rss_growth_mib"] = json!(growth);
+                results.push((allocator, r));
             }
             Err(e) => println!("  failed: {e}"),
         }
+    }
+    if results.len() > 1 {
+        println!("  by allocator (ratio to the first):");
+        compare(&results, "RSS after sync", "rss_synced_mib", " MiB");
+        compare(&results, "RSS at the end", "rss_end_mib", " MiB");
+        compare(&results, "RSS growth while streaming", "rss_growth_mib", " MiB");
+        compare(&results, "CPU while streaming", "cores", " cores");
+        compare(&results, "p99 event → reconcile", "p99_ms", " ms");
+        compare(&results, "list sync", "sync_s", " s");
+    }
+    // Issue 12: ≤ 350 MB, no growth over time, p99 ≤ 5 ms.
+    record(
+        &results,
+        &format!("sustained: RSS MB at the end of {secs} s"),
+        "rss_end_mib",
+        "MB",
+        1.048_576,
+        Some(350.0),
+    );
+    record(&results, "sustained: RSS growth MB while streaming", "rss_growth_mib", "MB", 1.048_576, None);
+    record(
+        &results,
+        &format!("sustained: p99 ms event → reconcile at {rate}/s"),
+        "p99_ms",
+        "ms",
+        1.0,
+        Some(5.0),
+    );
+    record(&results, "sustained: CPU cores while streaming", "cores", "cores", 1.0, None);
+
+    if sync_objects > 0 {
+        println!("sync: {sync_objects} ConfigMaps listed into one informer");
+        let mut results = Vec::new();
+        for &allocator in &allocators {
+            let server = ServerProcess::start(sync_objects, 0, None)?;
+            let json_mib = mib(server.json_bytes_per_object * sync_objects as f64);
+            match run(&server, allocator, &["sync", "--objects", &sync_objects.to_string()]) {
+                Ok(mut r) => {
+                    let rss = r["rss_mib"].as_f64().unwrap_or(0.0);
+                    let heap = r["heap_mib"].as_f64().unwrap_or(0.0);
+                    println!(
+                        "  [{}] synced in {:.1} s; JSON {json_mib:.0} MiB; RSS {rss:.0} MiB ({:.2}× JSON), peak {:.0} MiB; heap {heap:.0} MiB ({:.2}× JSON) (target RSS ≤ 1.2× JSON)",
+                        allocator.name(),
+                        r["sync_s"].as_f64().unwrap_or(0.0),
+                        rss / json_mib,
+                        r["peak_mib"].as_f64().unwrap_or(0.0),
+                        heap / json_mib
+                    );
+                    r["rss_per_json"] = json!(rss / json_mib);
+                    results.push((allocator, r));
+                }
+                Err(e) => println!("  [{}] failed: {e}", allocator.name()),
+            }
+        }
+        if results.len() > 1 {
+            println!("  by allocator (ratio to the first):");
+            compare(&results, "RSS / JSON", "rss_per_json", "×");
+            compare(&results, "peak RSS", "peak_mib", " MiB");
+            compare(&results, "sync time", "sync_s", " s");
+        }
+        record(&results, &format!("sync of {sync_objects}: RSS ÷ JSON"), "rss_per_json", "×", 1.0, Some(1.2));
+        record(&results, &format!("sync of {sync_objects}: seconds"), "sync_s", "s", 1.0, None);
     }
 
     if relist_objects > 0 {
         println!(
             "relist: {relist_objects} ConfigMaps listed, the watch expired after {relist_after} s, listed again"
         );
-        let server = ServerProcess::start_with(relist_objects, 0, None, Some(relist_after))?;
-        let json_mib = mib(server.json_bytes_per_object * relist_objects as f64);
-        match run(&server, &["relist", "--objects", &relist_objects.to_string()]) {
-            Ok(r) => {
-                let num = |k: &str| r[k].as_f64().unwrap_or(0.0);
-                let synced = num("heap_synced_mib");
-                println!(
-                    "  synced in {:.1} s, relisted by {:.1} s; JSON {json_mib:.0} MiB; heap: synced {synced:.0} MiB, peak during the relist {:.0} MiB ({:.2}× synced; target < 2×), after {:.0} MiB; RSS synced {:.0} / after {:.0} / peak {:.0} MiB",
-                    num("sync_s"),
-                    num("relisted_at_s"),
-                    num("heap_peak_mib"),
-                    num("heap_peak_mib") / synced.max(f64::MIN_POSITIVE),
-                    num("heap_after_mib"),
-                    num("rss_synced_mib"),
-                    num("rss_after_mib"),
-                    num("rss_peak_mib"),
-                );
-                Figure::lower(
-                    "scale",
-                    format!("relist of {relist_objects}: heap peak ÷ synced heap"),
-                    num("heap_peak_mib") / synced.max(f64::MIN_POSITIVE),
-                    "×",
-                )
-                .target(2.0)
-                .record();
+        let mut results = Vec::new();
+        for &allocator in &allocators {
+            let server = ServerProcess::start_with(relist_objects, 0, None, Some(relist_after))?;
+            let json_mib = mib(server.json_bytes_per_object * relist_objects as f64);
+            match run(&server, allocator, &["relist", "--objects", &relist_objects.to_string()]) {
+                Ok(r) => {
+                    let num = |k: &str| r[k].as_f64().unwrap_or(0.0);
+                    let synced = num("heap_synced_mib");
+                    println!(
+                        "  [{}] synced in {:.1} s, relisted by {:.1} s; JSON {json_mib:.0} MiB; heap: synced {synced:.0} MiB, peak during the relist {:.0} MiB ({:.2}× synced; target < 2×), after {:.0} MiB; RSS synced {:.0} / after {:.0} / peak {:.0} MiB",
+                        allocator.name(),
+                        num("sync_s"),
+                        num("relisted_at_s"),
+                        num("heap_peak_mib"),
+                        num("heap_peak_mib") / synced.max(f64::MIN_POSITIVE),
+                        num("heap_after_mib"),
+                        num("rss_synced_mib"),
+                        num("rss_after_mib"),
+                        num("rss_peak_mib"),
+                    );
+                    let ratio = num("heap_peak_mib") / synced.max(f64::MIN_POSITIVE);
+                    let mut r = r;
+                    r["heap_peak_ratio"] = json!(ratio);
+                    results.push((allocator, r));
+                }
+                Err(e) => println!("  [{}] failed: {e}", allocator.name()),
             }
-            Err(e) => println!("  failed: {e}"),
         }
+        if results.len() > 1 {
+            println!("  by allocator (ratio to the first):");
+            compare(&results, "RSS synced", "rss_synced_mib", " MiB");
+            compare(&results, "RSS after the relist", "rss_after_mib", " MiB");
+            compare(&results, "peak RSS", "rss_peak_mib", " MiB");
+        }
+        record(
+            &results,
+            &format!("relist of {relist_objects}: heap peak ÷ synced heap"),
+            "heap_peak_ratio",
+            "×",
+            1.0,
+            Some(2.0),
+        );
     }
     Ok(())
+}
+
+/// Records the binary allocator's figure `key` (times `factor`) for `cargo xtask bench`'s
+/// table, next to glibc's from the same run when both ran.
+fn record(
+    results: &[(Allocator, Value)],
+    measure: &str,
+    key: &str,
+    unit: &str,
+    factor: f64,
+    target: Option<f64>,
+) {
+    let value = |a: Allocator| {
+        results.iter().find(|(x, _)| *x == a).and_then(|(_, r)| r[key].as_f64()).map(|v| v * factor)
+    };
+    let Some(ours) = value(BINARY_ALLOCATOR) else { return };
+    let mut figure = Figure::lower("scale", format!("{measure} ({})", BINARY_ALLOCATOR.name()), ours, unit);
+    if BINARY_ALLOCATOR != Allocator::System
+        && let Some(system) = value(Allocator::System)
+    {
+        figure = figure.against("glibc malloc", system);
+    }
+    if let Some(t) = target {
+        figure = figure.target(t);
+    }
+    figure.record();
+}
+
+/// The figures of one `sustained` run.
+fn print_sustained(r: &Value, json_mib: f64, json_bytes_per_object: f64) {
+    println!(
+        "  list synced in {:.1} s; objects' JSON {json_mib:.0} MiB ({json_bytes_per_object:.0} B each)",
+        r["sync_s"].as_f64().unwrap_or(0.0),
+    );
+    println!(
+        "  RSS after sync {:.0} MiB, at the end {:.0} MiB, peak {:.0} MiB (target ≤ 350 MB)",
+        r["rss_synced_mib"].as_f64().unwrap_or(0.0),
+        r["rss_end_mib"].as_f64().unwrap_or(0.0),
+        r["peak_mib"].as_f64().unwrap_or(0.0)
+    );
+    let over_time: Vec<String> = r["rss_over_time"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    format!(
+                        "{}s {:.0}/{:.0}",
+                        p["at_s"],
+                        p["rss_mib"].as_f64().unwrap_or(0.0),
+                        p["heap_mib"].as_f64().unwrap_or(0.0)
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    println!(
+        "  RSS / live heap over time (MiB; the heap without the benchmark's latency samples): {}",
+        over_time.join(", ")
+    );
+    println!("  CPU while streaming: {:.2} cores", r["cores"].as_f64().unwrap_or(0.0));
+    println!(
+        "  event → reconcile start ({} reconciles): p50 {:.3} ms, p99 {:.3} ms, max {:.1} ms (target p99 ≤ 5 ms)",
+        r["reconciles"],
+        r["p50_ms"].as_f64().unwrap_or(0.0),
+        r["p99_ms"].as_f64().unwrap_or(0.0),
+        r["max_ms"].as_f64().unwrap_or(0.0)
+    );
+    let thirds: Vec<String> = r["windows"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|w| {
+                    format!(
+                        "from update {}: p50 {:.3} / p99 {:.3} / max {:.1} ms",
+                        w["from_seq"],
+                        w["p50_ms"].as_f64().unwrap_or(0.0),
+                        w["p99_ms"].as_f64().unwrap_or(0.0),
+                        w["max_ms"].as_f64().unwrap_or(0.0)
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    println!("  by thirds of the stream: {}", thirds.join("; "));
 }
 
 fn main() {

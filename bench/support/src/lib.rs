@@ -1,7 +1,8 @@
 //! What the benchmarks share: the generated ConfigMap stream ([`Corpus`]), the fake API
 //! server that serves it over HTTP on loopback ([`StreamServer`]), the wall clock the
 //! stamps use, event → reconcile latency percentiles, a counting allocator for heap
-//! figures, and the key figures each benchmark records for `cargo xtask bench`'s table.
+//! figures over a chosen inner allocator (glibc's, jemalloc or mimalloc), and the key
+//! figures each benchmark records for `cargo xtask bench`'s table.
 //!
 //! Every consumer measured against another (wasmctrl, kube-rs, and the Go programs in
 //! `bench/anchors`) reads the same bytes from this server and measures latency from the
@@ -15,7 +16,7 @@ mod progress;
 mod server;
 pub mod summary;
 
-pub use alloc::{CountingAllocator, allocated, peak_allocated, reset_peak};
+pub use alloc::{ALLOCATOR_ENV, Allocator, CountingAllocator, allocated, in_use, peak_allocated, reset_peak};
 pub use clock::unix_nanos;
 pub use corpus::{Corpus, SENT_ANNOTATION, SEQ_ANNOTATION};
 pub use progress::{StreamProgress, WatchFigures};
