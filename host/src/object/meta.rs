@@ -219,12 +219,8 @@ impl<'r> MetaBuilder<'r> {
     }
 
     fn text(&mut self, t: Option<&Text<'_>>) -> Result<Span, ObjectError> {
-        match t {
-            Some(Text(Cow::Borrowed(s))) => self.span(s),
-            // An escaped string: its decoded form is not in `raw`, so `span` copies it.
-            Some(Text(Cow::Owned(s))) => self.span(s),
-            None => Ok(Span::EMPTY),
-        }
+        // An escaped string was decoded into a buffer of its own, not in `raw`: `span` copies it.
+        t.map_or(Ok(Span::EMPTY), |t| self.span(&t.0))
     }
 
     /// The spans in their fixed order; `edits` are the `(start, end, inserted length)` edits
