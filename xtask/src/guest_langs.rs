@@ -121,13 +121,46 @@ fn install_ts(root: &Path, dir: &Path, run: fn(&mut Command) -> Result<()>) -> R
         "--no-fund",
         "--loglevel=error",
     ]))?;
-    if read(&dir.join("package-lock.json"))? != read(&lock)? {
+    let changed = lock_changes(&read(&lock)?, &read(&dir.join("package-lock.json"))?)
+        .with_context(|| format!("comparing {} with what npm installed", lock.display()))?;
+    if !changed.is_empty() {
         bail!(
-            "npm changed the lock file while installing the TypeScript toolchain: guests/ts/package-lock.json is out of date with package.json (regenerate it with `npm install` in guests/ts)"
+            "npm changed the lock file while installing the TypeScript toolchain ({}): guests/ts/package-lock.json is out of date with package.json (regenerate it with `npm install` in guests/ts)",
+            changed.join(", ")
         );
     }
     std::fs::write(&marker, pinned).with_context(|| format!("writing {}", marker.display()))?;
     Ok(dir.to_owned())
+}
+
+/// The packages whose pin npm changed between the committed lock file `before` and the one it
+/// wrote after installing, `after`: each package of `before` must keep its version, resolved
+/// URL and integrity hash, and none may go. npm may add entries for optional packages (the
+/// platform builds of a native tool, listed as the registry publishes them): those are not
+/// installed on other platforms and are allowed, so a registry that gained a platform build
+/// since the lock was written does not fail the build.
+fn lock_changes(before: &[u8], after: &[u8]) -> Result<Vec<String>> {
+    let packages = |bytes: &[u8]| -> Result<serde_json::Map<String, serde_json::Value>> {
+        let lock: serde_json::Value =
+            serde_json::from_slice(bytes).context("a package-lock.json is not JSON")?;
+        Ok(lock.get("packages").and_then(|p| p.as_object()).cloned().unwrap_or_default())
+    };
+    let (before, after) = (packages(before)?, packages(after)?);
+    let pin = |p: &serde_json::Value| ["version", "resolved", "integrity"].map(|k| p.get(k).cloned());
+    let mut changed = Vec::new();
+    for (name, old) in &before {
+        match after.get(name) {
+            Some(new) if pin(new) == pin(old) => {}
+            Some(_) => changed.push(format!("{name} changed")),
+            None => changed.push(format!("{name} removed")),
+        }
+    }
+    for (name, new) in &after {
+        if !before.contains_key(name) && new.get("optional") != Some(&serde_json::Value::Bool(true)) {
+            changed.push(format!("{name} added"));
+        }
+    }
+    Ok(changed)
 }
 
 /// Creates a virtualenv in `dir` with the hashes-pinned `guests/python/requirements.txt`.
@@ -183,4 +216,45 @@ fn read(path: &Path) -> Result<Vec<u8>> {
 fn copy(from: &Path, to: &Path) -> Result<()> {
     std::fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lock_changes;
+
+    fn lock(packages: serde_json::Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({ "lockfileVersion": 3, "packages": packages })).unwrap()
+    }
+
+    #[test]
+    fn npm_may_add_optional_platform_packages_but_not_change_a_pin() {
+        let pinned = lock(serde_json::json!({
+            "": { "devDependencies": { "tool": "1.0.0" } },
+            "node_modules/tool": { "version": "1.0.0", "integrity": "sha512-a" },
+            "node_modules/tool-linux-x64": { "version": "1.0.0", "integrity": "sha512-b", "optional": true },
+        }));
+        let mut grown: serde_json::Value = serde_json::from_slice(&pinned).unwrap();
+        grown["packages"]["node_modules/tool-win32-x64"] =
+            serde_json::json!({ "version": "1.0.0", "integrity": "sha512-c", "optional": true });
+        assert_eq!(
+            lock_changes(&pinned, &serde_json::to_vec(&grown).unwrap()).unwrap(),
+            Vec::<String>::new()
+        );
+
+        let mut required = grown.clone();
+        required["packages"]["node_modules/extra"] = serde_json::json!({ "version": "2.0.0" });
+        assert_eq!(
+            lock_changes(&pinned, &serde_json::to_vec(&required).unwrap()).unwrap(),
+            ["node_modules/extra added"]
+        );
+
+        let mut bumped = grown.clone();
+        bumped["packages"]["node_modules/tool"]["version"] = "1.0.1".into();
+        bumped["packages"].as_object_mut().unwrap().remove("node_modules/tool-linux-x64");
+        assert_eq!(
+            lock_changes(&pinned, &serde_json::to_vec(&bumped).unwrap()).unwrap(),
+            ["node_modules/tool changed", "node_modules/tool-linux-x64 removed"]
+        );
+        assert!(lock_changes(b"not json", &pinned).is_err());
+    }
 }
