@@ -19,7 +19,7 @@
 //!
 //! Sizes: `BENCH_OBJECTS` (default 20000), `BENCH_UPDATES` (default 200000),
 //! `BENCH_CACHE_OBJECTS` (default 100000), `BENCH_ROUNDS` (default 3; the best round is
-//! reported).
+//! reported). `BENCH_ONLY=wasmctrl` runs wasmctrl's pipeline alone (for a profiler).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -203,6 +203,11 @@ fn main() {
     let best = |f: &mut dyn FnMut() -> f64| (0..rounds).map(|_| f()).fold(0.0, f64::max);
 
     let ours = best(&mut || rt.block_on(run_wasmctrl(objects, updates)));
+    if std::env::var("BENCH_ONLY").is_ok_and(|o| o == "wasmctrl") {
+        // For profilers: wasmctrl's pipeline alone, nothing compared or recorded.
+        println!("  wasmctrl reflector→fifo→indexer→listener : {ours:>9.0} events/s");
+        return;
+    }
     let kube = best(&mut || rt.block_on(run_kube(objects, updates)));
     let raw = best(&mut || run_raw(&corpus, updates.min(20_000)));
     println!("  wasmctrl reflector→fifo→indexer→listener : {ours:>9.0} events/s");

@@ -7,7 +7,10 @@
 //! - deltas of one key stay in arrival order (oldest first); the last two are never both
 //!   `Deleted` (they collapse, keeping the one that is not a tombstone);
 //! - `has_synced` is true once the keys queued by the first `replace` have all been popped
-//!   and processed (or once an add/update/delete came before any replace).
+//!   and processed (or once an add/update/delete came before any replace);
+//! - once drained, `items` and `queue` hold no more than [`RETAINED_SLOTS`] slots of capacity:
+//!   a relist of a million keys does not leave their table behind (hash maps never shrink on
+//!   their own; for 1,000,000 keys that table is ~100 MB, 5 % of the objects' JSON).
 //!
 //! `pop` runs the caller's `process` while holding the lock, as client-go does, so a key's
 //! deltas are fully applied before anyone can observe `has_synced` flip.
@@ -89,6 +92,10 @@ impl Delta {
 /// A key's pending deltas, oldest first.
 pub type Deltas = Vec<Delta>;
 
+/// The capacity (keys) a drained FIFO keeps: what a watch's bursts need, so steady streaming
+/// never reallocates, while a large list's table is given back once it has been popped.
+pub const RETAINED_SLOTS: usize = 4096;
+
 /// Why `pop` returned without processing anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("DeltaFIFO: manipulating with closed queue")]
@@ -122,6 +129,16 @@ struct State {
 impl State {
     fn has_synced(&self) -> bool {
         self.populated && self.initial_population == 0
+    }
+
+    /// Gives back the table of a large batch once the queue is empty (see the invariants).
+    fn release_spare_capacity(&mut self) {
+        if self.items.capacity() > RETAINED_SLOTS {
+            self.items.shrink_to(RETAINED_SLOTS);
+        }
+        if self.queue.capacity() > RETAINED_SLOTS {
+            self.queue.shrink_to(RETAINED_SLOTS);
+        }
     }
 
     fn queue_delta(&mut self, key: &str, delta: Delta) {
@@ -406,6 +423,7 @@ impl DeltaFifo {
                     finish();
                     if s.queue.is_empty() {
                         s.delivered = s.received.clone();
+                        s.release_spare_capacity();
                     }
                     self.publish_synced(&s);
                     return Ok(n);
@@ -958,6 +976,32 @@ mod tests {
         assert_eq!(seen[1].0, "k1");
         assert_eq!(seen[2].0, "k2");
         assert_eq!(f.queued_keys(), ["k3"]);
+    }
+
+    #[tokio::test]
+    async fn delta_fifo_gives_back_a_large_lists_table_once_drained() {
+        let f = DeltaFifo::new(None);
+        let n = 3 * RETAINED_SLOTS;
+        f.replace((0..n).map(|i| obj(&format!("k{i}"), i as u64)).collect());
+        {
+            let s = f.state.lock();
+            assert!(s.items.capacity() >= n && s.queue.capacity() >= n);
+        }
+        let mut popped = 0;
+        while popped < n {
+            popped += f.pop_batch(1000, |_, _, _| PopOutcome::Processed).await.unwrap();
+            if popped < n {
+                assert!(f.state.lock().items.capacity() >= n - popped, "kept while keys are queued");
+            }
+        }
+        let s = f.state.lock();
+        assert!(s.items.is_empty() && s.queue.is_empty());
+        assert!(s.items.capacity() <= 2 * RETAINED_SLOTS, "items capacity {}", s.items.capacity());
+        assert!(s.queue.capacity() <= 2 * RETAINED_SLOTS, "queue capacity {}", s.queue.capacity());
+        drop(s);
+        // Still a working FIFO.
+        f.add(obj("again", 1));
+        assert_eq!(pop(&f).await.0, "again");
     }
 
     mod prop {

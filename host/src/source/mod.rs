@@ -5,6 +5,7 @@
 mod backoff;
 mod discovery;
 mod error;
+mod list_body;
 mod machine;
 mod reflector;
 mod requests;

@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::{Backoff, BackoffConfig};
 use super::discovery::ApiResource;
 use super::error::{ReflectorError, StatusBody, status_error};
+use super::list_body::ListBodySplitter;
 use super::machine::{self, Effect, ListFrom, Outcome, State, Wait};
 use super::requests::Requests;
 use crate::fifo::{Delta, DeltaFifo};
@@ -88,12 +89,12 @@ impl Default for ReflectorConfig {
     }
 }
 
+/// A list response's envelope: the body without its items (they are decoded one by one as
+/// they arrive, see [`ListBodySplitter`]).
 #[derive(Deserialize)]
-struct ListPage<'a> {
+struct ListEnvelope {
     #[serde(default)]
     metadata: ListMeta,
-    #[serde(borrow, default)]
-    items: Option<Vec<&'a RawValue>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -283,8 +284,8 @@ impl Reflector {
         let page_size = (self.config.page_size > 0 && from.paged()).then_some(self.config.page_size);
         loop {
             let request = self.requests.list(&rv, page_size, continue_token.as_deref())?;
-            let page = match self.get(request).await {
-                Ok(response) => collect(response).await?,
+            let response = match self.get(request).await {
+                Ok(response) => response,
                 Err(e) if e.is_gone() && continue_token.is_some() => {
                     // The continue token expired mid-list: start over, consistently.
                     tracing::info!(resource = %self.name(), "list continue token expired; restarting list");
@@ -295,18 +296,25 @@ impl Reflector {
                 }
                 Err(e) => return Err(e),
             };
-            let parsed: ListPage<'_> = serde_json::from_slice(&page)
-                .map_err(|e| ReflectorError::Decode(format!("list page: {e}")))?;
-            for item in parsed.items.unwrap_or_default() {
-                match Object::from_api_json(item.get().as_bytes(), type_meta, self.config.transform) {
-                    // An unchanged object (a relist) is the one already cached: the copy is
-                    // dropped at once instead of living beside the cache until the replace.
-                    Ok(obj) => objects.push(fifo.stored_unchanged(&obj).unwrap_or_else(|| Arc::new(obj))),
-                    Err(error) => {
-                        tracing::warn!(resource = %self.name(), %error, "skipping malformed list item")
-                    }
-                }
+            // Items are decoded as their bytes arrive: the page's body is never held whole.
+            let mut splitter = ListBodySplitter::default();
+            let mut body = response.into_body();
+            while let Some(frame) = body.frame().await {
+                let Ok(data) = frame.map_err(ReflectorError::Transport)?.into_data() else { continue };
+                splitter
+                    .push(&data, |item| match Object::from_api_json(item, type_meta, self.config.transform) {
+                        // An unchanged object (a relist) is the one already cached: the copy is
+                        // dropped at once instead of living beside the cache until the replace.
+                        Ok(obj) => objects.push(fifo.stored_unchanged(&obj).unwrap_or_else(|| Arc::new(obj))),
+                        Err(error) => {
+                            tracing::warn!(resource = %self.name(), %error, "skipping malformed list item")
+                        }
+                    })
+                    .map_err(|e| ReflectorError::Decode(e.to_string()))?;
             }
+            let envelope = splitter.finish().map_err(|e| ReflectorError::Decode(e.to_string()))?;
+            let parsed: ListEnvelope = serde_json::from_slice(&envelope)
+                .map_err(|e| ReflectorError::Decode(format!("list page: {e}")))?;
             let list_rv = parsed.metadata.resource_version.unwrap_or_default();
             match parsed.metadata.continue_token.filter(|c| !c.is_empty()) {
                 Some(c) => continue_token = Some(c),
