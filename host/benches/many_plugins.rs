@@ -15,9 +15,12 @@
 //!
 //! Each plugin gets one steady-state reconcile (cache reads and a JSON compare; no writes), so
 //! each holds one used, idle instance. Columns: load time (all plugins, wall), compiles,
-//! peak RSS of the load, RSS with every plugin loaded, RSS after the idle instances were
+//! peak RSS of the load, RSS with every plugin loaded (split into anonymous and file-backed:
+//! the compiled artifacts are mapped from the compile cache, so their resident pages count as
+//! file-backed; and the Rust heap live per plugin), RSS after the idle instances were
 //! released (what idle-instance-timeout does), and from those memory per plugin beyond the
-//! empty host and per idle instance. Targets (issue 12): ≤ 150 MB with 100 distinct plugins
+//! empty host and per idle instance. The process allocates with the binary's global
+//! allocator (jemalloc with the default features), as the host does. Targets (issue 12): ≤ 150 MB with 100 distinct plugins
 //! loaded, ≤ 150 KiB per idle instance beyond the shared code.
 //!
 //! Then, per scenario, a second table on idle code (what `idle-code-timeout` does): each
@@ -30,7 +33,9 @@
 //! that loaded it already, then instantiated and `init`-ed, then the reconcile). Latencies
 //! are p50 / max over the plugins, one call each.
 //!
-//! `PLUGINS` (default 100) sets the count; `SCENARIOS=copies` (or `distinct`) runs only those.
+//! `PLUGINS` (default 100) sets the count; `SCENARIOS=copies` (or `distinct`) runs only those;
+//! `MANY_PLUGINS_SMAPS=1` prints each child's resident memory by mapping kind (from
+//! `/proc/self/smaps`) at each step.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -46,7 +51,15 @@ use wasmctrl::plugin::{
     CacheReader, DEFAULT_IDLE_CODE_TIMEOUT, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv,
     PluginSpec,
 };
-use wasmctrl_bench_support::Figure;
+use wasmctrl_bench_support::{Allocator, CountingAllocator, Figure, allocated};
+
+/// The global allocator of the `wasmctrl` binary built with this package's features (the
+/// host's RSS is the binary's), counting the heap bytes live.
+const BINARY_ALLOCATOR: Allocator =
+    if cfg!(feature = "jemalloc") { Allocator::Jemalloc } else { Allocator::System };
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator::new(BINARY_ALLOCATOR);
 
 /// Environment variable naming the scenario a child runs.
 const SCENARIO: &str = "WASMCTRL_MANY_PLUGINS_SCENARIO";
@@ -158,6 +171,87 @@ fn rss() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// Resident bytes of this process by kind: (anonymous, file-backed), from `/proc/self/status`
+/// (file-backed: the mapped compile cache artifacts and the binary).
+fn rss_split() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("RssAnon:"), field("RssFile:") + field("RssShmem:"))
+}
+
+/// With `MANY_PLUGINS_SMAPS` set, writes to stderr where the resident memory is, by mapping
+/// kind (compile cache artifacts, other files, anonymous by mapping size) and the largest
+/// mappings: the breakdown behind the RSS columns.
+fn dump_smaps(when: &str) {
+    if std::env::var_os("MANY_PLUGINS_SMAPS").is_none() {
+        return;
+    }
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    // (name, size, rss, anonymous, private dirty, permissions) per mapping.
+    let mut maps: Vec<(String, u64, u64, u64, u64, String)> = Vec::new();
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            let name = line.split_whitespace().nth(5).unwrap_or("[anon]").to_owned();
+            let perms = words.next().unwrap_or("").to_owned();
+            maps.push((name, 0, 0, 0, 0, perms));
+            continue;
+        }
+        let kb = words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1024;
+        if let Some(m) = maps.last_mut() {
+            match first {
+                "Size:" => m.1 = kb,
+                "Rss:" => m.2 = kb,
+                "Anonymous:" => m.3 = kb,
+                "Private_Dirty:" => m.4 = kb,
+                _ => {}
+            }
+        }
+    }
+    let mut groups: std::collections::BTreeMap<String, (usize, u64, u64, u64)> = Default::default();
+    for (name, size, rss, anon, dirty, _) in &maps {
+        let group = if name.ends_with(".cwasm") {
+            "cwasm files".to_owned()
+        } else if name.starts_with('/') {
+            format!("file {}", name.rsplit('/').next().unwrap_or(name))
+        } else if *size >= 1 << 30 {
+            "anon >= 1 GiB (pooling allocator, memories)".to_owned()
+        } else if *size >= 64 << 20 {
+            "anon 64 MiB..1 GiB".to_owned()
+        } else if *size >= 2 << 20 {
+            "anon 2..64 MiB".to_owned()
+        } else {
+            format!("anon < 2 MiB {name}")
+        };
+        let g = groups.entry(group).or_default();
+        g.0 += 1;
+        g.1 += rss;
+        g.2 += anon;
+        g.3 += dirty;
+    }
+    let mut rows: Vec<_> = groups.into_iter().collect();
+    rows.sort_by_key(|(_, g)| std::cmp::Reverse(g.1));
+    eprintln!("smaps {when}: group, mappings, rss KiB, anonymous KiB, private dirty KiB");
+    for (group, (n, rss, anon, dirty)) in rows.iter().take(14) {
+        eprintln!("  {group:<48} {n:>6} {:>9} {:>9} {:>9}", rss / 1024, anon / 1024, dirty / 1024);
+    }
+    // One artifact's mappings (the code image, and linear memory images mapped from it).
+    if let Some((first, ..)) = maps.iter().find(|m| m.0.ends_with(".cwasm")) {
+        let size = std::fs::metadata(first).map_or(0, |m| m.len());
+        eprintln!("  one artifact, {} KiB on disk: size / rss KiB of its mappings:", size / 1024);
+        for (_, map_size, rss, anon, _, perms) in maps.iter().filter(|m| &m.0 == first) {
+            eprintln!("    {perms} {:>6} {:>6} (anonymous {})", map_size / 1024, rss / 1024, anon / 1024);
+        }
+    }
+}
+
 /// What one scenario measured (one line of the child's stdout).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Report {
@@ -169,6 +263,12 @@ struct Report {
     rss_empty: u64,
     peak: u64,
     rss_loaded: u64,
+    /// `rss_loaded` split: anonymous and file-backed (mapped artifacts, the binary).
+    anon_loaded: u64,
+    file_loaded: u64,
+    /// Heap bytes live (requested sizes) when empty and with every plugin loaded.
+    heap_empty: u64,
+    heap_loaded: u64,
     rss_released: u64,
     released: usize,
     /// The idle-code part.
@@ -221,6 +321,7 @@ fn idle_code(engine: &PluginEngine, plugins: &[Plugin], request: &Request) -> Co
     let dropped = engine.drop_idle_code_at(Instant::now() + Duration::from_secs(24 * 3600));
     assert!(plugins.iter().all(|p| !p.code_resident()), "every plugin dropped its code");
     let (rss_dropped, _) = rss();
+    dump_smaps("code dropped");
     let before = engine.component_loads();
     let first_call_us = p50_max(time_calls(plugins, request));
     let after = engine.component_loads();
@@ -265,6 +366,8 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
         .build()
         .unwrap_or_else(|e| panic!("runtime: {e}"));
     let (rss_empty, _) = rss();
+    let heap_empty = allocated() as u64;
+    dump_smaps("empty");
 
     let start = Instant::now();
     let loaded: Vec<Plugin> = runtime.block_on(async {
@@ -287,15 +390,20 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
         plugins
     });
     let load_ms = start.elapsed().as_secs_f64() * 1e3;
+    dump_smaps("loaded (each plugin init-ed), before the reconciles");
     let request = Request { namespace: Some("default".into()), name: "app-config".into() };
     for p in &loaded {
         assert_eq!(p.reconcile_blocking(&request), Ok(Action::Done), "{}", p.name());
         assert_eq!(p.pool_counts(), (1, 1));
     }
     let (rss_loaded, peak) = rss();
+    let (anon_loaded, file_loaded) = rss_split();
+    let heap_loaded = allocated() as u64;
+    dump_smaps("loaded");
     // What the idle-instance reaper does once the timeout passed.
     let released = engine.release_idle_instances_at(Instant::now() + Duration::from_secs(24 * 3600));
     let (rss_released, _) = rss();
+    dump_smaps("released");
     let loads = engine.component_loads();
     let code = idle_code(&engine, &loaded, &request);
     Report {
@@ -307,6 +415,10 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
         rss_empty,
         peak,
         rss_loaded,
+        anon_loaded,
+        file_loaded,
+        heap_empty,
+        heap_loaded,
         rss_released,
         released,
         code,
@@ -338,13 +450,16 @@ fn main() {
         mirror_wasm().len() / 1024
     );
     println!(
-        "  {:<16} {:>9} {:>8} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12}",
+        "  {:<16} {:>9} {:>8} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
         "scenario",
         "load",
         "compiles",
         "empty",
         "peak RSS",
         "RSS loaded",
+        "anon",
+        "file",
+        "heap",
         "released",
         "per plugin",
         "per instance"
@@ -365,18 +480,24 @@ fn main() {
             .output()
             .unwrap_or_else(|e| panic!("running {label}: {e}"));
         let stdout = String::from_utf8_lossy(&out.stdout);
+        if std::env::var_os("MANY_PLUGINS_SMAPS").is_some() {
+            eprintln!("{label}:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
         let Some(r) = stdout.lines().rev().find_map(|l| serde_json::from_str::<Report>(l).ok()) else {
             panic!("{label} failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
         };
         let n = r.plugins.max(1) as i64;
         println!(
-            "  {:<16} {:>7.0}ms {:>8} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12}",
+            "  {:<16} {:>7.0}ms {:>8} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
             label,
             r.load_ms,
             r.compiled,
             mib(r.rss_empty),
             mib(r.peak),
             mib(r.rss_loaded),
+            mib(r.anon_loaded),
+            mib(r.file_loaded),
+            kib((r.heap_loaded as i64 - r.heap_empty as i64) / n),
             mib(r.rss_released),
             kib((r.rss_loaded as i64 - r.rss_empty as i64) / n),
             kib((r.rss_loaded as i64 - r.rss_released as i64) / r.released.max(1) as i64),
@@ -390,6 +511,20 @@ fn main() {
         )
         .target(150.0)
         .record();
+        Figure::lower(
+            "many_plugins",
+            format!("anonymous RSS MB with {} plugins loaded, {label}", r.plugins),
+            r.anon_loaded as f64 / 1e6,
+            "MB",
+        )
+        .record();
+        Figure::lower(
+            "many_plugins",
+            format!("file-backed RSS MB with {} plugins loaded, {label}", r.plugins),
+            r.file_loaded as f64 / 1e6,
+            "MB",
+        )
+        .record();
         let per_instance = (r.rss_loaded as f64 - r.rss_released as f64) / r.released.max(1) as f64 / 1024.0;
         Figure::lower("many_plugins", format!("KiB per idle instance, {label}"), per_instance, "KiB")
             .target(150.0)
@@ -399,7 +534,9 @@ fn main() {
         idle_code_rows.push((label, r.code, r.plugins));
     }
     println!("  (load: wall time of loading every plugin at once; compiles: Cranelift runs; empty: RSS");
-    println!("   of the process with the engine and caches, before any plugin; per plugin: (RSS loaded -");
+    println!("   of the process with the engine and caches, before any plugin; anon / file: RSS loaded,");
+    println!("   anonymous and file-backed (mapped compiled artifacts, the binary); heap: Rust heap bytes");
+    println!("   live per plugin (loaded - empty, requested sizes); per plugin: (RSS loaded -");
     println!("   empty) / plugins; per instance: RSS freed by releasing the idle instances / instances)");
     print_idle_code(&idle_code_rows);
 }
