@@ -3,13 +3,16 @@
 //! Needs the guests built (`cargo xtask build-guests`). Measures, in one run so the
 //! ratios are comparable:
 //!   1. reconcile reading one ~2 KB cached ConfigMap and parsing it into k8s-openapi's
-//!      `ConfigMap`: in Wasm (`test-plugin-bench`) vs the same logic natively;
-//!   2. where the Wasm time goes: a no-op call, the cache read alone, the parse alone;
+//!      `ConfigMap`: in Wasm as a plugin author gets it by default (`test-plugin-bench-sdk`:
+//!      the SDK, `export_plugin!` with its default allocator, the guests' release profile,
+//!      the host's engine defaults) vs the same logic natively; this is the recorded figure;
+//!   2. where the Wasm time goes, on `test-plugin-bench` (raw bindings, no SDK): a no-op
+//!      call, the cache read alone, the parse alone;
 //!   3. the same reconcile through the controller-facing adapter (tokio + spawn_blocking);
 //!   4. instance pool checkout + return, and a fresh instance (instantiate + init + call);
 //!   5. cold compile vs cached load of each example plugin and the bench plugin;
 //!   6. the levers on the Wasm reconcile, each against native in the same interleaved
-//!      rounds: the SDK with the system allocator (dlmalloc) vs its per-call arena,
+//!      rounds: the SDK with the system allocator (dlmalloc) vs its per-call arena (the default),
 //!      guest opt-level 3 vs "s" (and the `.wasm` size each costs), explicit bounds checks
 //!      (a small memory reservation) vs none (the default), epoch interruption off vs on,
 //!      and the host-side copy of the object before it is lowered into guest memory.
@@ -17,7 +20,7 @@
 //!      `BENCH_ONLY=<case>` (one case, a fixed number of calls).
 //!
 //! Sizes: `BENCH_ITERS` (default 20000 per round), `BENCH_ROUNDS` (default 5; the median
-//! round is reported). `BENCH_PLUGIN` overrides the bench plugin's path. The opt-level 3
+//! round is reported). `BENCH_PLUGIN` overrides the default-path plugin's path. The opt-level 3
 //! builds are made by this benchmark (`cargo build --profile release-o3` of the two bench
 //! plugins into `$CARGO_TARGET_DIR/guests`); `BENCH_O3=0` skips them.
 
@@ -33,7 +36,7 @@ use wasmctrl::object::Object;
 use wasmctrl::plugin::pool::Pool;
 use wasmctrl::plugin::{
     CacheReader, EngineConfig, EngineTuning, Gvk, Plugin, PluginEngine, PluginEnv, PluginReconciler,
-    PluginSpec,
+    PluginSpec, PoolingLimits,
 };
 use wasmctrl_bench_support::Figure;
 
@@ -79,8 +82,18 @@ fn load(engine: &PluginEngine, wasm: &[u8], cache: &Arc<dyn CacheReader>) -> Plu
 }
 
 fn engine_with(tuning: EngineTuning) -> PluginEngine {
-    PluginEngine::new(EngineConfig { tuning, ..Default::default() }, None)
+    PluginEngine::new(EngineConfig { tuning, ..engine_config() }, None)
         .unwrap_or_else(|e| panic!("engine: {e}"))
+}
+
+/// The default engine configuration; with `BENCH_ONLY` (run under valgrind, which cannot
+/// reserve the default pool's terabyte of address space) a pool of 2 instance slots.
+fn engine_config() -> EngineConfig {
+    let mut config = EngineConfig::default();
+    if std::env::var_os("BENCH_ONLY").is_some() {
+        config.pooling = Some(PoolingLimits { instances: 2, ..PoolingLimits::default() });
+    }
+    config
 }
 
 fn read_wasm(path: &PathBuf) -> Vec<u8> {
@@ -169,12 +182,13 @@ fn main() {
     let rounds = env_usize("BENCH_ROUNDS", 5);
     let bench_path = std::env::var("BENCH_PLUGIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| guest_dir().join("test_plugin_bench.wasm"));
+        .unwrap_or_else(|_| guest_dir().join("test_plugin_bench_sdk.wasm"));
     let bench_wasm = read_wasm(&bench_path);
+    let raw_wasm = read_wasm(&guest_dir().join("test_plugin_bench.wasm"));
 
     let cache_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let engine = PluginEngine::new(
-        EngineConfig { cache_dir: Some(cache_dir.path().to_owned()), ..Default::default() },
+        EngineConfig { cache_dir: Some(cache_dir.path().to_owned()), ..engine_config() },
         None,
     )
     .unwrap_or_else(|e| panic!("engine: {e}"));
@@ -186,8 +200,11 @@ fn main() {
     let cache: Arc<dyn CacheReader> = Arc::new(writer.reader());
     let configmap = Gvk::new("v1", "ConfigMap");
     let env = PluginEnv { caches: [(configmap.clone(), cache.clone())].into_iter().collect(), kube: None };
-    let spec = PluginSpec::new("bench", configmap);
-    let plugin = Plugin::load(&engine, spec, &bench_wasm, env).unwrap_or_else(|e| panic!("loading: {e}"));
+    let spec = PluginSpec::new("bench", configmap.clone());
+    let plugin =
+        Plugin::load(&engine, spec, &bench_wasm, env.clone()).unwrap_or_else(|e| panic!("loading: {e}"));
+    let raw = Plugin::load(&engine, PluginSpec::new("bench-raw", configmap), &raw_wasm, env)
+        .unwrap_or_else(|e| panic!("loading: {e}"));
 
     let request = |name: &str| Request { namespace: Some("default".into()), name: name.into() };
     let bench = request("bench");
@@ -195,11 +212,12 @@ fn main() {
     let get_only = request("get:bench");
     let parse_only = request("parse:bench");
     assert_eq!(native_reconcile(&*cache, &bench), Ok(Action::Done));
+    assert_eq!(plugin.reconcile_blocking(&bench), Ok(Action::Done));
     for r in [&bench, &noop, &get_only, &parse_only] {
-        assert_eq!(plugin.reconcile_blocking(r), Ok(Action::Done), "{r}");
+        assert_eq!(raw.reconcile_blocking(r), Ok(Action::Done), "{r}");
     }
     if let Ok(only) = std::env::var("BENCH_ONLY") {
-        levers(iters, rounds, &cache, &json, &bench_wasm, Some(&only));
+        levers(iters, rounds, &cache, &json, &raw_wasm, Some(&only));
         return;
     }
 
@@ -207,7 +225,7 @@ fn main() {
         "plugin runtime benchmark: {iters} calls x {rounds} rounds (median round), object {} bytes",
         json.len()
     );
-    println!("plugin: {} ({} bytes)", bench_path.display(), bench_wasm.len());
+    println!("plugin (default path): {} ({} bytes)", bench_path.display(), bench_wasm.len());
     // Interleaved rounds: every case runs once per round, so a noisy neighbour (2 shared
     // cores) skews all cases alike and the ratios stay meaningful.
     let mut cases: Vec<Case<'_>> = vec![
@@ -226,19 +244,19 @@ fn main() {
         (
             "noop",
             Box::new(|| {
-                std::hint::black_box(plugin.reconcile_blocking(&noop)).ok();
+                std::hint::black_box(raw.reconcile_blocking(&noop)).ok();
             }),
         ),
         (
             "get",
             Box::new(|| {
-                std::hint::black_box(plugin.reconcile_blocking(&get_only)).ok();
+                std::hint::black_box(raw.reconcile_blocking(&get_only)).ok();
             }),
         ),
         (
             "parse",
             Box::new(|| {
-                std::hint::black_box(plugin.reconcile_blocking(&parse_only)).ok();
+                std::hint::black_box(raw.reconcile_blocking(&parse_only)).ok();
             }),
         ),
         (
@@ -254,7 +272,7 @@ fn main() {
     println!("reconcile (cache get + parse into ConfigMap)");
     println!("  native                      {:>10}", fmt(native));
     println!(
-        "  wasm (blocking call)        {:>10}   ratio {:.2}x",
+        "  wasm, default path (SDK)    {:>10}   ratio {:.2}x",
         fmt(wasm),
         wasm.as_secs_f64() / native.as_secs_f64()
     );
@@ -265,7 +283,7 @@ fn main() {
         .target(1.5 * us(native))
         .record();
     Figure::lower("plugin", "no-op Wasm call µs", us(noop_t), "µs").record();
-    println!("where the wasm time goes");
+    println!("where the wasm time goes (raw bindings plugin)");
     println!("  no-op call                  {:>10}", fmt(noop_t));
     println!(
         "  call + cache get (2 KB)     {:>10}   (get ≈ {})",
@@ -280,7 +298,7 @@ fn main() {
         parse_t.saturating_sub(noop_t).as_secs_f64() / native_parse.as_secs_f64()
     );
 
-    levers(iters, rounds, &cache, &json, &bench_wasm, None);
+    levers(iters, rounds, &cache, &json, &raw_wasm, None);
 
     // Through the adapter, as the controller calls it.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
@@ -314,8 +332,8 @@ fn main() {
     });
     let fresh_iters = 200;
     let fresh = measure(3, fresh_iters, || {
-        plugin.release_idle_instances();
-        std::hint::black_box(plugin.reconcile_blocking(&noop)).ok();
+        raw.release_idle_instances();
+        std::hint::black_box(raw.reconcile_blocking(&noop)).ok();
     });
     println!();
     println!("instances");
@@ -329,7 +347,7 @@ fn main() {
         .iter()
         .filter_map(|n| std::fs::read(guest_dir().join(format!("{n}.wasm"))).ok().map(|b| (n.to_string(), b)))
         .collect();
-    plugins.push(("test_plugin_bench".into(), bench_wasm.clone()));
+    plugins.push(("test_plugin_bench_sdk".into(), bench_wasm.clone()));
     for (name, bytes) in &plugins {
         let cold_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let cold_engine = PluginEngine::new(
@@ -366,7 +384,7 @@ fn levers(
     raw_wasm: &[u8],
     only: Option<&str>,
 ) {
-    let sdk_wasm = read_wasm(&guest_dir().join("test_plugin_bench_sdk.wasm"));
+    let sdk_wasm = read_wasm(&guest_dir().join("test_plugin_bench_system.wasm"));
     let arena_wasm = read_wasm(&guest_dir().join("test_plugin_bench_arena.wasm"));
     let o3 = if only.is_none_or(|o| o.contains("O3")) { build_o3() } else { None };
     let o3_wasm = |name: &str| o3.as_ref().and_then(|d| std::fs::read(d.join(name)).ok());

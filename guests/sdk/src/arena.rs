@@ -1,5 +1,5 @@
-//! A per-call bump arena, usable as a plugin's global allocator
-//! (`export_plugin!(MyPlugin, allocator = arena)`).
+//! A per-call bump arena: the global allocator [`export_plugin!`](crate::export_plugin)
+//! installs unless the plugin opts out with `export_plugin!(MyPlugin, allocator = system)`.
 //!
 //! A reconcile allocates many small, short-lived values (the object read from the cache, the
 //! strings and maps of its parsed form) and frees them all before it returns. A bump
@@ -206,7 +206,7 @@ unsafe impl GlobalAlloc for CallArena {
     }
 }
 
-/// The global instance behind `export_plugin!(…, allocator = arena)`.
+/// The global instance behind `export_plugin!(…)` (`allocator = arena`, the default).
 #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
 mod global {
     use super::{ARENA_BYTES, CallArena};
@@ -223,7 +223,7 @@ mod global {
     }
 }
 
-/// The global allocator `export_plugin!(…, allocator = arena)` installs: the one
+/// The global allocator `export_plugin!(…)` installs by default: the one
 /// [`CallArena`] of the instance. Calls outside exports go to the system allocator.
 #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
 pub struct GlobalCallArena;

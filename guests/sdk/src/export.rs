@@ -115,11 +115,14 @@ detect!(HasFilter, NoFilter, filter_hook, Filter::filter, fn(&P, &Gvk, FilterEve
 /// tests). On `wasm32` it emits the component exports; everywhere it implements the
 /// registration [`crate::testing`] needs.
 ///
-/// `export_plugin!(MyPlugin, allocator = arena)` also installs the per-call arena
-/// ([`crate::arena`]) as the component's global allocator: inside each export but `init`,
-/// allocations are bumped from a region rewound between calls when none of them is still
-/// live. Faster for plugins that allocate a lot per call (parsing objects), safe whatever
-/// the plugin keeps across calls. Not for a crate that sets its own `#[global_allocator]`.
+/// By default it also installs the per-call arena ([`crate::arena`]) as the component's
+/// global allocator (`export_plugin!(MyPlugin)` is `export_plugin!(MyPlugin, allocator =
+/// arena)`): inside each export but `init`, allocations are bumped from a region rewound
+/// between calls when none of them is still live. Faster for plugins that allocate a lot per
+/// call (parsing objects), safe whatever the plugin keeps across calls.
+/// `export_plugin!(MyPlugin, allocator = system)` keeps Rust's system allocator (wasi-libc's
+/// dlmalloc) instead, or whatever `#[global_allocator]` the crate sets itself (a crate that
+/// sets one must say `allocator = system`, or the two allocators collide at compile time).
 #[macro_export]
 macro_rules! export_plugin {
     ($ty:ty, allocator = arena) => {
@@ -127,9 +130,12 @@ macro_rules! export_plugin {
         #[global_allocator]
         static __WASMCTRL_ALLOCATOR: $crate::arena::GlobalCallArena = $crate::arena::GlobalCallArena;
 
-        $crate::export_plugin!($ty);
+        $crate::export_plugin!($ty, allocator = system);
     };
     ($ty:ty) => {
+        $crate::export_plugin!($ty, allocator = arena);
+    };
+    ($ty:ty, allocator = system) => {
         impl $crate::__private::Exported for $ty {
             fn hook_table() -> $crate::__private::HookTable<Self> {
                 #[allow(unused_imports)]

@@ -14,7 +14,7 @@
 //! | [`log`] | structured logs: `info!("msg"; key = value)`, … (each key a field of the host's log) |
 //! | [`config`] | the plugin's name and `[settings]` |
 //! | [`owner`], [`finalizer`], [`conditions`], [`diff`], [`time`] | pure helpers for owner references, finalizers, status conditions, "is a write needed?" checks and time |
-//! | [`arena`] | the per-call arena allocator: `export_plugin!(MyPlugin, allocator = arena)` |
+//! | [`arena`] | the per-call arena, every plugin's global allocator unless it opts out with `export_plugin!(MyPlugin, allocator = system)` |
 //! | `testing` (native builds only) | a fake host: run a plugin's whole `reconcile` under `cargo test` |
 //!
 //! Types: [`Kind`] maps a Rust type to `apiVersion`/`kind` (every k8s-openapi type has

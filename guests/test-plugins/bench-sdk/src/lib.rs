@@ -1,6 +1,8 @@
 //! Benchmark plugin: the `bench` plugin's reconcile (cache get + typed parse of a ConfigMap)
-//! written with the SDK, with the system allocator (wasi-libc's dlmalloc). Its twin
-//! `test-plugin-bench-arena` is the same code with the per-call arena.
+//! written with the SDK and registered as a plugin author does (`export_plugin!(Bench)`: the
+//! SDK's default allocator, the workspace's release profile). Its twins run the same code
+//! with an explicit allocator: `test-plugin-bench-arena` (per-call arena) and
+//! `test-plugin-bench-system` (wasi-libc's dlmalloc).
 
 include!("plugin.rs");
 

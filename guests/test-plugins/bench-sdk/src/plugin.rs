@@ -1,5 +1,5 @@
-// The plugin both SDK bench crates export (included, so the two builds run the same code
-// and differ only in their allocator).
+// The plugin the SDK bench crates export (included, so the builds run the same code and
+// differ only in their allocator).
 
 use wasmctrl_guest::k8s_openapi::api::core::v1::ConfigMap;
 use wasmctrl_guest::prelude::*;
