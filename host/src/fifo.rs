@@ -8,7 +8,7 @@
 //!   `Deleted` (they collapse, keeping the one that is not a tombstone);
 //! - `has_synced` is true once the keys queued by the first `replace` have all been popped
 //!   and processed (or once an add/update/delete came before any replace);
-//! - once drained, `items` and `queue` hold no more than [`RETAINED_SLOTS`] slots of capacity:
+//! - once drained, `items` and `queue` hold no more than 4 × [`RETAINED_SLOTS`] slots:
 //!   a relist of a million keys does not leave their table behind (hash maps never shrink on
 //!   their own; for 1,000,000 keys that table is ~100 MB, 5 % of the objects' JSON).
 //!
@@ -131,14 +131,17 @@ impl State {
         self.populated && self.initial_population == 0
     }
 
-    /// Gives back the table of a large batch once the queue is empty (see the invariants).
-    fn release_spare_capacity(&mut self) {
-        if self.items.capacity() > RETAINED_SLOTS {
+    /// Gives back the table of a large batch once the queue is empty (see the invariants);
+    /// whether there was one. A table counts as large above four times what is retained (a
+    /// hash table shrunk to hold `RETAINED_SLOTS` keys may have room for more), so a FIFO
+    /// that streams small batches never shrinks, nor purges, again.
+    fn release_spare_capacity(&mut self) -> bool {
+        let large = self.items.capacity() > 4 * RETAINED_SLOTS || self.queue.capacity() > 4 * RETAINED_SLOTS;
+        if large {
             self.items.shrink_to(RETAINED_SLOTS);
-        }
-        if self.queue.capacity() > RETAINED_SLOTS {
             self.queue.shrink_to(RETAINED_SLOTS);
         }
+        large
     }
 
     fn queue_delta(&mut self, key: &str, delta: Delta) {
@@ -421,11 +424,18 @@ impl DeltaFifo {
                         }
                     }
                     finish();
+                    let mut released = false;
                     if s.queue.is_empty() {
                         s.delivered = s.received.clone();
-                        s.release_spare_capacity();
+                        released = s.release_spare_capacity();
                     }
                     self.publish_synced(&s);
+                    drop(s);
+                    if released {
+                        // A large list was applied: what it allocated beside the cache (this
+                        // table, the decoded pages) goes back to the system now.
+                        crate::heap::release_free_pages();
+                    }
                     return Ok(n);
                 }
                 if s.closed {
@@ -981,7 +991,7 @@ mod tests {
     #[tokio::test]
     async fn delta_fifo_gives_back_a_large_lists_table_once_drained() {
         let f = DeltaFifo::new(None);
-        let n = 3 * RETAINED_SLOTS;
+        let n = 5 * RETAINED_SLOTS;
         f.replace((0..n).map(|i| obj(&format!("k{i}"), i as u64)).collect());
         {
             let s = f.state.lock();
@@ -994,11 +1004,14 @@ mod tests {
                 assert!(f.state.lock().items.capacity() >= n - popped, "kept while keys are queued");
             }
         }
-        let s = f.state.lock();
-        assert!(s.items.is_empty() && s.queue.is_empty());
-        assert!(s.items.capacity() <= 2 * RETAINED_SLOTS, "items capacity {}", s.items.capacity());
-        assert!(s.queue.capacity() <= 2 * RETAINED_SLOTS, "queue capacity {}", s.queue.capacity());
-        drop(s);
+        {
+            let mut s = f.state.lock();
+            assert!(s.items.is_empty() && s.queue.is_empty());
+            assert!(s.items.capacity() <= 2 * RETAINED_SLOTS, "items capacity {}", s.items.capacity());
+            assert!(s.queue.capacity() <= 2 * RETAINED_SLOTS, "queue capacity {}", s.queue.capacity());
+            // Given back once: later drains of small batches neither shrink nor purge again.
+            assert!(!s.release_spare_capacity(), "a shrunk table is not large");
+        }
         // Still a working FIFO.
         f.add(obj("again", 1));
         assert_eq!(pop(&f).await.0, "again");

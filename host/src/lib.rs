@@ -7,7 +7,10 @@
 //! [`config`] and [`reload`] turn a plugins directory into running controllers;
 //! `fixture` runs one plugin against fixture files on the embedded dev cluster (`wasmctrl
 //! test`; with the default-on `embedded` feature);
-//! [`metrics`] and [`server`] make the whole visible.
+//! [`metrics`] and [`server`] make the whole visible. `heap` hands the allocator's free
+//! pages back after the one-off bursts (a large list applied, a plugin loaded).
+
+mod heap;
 
 pub mod object;
 

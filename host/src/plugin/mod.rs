@@ -7,11 +7,10 @@
 //!    `wit/`), [`metrics`] (the runtime's metric families), `call` (the call in progress),
 //!    `callsites` (tracing callsites for guest log fields), [`record`] (the fixture call
 //!    log), `recorder` (the Event spam filter and aggregation), `stdio` (guest stdout and
-//!    stderr into the log), `heap` (the allocator's free pages back after a load),
-//!    [`shared`], [`pool`], `gate`, `idle`, [`compile_cache`], [`tier`] (a component's code
-//!    across its tier-up from Winch to Cranelift), then `optimizer` (Cranelift through the
-//!    compile cache) and `tier_up` (the background Cranelift compiles), which import only
-//!    these.
+//!    stderr into the log), [`shared`], [`pool`], `gate`, `idle`, [`compile_cache`],
+//!    [`tier`] (a component's code across its tier-up from Winch to Cranelift), then
+//!    `optimizer` (Cranelift through the compile cache) and `tier_up` (the background
+//!    Cranelift compiles), which import only these.
 //! 2. Shared pieces of the imports: `access` (a plugin's permission checks) and
 //!    [`cluster`] ([`KubeServices`], the host's cluster access, owned here so that the
 //!    `client` and `events` imports both use it without importing each other).
@@ -50,7 +49,6 @@ mod config;
 pub mod engine;
 mod events;
 mod gate;
-mod heap;
 mod idle;
 pub mod inspect;
 mod log;

@@ -353,7 +353,7 @@ impl Plugin {
         engine.register_idle(Arc::downgrade(&inner) as Weak<dyn IdlePlugin>);
         inner.follow_tier_up();
         // What the load allocated and freed goes back to the system now, not in seconds.
-        if !super::heap::release_free_pages() {
+        if !crate::heap::release_free_pages() {
             tracing::debug!(plugin = %name, "jemalloc refused to purge its free pages");
         }
         Ok(Plugin { inner })

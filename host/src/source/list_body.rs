@@ -269,7 +269,10 @@ mod tests {
         let body = r#"{ "items" : [ ], "metadata": {"items": [1, 2], "resourceVersion": "7"}, "x": [{"items": [3]}] }"#;
         let (items, envelope) = split(body.as_bytes(), 3).unwrap();
         assert!(items.is_empty());
-        assert_eq!(envelope, r#"{ "items" : [], "metadata": {"items": [1, 2], "resourceVersion": "7"}, "x": [{"items": [3]}] }"#);
+        assert_eq!(
+            envelope,
+            r#"{ "items" : [], "metadata": {"items": [1, 2], "resourceVersion": "7"}, "x": [{"items": [3]}] }"#
+        );
         let (items, _) = split(br#"{"items":[{"a":1},{"b":[{"c":2}]}]}"#, 5).unwrap();
         assert_eq!(items, [r#"{"a":1}"#, r#"{"b":[{"c":2}]}"#]);
     }
@@ -295,7 +298,19 @@ mod tests {
     fn json_string() -> impl Strategy<Value = String> {
         // Characters JSON structure is made of, escapes and non-ASCII among plain ones.
         proptest::collection::vec(
-            prop_oneof![Just('{'), Just('}'), Just('['), Just(']'), Just('"'), Just('\\'), Just(','), Just(':'), Just('é'), Just('\n'), proptest::char::range('a', 'e')],
+            prop_oneof![
+                Just('{'),
+                Just('}'),
+                Just('['),
+                Just(']'),
+                Just('"'),
+                Just('\\'),
+                Just(','),
+                Just(':'),
+                Just('é'),
+                Just('\n'),
+                proptest::char::range('a', 'e')
+            ],
             0..12,
         )
         .prop_map(|cs| cs.into_iter().collect())
@@ -310,8 +325,12 @@ mod tests {
         leaf.prop_recursive(3, 24, 4, |inner| {
             prop_oneof![
                 proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
-                proptest::collection::btree_map(prop_oneof![json_string(), Just("items".to_owned())], inner, 0..4)
-                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+                proptest::collection::btree_map(
+                    prop_oneof![json_string(), Just("items".to_owned())],
+                    inner,
+                    0..4
+                )
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
             ]
         })
     }

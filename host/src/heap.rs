@@ -1,16 +1,18 @@
-//! Handing the allocator's free pages back to the system once a plugin is loaded.
+//! Handing the allocator's free pages back to the system after a one-off burst of
+//! allocations: a large list applied to a cache (the FIFO's table of a million keys, the
+//! decoded page buffers), a plugin loaded (deserialising its component's metadata, linking
+//! it, creating and `init`-ing a first instance allocates and frees far more than the plugin
+//! keeps).
 //!
-//! Loading a plugin (deserialising its component's metadata, linking it, creating and
-//! `init`-ing a first instance) allocates and frees far more than the plugin keeps. With
-//! the `jemalloc` feature (the binary's global allocator), jemalloc keeps freed pages
-//! resident for `dirty_decay_ms` (10 s) to reuse them, so a host loading its plugins
-//! directory at once stays that much bigger for as long: in `cargo bench --bench
-//! many_plugins` (100 distinct plugins, warm compile cache) anonymous RSS was 77.2 MiB right
-//! after the loads with ~14 MiB of plugin heap live (RSS 221.0 MiB). After each load the
-//! calling thread's cache of freed objects is flushed and every arena's unused dirty pages
-//! are purged (`madvise`): 31.3 MiB anonymous (RSS 175.2 MiB); 100 copies of one plugin,
-//! 47.2 to 34.8 MiB. Loading the 100 distinct plugins from the compile cache took 365 ms
-//! before and 435 ms after (one run each).
+//! With the `jemalloc` feature (the binary's global allocator), jemalloc keeps freed pages
+//! resident for `dirty_decay_ms` (10 s) to reuse them, so a host stays that much bigger for
+//! as long after each burst. Measured (`cargo bench --bench many_plugins`, 100 distinct
+//! plugins, warm compile cache): anonymous RSS 77.2 MiB right after the loads with ~14 MiB
+//! of plugin heap live (RSS 221.0 MiB); with a purge after each load 31.3 MiB (RSS
+//! 175.2 MiB); 100 copies of one plugin, 47.2 to 34.8 MiB. Loading the 100 distinct plugins
+//! from the compile cache took 365 ms before and 435 ms after (one run each). After each
+//! burst the calling thread's cache of freed objects is flushed and every arena's unused
+//! dirty pages are purged (`madvise`).
 //!
 //! Invariants:
 //! - Only pages jemalloc holds free are released; nothing live moves. A later allocation
