@@ -51,7 +51,7 @@ use wasmctrl::plugin::{
     CacheReader, DEFAULT_IDLE_CODE_TIMEOUT, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv,
     PluginSpec,
 };
-use wasmctrl_bench_support::{Allocator, CountingAllocator, Figure, allocated};
+use wasmctrl_bench_support::{Allocator, CountingAllocator, Figure, ProcStatus, allocated};
 
 /// The global allocator of the `wasmctrl` binary built with this package's features (the
 /// host's RSS is the binary's), counting the heap bytes live.
@@ -160,29 +160,15 @@ fn mirror_spec(name: String) -> PluginSpec {
 
 /// `VmRSS` and `VmHWM` of this process, bytes.
 fn rss() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    let status = ProcStatus::read();
+    (status.bytes("VmRSS:"), status.bytes("VmHWM:"))
 }
 
 /// Resident bytes of this process by kind: (anonymous, file-backed), from `/proc/self/status`
 /// (file-backed: the mapped compile cache artifacts and the binary).
 fn rss_split() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
-    (field("RssAnon:"), field("RssFile:") + field("RssShmem:"))
+    let status = ProcStatus::read();
+    (status.bytes("RssAnon:"), status.bytes("RssFile:") + status.bytes("RssShmem:"))
 }
 
 /// With `MANY_PLUGINS_SMAPS` set, writes to stderr where the resident memory is, by mapping

@@ -51,8 +51,8 @@ use wasmctrl::plugin::{
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::latency::{self, Sample};
 use wasmctrl_bench_support::{
-    ALLOCATOR_ENV, Allocator, BackgroundServer, CountingAllocator, Figure, Pace, StreamConfig, allocated,
-    in_use, peak_allocated, reset_peak, unix_nanos,
+    ALLOCATOR_ENV, Allocator, BackgroundServer, CountingAllocator, Figure, Pace, ProcStatus, StreamConfig,
+    allocated, in_use, peak_allocated, reset_peak, unix_nanos,
 };
 
 /// The global allocator of the `wasmctrl` binary built with this package's features.
@@ -80,15 +80,8 @@ fn url_flag(args: &[String]) -> Result<String, Error> {
 
 /// `VmRSS` and `VmHWM` of this process, bytes.
 fn rss() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    let status = ProcStatus::read();
+    (status.bytes("VmRSS:"), status.bytes("VmHWM:"))
 }
 
 /// User + system CPU time of this process so far.
