@@ -54,7 +54,7 @@ use super::list_body::ListBodySplitter;
 use super::machine::{self, Effect, ListFrom, Outcome, State, Wait};
 use super::requests::Requests;
 use crate::fifo::{Delta, DeltaFifo};
-use crate::object::{DeletedObject, Object, Transform};
+use crate::object::{DeletedObject, Object, ObjectError, Transform};
 
 /// Options of a [`Reflector`].
 #[derive(Debug, Clone)]
@@ -299,6 +299,10 @@ impl Reflector {
             // Items are decoded as their bytes arrive: the page's body is never held whole.
             let mut splitter = ListBodySplitter::default();
             let mut body = response.into_body();
+            // An item that is not even JSON means a broken body: the whole list fails (and is
+            // retried), as when the body was parsed whole. A JSON item that is no object we
+            // can decode is skipped, as before.
+            let mut broken: Option<String> = None;
             while let Some(frame) = body.frame().await {
                 let Ok(data) = frame.map_err(ReflectorError::Transport)?.into_data() else { continue };
                 splitter
@@ -306,11 +310,17 @@ impl Reflector {
                         // An unchanged object (a relist) is the one already cached: the copy is
                         // dropped at once instead of living beside the cache until the replace.
                         Ok(obj) => objects.push(fifo.stored_unchanged(&obj).unwrap_or_else(|| Arc::new(obj))),
+                        Err(ObjectError::Json(e)) if e.is_syntax() || e.is_eof() => {
+                            broken.get_or_insert_with(|| format!("list item: {e}"));
+                        }
                         Err(error) => {
                             tracing::warn!(resource = %self.name(), %error, "skipping malformed list item")
                         }
                     })
                     .map_err(|e| ReflectorError::Decode(e.to_string()))?;
+                if let Some(error) = broken.take() {
+                    return Err(ReflectorError::Decode(error));
+                }
             }
             let envelope = splitter.finish().map_err(|e| ReflectorError::Decode(e.to_string()))?;
             let parsed: ListEnvelope = serde_json::from_slice(&envelope)
