@@ -379,6 +379,28 @@ mod undecodable {
         )
     }
 
+    /// A ConfigMap informer in namespace `ns`, backing off 20 ms, on a scripted API server.
+    async fn informer_of(app: axum::Router) -> SharedIndexInformer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let client = kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
+        let informer = SharedIndexInformer::new(InformerOptions::default()).expect("informer");
+        let config = ReflectorConfig {
+            namespace: Some("ns".into()),
+            backoff: BackoffConfig { initial: Duration::from_millis(20), ..BackoffConfig::default() },
+            ..ReflectorConfig::default()
+        };
+        informer.start(Reflector::new(
+            client,
+            ApiResource::new("v1", "ConfigMap", "configmaps", true),
+            config,
+        ));
+        informer
+    }
+
     fn ok(body: String) -> Response<Body> {
         Response::builder()
             .header("content-type", "application/json")
@@ -439,24 +461,7 @@ mod undecodable {
                 }),
             )
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        let client = kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
-
-        let informer = SharedIndexInformer::new(InformerOptions::default()).expect("informer");
-        let config = ReflectorConfig {
-            namespace: Some("ns".into()),
-            backoff: BackoffConfig { initial: Duration::from_millis(20), ..BackoffConfig::default() },
-            ..ReflectorConfig::default()
-        };
-        informer.start(Reflector::new(
-            client,
-            ApiResource::new("v1", "ConfigMap", "configmaps", true),
-            config,
-        ));
+        let informer = informer_of(app).await;
         let indexer = informer.indexer();
         eventually("the relist is applied", || {
             indexer.get("ns/a").is_some_and(|a| a.resource_version() == "11") && indexer.get("ns/b").is_some()
@@ -471,16 +476,6 @@ mod undecodable {
         assert_eq!(&*b.owner_references()[0].uid, "");
         informer.stop();
     }
-}
-
-mod broken_list {
-    use axum::body::Body;
-    use axum::extract::RawQuery;
-    use axum::response::Response;
-    use wasmctrl::informer::{InformerOptions, SharedIndexInformer};
-    use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
-
-    use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_list_item_that_is_not_json_fails_the_list_and_it_is_retried() {
@@ -522,23 +517,7 @@ mod broken_list {
                 }),
             )
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        let client = kube::Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client");
-        let informer = SharedIndexInformer::new(InformerOptions::default()).expect("informer");
-        let config = ReflectorConfig {
-            namespace: Some("ns".into()),
-            backoff: BackoffConfig { initial: Duration::from_millis(20), ..BackoffConfig::default() },
-            ..ReflectorConfig::default()
-        };
-        informer.start(Reflector::new(
-            client,
-            ApiResource::new("v1", "ConfigMap", "configmaps", true),
-            config,
-        ));
+        let informer = informer_of(app).await;
         let indexer = informer.indexer();
         eventually("the second list is applied", || {
             informer.has_synced() && indexer.get("ns/good").is_some()
