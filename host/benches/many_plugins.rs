@@ -4,8 +4,9 @@
 //! process (this binary, re-executed), so its peak RSS (`VmHWM`) is its own; scenarios share
 //! compile cache directories so the warm ones read what the cold ones wrote. The plugin is
 //! `configmap-mirror` (the Rust example), loaded the way the host's reload manager loads a
-//! plugins directory: every plugin at once, each on a tokio blocking thread, on the engine
-//! the host runs (pooling allocator, idle-instance reaper).
+//! plugins directory: every plugin at once, each taking a load slot (a few run at a time)
+//! and then loading on a tokio blocking thread, on the engine the host runs (pooling
+//! allocator, idle-instance reaper).
 //!
 //! - `copies, cold`: `PLUGINS` copies of the same `.wasm`, empty compile cache;
 //! - `copies, warm`: the same, compile cache filled;
@@ -360,17 +361,25 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
         let tasks: Vec<_> = (0..n)
             .map(|i| {
                 let (engine, base, env, path) = (engine.clone(), base.clone(), env.clone(), paths[i].clone());
-                tokio::task::spawn_blocking(move || {
-                    // Each plugin's own bytes, as the host reads each file; freed once loaded.
-                    let wasm = if distinct { distinct_wasm(&base, i) } else { base.to_vec() };
-                    Plugin::load_file(&engine, mirror_spec(format!("mirror-{i}")), &path, &wasm, env)
+                tokio::spawn(async move {
+                    // A load slot first, as the reload manager takes one.
+                    let _slot = engine.load_slot().await;
+                    tokio::task::spawn_blocking(move || {
+                        // Each plugin's own bytes, as the host reads each file; freed once loaded.
+                        let wasm = if distinct { distinct_wasm(&base, i) } else { base.to_vec() };
+                        Plugin::load_file(&engine, mirror_spec(format!("mirror-{i}")), &path, &wasm, env)
+                    })
+                    .await
                 })
             })
             .collect();
         let mut plugins = Vec::with_capacity(tasks.len());
         for t in tasks {
             plugins.push(
-                t.await.unwrap_or_else(|e| panic!("join: {e}")).unwrap_or_else(|e| panic!("load: {e}")),
+                t.await
+                    .and_then(|loaded| loaded)
+                    .unwrap_or_else(|e| panic!("join: {e}"))
+                    .unwrap_or_else(|e| panic!("load: {e}")),
             );
         }
         plugins

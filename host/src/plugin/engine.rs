@@ -36,6 +36,10 @@
 //!   loads beyond that wait, so loading many distinct plugins at once does not hold the
 //!   intermediate state of all their compiles in memory together. Background tier-ups wait
 //!   behind loads; Winch compiles (a fraction of the time and memory) do not wait.
+//! - Loads that take a [`PluginEngine::load_slot`] first (the reload manager's do) run at
+//!   most [`load_slots`] at once, whatever the number of plugins: the rest wait without a
+//!   thread, so loading a directory of many plugins does not start a blocking thread per
+//!   plugin, each keeping the stack its load touched (and its compile's state) resident.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -222,6 +226,21 @@ struct EngineInner {
     optimizer: Optimizer,
     /// The Winch engine and the background compiles, when tier-up is on.
     tier_up: Option<(Baseline, TierUpWorker)>,
+    /// Bounds the loads running at once (see [`PluginEngine::load_slot`]).
+    load_slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// How many plugin loads run at once: twice the cores, at least 4, so a few plugins whose
+/// `init` runs to its deadline cannot hold up every other load, while a directory of
+/// hundreds of plugins is loaded by a handful of threads (loads are CPU-bound: more at once
+/// would only add memory).
+pub fn load_slots() -> usize {
+    (2 * std::thread::available_parallelism().map_or(1, usize::from)).max(4)
+}
+
+/// A permit to run one plugin load; the slot is free again when this is dropped.
+pub struct LoadSlot {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// The baseline compiler's engine and its linker.
@@ -274,8 +293,16 @@ impl PluginEngine {
                 idle,
                 optimizer,
                 tier_up,
+                load_slots: Arc::new(tokio::sync::Semaphore::new(load_slots())),
             }),
         })
+    }
+
+    /// Waits (without a thread) for a free load slot; hold it across the blocking load
+    /// (compile or cached load, instantiation, `init`).
+    pub async fn load_slot(&self) -> LoadSlot {
+        // The semaphore is never closed; were it, the load would run without a slot.
+        LoadSlot { _permit: self.inner.load_slots.clone().acquire_owned().await.ok() }
     }
 
     /// The wasmtime engine.
@@ -623,6 +650,22 @@ impl EpochTicker {
 
 #[cfg(test)]
 mod tests {
+    use super::{EngineConfig, PluginEngine, load_slots};
+
+    #[tokio::test]
+    async fn loads_beyond_the_slots_wait_until_one_is_freed() {
+        let engine = PluginEngine::new(EngineConfig { pooling: None, ..EngineConfig::default() }, None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut held = Vec::new();
+        for _ in 0..load_slots() {
+            held.push(engine.load_slot().await);
+        }
+        let mut next = std::pin::pin!(engine.load_slot());
+        assert!(futures::poll!(next.as_mut()).is_pending(), "every slot is taken");
+        held.pop();
+        assert!(futures::poll!(next.as_mut()).is_ready(), "a freed slot goes to the waiting load");
+    }
+
     #[test]
     fn core_modules_are_told_from_components_by_their_preamble() {
         assert!(super::is_core_module(b"\0asm\x01\0\0\0"));

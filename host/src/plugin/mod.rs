@@ -73,7 +73,7 @@ pub use cluster::KubeServices;
 pub use compile_cache::DEFAULT_CACHE_MAX_BYTES;
 pub use engine::{
     CodeDrops, ComponentLoads, DEFAULT_IDLE_CODE_TIMEOUT, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig,
-    EngineTuning, LoadedComponent, PluginEngine, PoolingLimits, SharedComponent, TierUps,
+    EngineTuning, LoadSlot, LoadedComponent, PluginEngine, PoolingLimits, SharedComponent, TierUps,
 };
 pub use inspect::{ComponentReport, inspect_component};
 pub use record::{CallLog, RecordedEvent, RecordedWrite};

@@ -640,6 +640,8 @@ impl Shared {
         let env = PluginEnv { caches: leases.caches(), kube: self.deps.kube.clone() };
         let engine = self.deps.engine.clone();
         let path = config.wasm_path.clone();
+        // Many plugins starting together take turns (a few threads load them all).
+        let _slot = engine.load_slot().await;
         tokio::task::spawn_blocking(move || Plugin::load_file(&engine, spec, &path, &bytes, env))
             .await
             .map_err(|e| Rejection(format!("loading the component failed: {e}")))?
