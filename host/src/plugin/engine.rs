@@ -234,7 +234,7 @@ struct EngineInner {
 /// `init` runs to its deadline cannot hold up every other load, while a directory of
 /// hundreds of plugins is loaded by a handful of threads (loads are CPU-bound: more at once
 /// would only add memory).
-pub fn load_slots() -> usize {
+pub(crate) fn load_slots() -> usize {
     (2 * std::thread::available_parallelism().map_or(1, usize::from)).max(4)
 }
 
