@@ -528,6 +528,68 @@ mod undecodable {
         assert!(indexer.get("ns/bad").is_none());
         informer.stop();
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watch_events_split_across_frames_are_joined() {
+        // Only a scripted server chooses where its frames end.
+        if Backend::from_env().expect("backend") == Backend::Real {
+            eprintln!("testkit: skipped on the real API server: this test needs chosen frame boundaries");
+            return;
+        }
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let app = {
+            let log = log.clone();
+            axum::Router::new().route(
+                "/api/v1/namespaces/ns/configmaps",
+                axum::routing::get(move |RawQuery(q): RawQuery| {
+                    let log = log.clone();
+                    async move {
+                        let n = {
+                            let mut log = log.lock();
+                            log.push(q.unwrap_or_default());
+                            log.len()
+                        };
+                        match n {
+                            1 => ok(r#"{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"10"},"items":[]}"#.into()),
+                            // Three events cut into pieces of 7 bytes and sent one by one, so
+                            // lines start and end mid-frame and some frames hold no line end;
+                            // the last event has no newline: the end of the stream ends it.
+                            2 => {
+                                let events = format!(
+                                    "{{\"type\":\"ADDED\",\"object\":{}}}\n\n{{\"type\":\"ADDED\",\"object\":{}}}\n{{\"type\":\"MODIFIED\",\"object\":{}}}",
+                                    item("a", 11, ""),
+                                    item("b", 12, ""),
+                                    item("a", 13, r#","labels":{"l":"v"}"#),
+                                );
+                                let pieces: Vec<bytes::Bytes> =
+                                    events.as_bytes().chunks(7).map(bytes::Bytes::copy_from_slice).collect();
+                                Response::builder()
+                                    .body(Body::from_stream(futures::stream::iter(pieces).then(|piece| async move {
+                                        tokio::time::sleep(Duration::from_millis(1)).await;
+                                        Ok::<_, std::io::Error>(piece)
+                                    })))
+                                    .expect("response")
+                            }
+                            _ => Response::builder()
+                                .body(Body::from_stream(futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>()))
+                                .expect("response"),
+                        }
+                    }
+                }),
+            )
+        };
+        let informer = informer_of(app).await;
+        let indexer = informer.indexer();
+        eventually("every event is applied", || {
+            indexer.get("ns/a").is_some_and(|a| a.resource_version() == "13") && indexer.get("ns/b").is_some()
+        })
+        .await;
+        assert_eq!(indexer.get("ns/a").and_then(|a| a.label("l").map(str::to_owned)).as_deref(), Some("v"));
+        assert_eq!(indexer.get("ns/b").map(|b| b.resource_version().to_owned()).as_deref(), Some("12"));
+        let log = log.lock().clone();
+        assert!(log[2].contains("resourceVersion=13"), "re-watched from the last event: {log:?}");
+        informer.stop();
+    }
 }
 
 // ---------------------------------------------------------------------------------------

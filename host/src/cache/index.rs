@@ -145,6 +145,26 @@ impl IndexFunc {
 
     /// The index values of `obj`, deduplicated.
     pub fn values(&self, obj: &Object) -> Vec<String> {
+        self.values_of(obj).iter().map(str::to_owned).collect()
+    }
+
+    /// [`IndexFunc::values`], borrowed from `obj` for the specs that have at most one value
+    /// (namespace, label, annotation, controller owner): the store computes the values of
+    /// two objects on every update, and these need no allocation.
+    pub(crate) fn values_of<'a>(&self, obj: &'a Object) -> Values<'a> {
+        let one = |v: Option<&'a str>| Values { one: v, many: Vec::new() };
+        match &self.kind {
+            FuncKind::Spec(IndexSpec::Namespace, _) => one(Some(obj.namespace().unwrap_or_default())),
+            FuncKind::Spec(IndexSpec::Label(k), _) => one(obj.label(k)),
+            FuncKind::Spec(IndexSpec::Annotation(k), _) => one(obj.annotation(k)),
+            FuncKind::Spec(IndexSpec::Owner(OwnerIndex::Controller), _) => {
+                one(obj.controller_owner().map(|o| &*o.uid))
+            }
+            _ => Values { one: None, many: self.owned_values(obj) },
+        }
+    }
+
+    fn owned_values(&self, obj: &Object) -> Vec<String> {
         let mut out = match &self.kind {
             FuncKind::Custom(f) => f(obj),
             FuncKind::Spec(spec, segments) => match spec {
@@ -171,6 +191,23 @@ impl IndexFunc {
             out.dedup();
         }
         out
+    }
+}
+
+/// The index values of one object (see [`IndexFunc::values_of`]): at most one borrowed, or
+/// several computed.
+pub(crate) struct Values<'a> {
+    one: Option<&'a str>,
+    many: Vec<String>,
+}
+
+impl Values<'_> {
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.one.into_iter().chain(self.many.iter().map(String::as_str))
+    }
+
+    pub fn contains(&self, v: &str) -> bool {
+        self.iter().any(|x| x == v)
     }
 }
 

@@ -61,11 +61,27 @@ pub(super) struct Inner {
 }
 
 impl Inner {
+    /// The index named `name`, created if missing (`None` never happens). Looked up by `&str`:
+    /// `entry` would need an owned name on every update.
+    fn index_mut<'m>(indices: &'m mut HashMap<String, Index, Hasher_>, name: &str) -> Option<&'m mut Index> {
+        if !indices.contains_key(name) {
+            indices.insert(name.to_owned(), Index::default());
+        }
+        indices.get_mut(name)
+    }
+
     fn add_to_indices(&mut self, obj: &Arc<Object>) {
         for (name, func) in &self.indexers {
-            let index = self.indices.entry(name.clone()).or_default();
-            for v in func.values(obj) {
-                index.entry(v.into_boxed_str()).or_default().replace(ByKey(obj.clone()));
+            let Some(index) = Self::index_mut(&mut self.indices, name) else { continue };
+            for v in func.values_of(obj).iter() {
+                match index.get_mut(v) {
+                    Some(set) => {
+                        set.replace(ByKey(obj.clone()));
+                    }
+                    None => {
+                        index.entry(v.into()).or_default().insert(ByKey(obj.clone()));
+                    }
+                }
             }
         }
     }
@@ -73,11 +89,11 @@ impl Inner {
     fn remove_from_indices(&mut self, obj: &Object) {
         for (name, func) in &self.indexers {
             let Some(index) = self.indices.get_mut(name.as_str()) else { continue };
-            for v in func.values(obj) {
-                if let Some(set) = index.get_mut(v.as_str()) {
+            for v in func.values_of(obj).iter() {
+                if let Some(set) = index.get_mut(v) {
                     set.remove(obj.key());
                     if set.is_empty() {
-                        index.remove(v.as_str());
+                        index.remove(v);
                     }
                 }
             }
@@ -87,27 +103,27 @@ impl Inner {
     /// Moves `new` into the index entries of `old`'s key: stale values out, fresh ones in.
     fn update_indices(&mut self, old: &Object, new: &Arc<Object>) {
         for (name, func) in &self.indexers {
-            let old_values = func.values(old);
-            let new_values = func.values(new);
-            let index = self.indices.entry(name.clone()).or_default();
-            for v in &old_values {
+            let old_values = func.values_of(old);
+            let new_values = func.values_of(new);
+            let Some(index) = Self::index_mut(&mut self.indices, name) else { continue };
+            for v in old_values.iter() {
                 if !new_values.contains(v)
-                    && let Some(set) = index.get_mut(v.as_str())
+                    && let Some(set) = index.get_mut(v)
                 {
                     set.remove(old.key());
                     if set.is_empty() {
-                        index.remove(v.as_str());
+                        index.remove(v);
                     }
                 }
             }
-            for v in new_values {
+            for v in new_values.iter() {
                 // `replace` so the set holds the new Arc, letting the old object be freed.
-                match index.get_mut(v.as_str()) {
+                match index.get_mut(v) {
                     Some(set) => {
                         set.replace(ByKey(new.clone()));
                     }
                     None => {
-                        index.entry(v.into_boxed_str()).or_default().insert(ByKey(new.clone()));
+                        index.entry(v.into()).or_default().insert(ByKey(new.clone()));
                     }
                 }
             }

@@ -22,6 +22,7 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
+#[cfg(test)]
 use serde_json::value::RawValue;
 
 use super::ObjectError;
@@ -144,47 +145,63 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     }
 }
 
-/// Key/value pairs of a JSON object of strings, sorted by key, the last of duplicate keys
-/// kept, `null` values left out.
-pub(super) fn string_pairs(raw: &RawValue) -> Result<Vec<(Text<'_>, Text<'_>)>, serde_json::Error> {
-    let listed: Option<Vec<(Text<'_>, Option<Text<'_>>)>> = {
-        // A map read in document order, as pairs (serde_json's `Map` would copy every string).
-        struct Pairs<'a>(Vec<(Text<'a>, Option<Text<'a>>)>);
-        impl<'de> Deserialize<'de> for Pairs<'de> {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct V;
-                impl<'de> serde::de::Visitor<'de> for V {
-                    type Value = Pairs<'de>;
-                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                        f.write_str("a JSON object of strings")
-                    }
-                    fn visit_map<A: serde::de::MapAccess<'de>>(
-                        self,
-                        mut map: A,
-                    ) -> Result<Self::Value, A::Error> {
-                        let mut out = Vec::new();
-                        while let Some(k) = map.next_key::<Text<'de>>()? {
-                            out.push((k, map.next_value::<Option<Text<'de>>>()?));
-                        }
-                        Ok(Pairs(out))
-                    }
+/// A JSON object of strings (labels or annotations) as read in document order, decoded in the
+/// same pass as the rest of the metadata (serde_json's `Map` would copy every string).
+pub(super) struct Pairs<'a>(Vec<(Text<'a>, Option<Text<'a>>)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Pairs<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
+            type Value = Pairs<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of strings")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
+                while let Some(k) = map.next_key::<Text<'a>>()? {
+                    out.push((k, map.next_value::<Option<Text<'a>>>()?));
                 }
-                d.deserialize_map(V)
+                Ok(Pairs(out))
             }
         }
-        serde_json::from_str::<Option<Pairs<'_>>>(raw.get())?.map(|p| p.0)
-    };
-    let mut pairs = listed.unwrap_or_default();
-    // Stable sort, then keep the last of each run of equal keys.
-    pairs.sort_by(|a, b| a.0.0.cmp(&b.0.0));
-    let mut out: Vec<(Text<'_>, Option<Text<'_>>)> = Vec::with_capacity(pairs.len());
-    for p in pairs {
-        match out.last_mut() {
-            Some(last) if last.0.0 == p.0.0 => *last = p,
-            _ => out.push(p),
-        }
+        d.deserialize_map(V(std::marker::PhantomData))
     }
-    Ok(out.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect())
+}
+
+impl<'a> Pairs<'a> {
+    /// How many members have key `key` (duplicates and `null` values included).
+    pub fn count_key(&self, key: &str) -> usize {
+        self.0.iter().filter(|(k, _)| k.0 == key).count()
+    }
+
+    /// The key `key` as decoded (the first member spelled so).
+    pub fn key_text(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k.0 == key).map(|(k, _)| &*k.0)
+    }
+
+    /// The pairs sorted by key, the last of duplicate keys kept, `null` values left out.
+    pub fn sorted(self) -> Vec<(Text<'a>, Text<'a>)> {
+        let mut pairs = self.0;
+        // Stable sort, then keep the last of each run of equal keys.
+        pairs.sort_by(|a, b| a.0.0.cmp(&b.0.0));
+        pairs.dedup_by(|later, earlier| {
+            let same = later.0.0 == earlier.0.0;
+            if same {
+                std::mem::swap(later, earlier);
+            }
+            same
+        });
+        // Same size and alignment: collected in place, no second allocation.
+        pairs.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect()
+    }
+}
+
+/// Key/value pairs of a JSON object of strings, sorted by key, the last of duplicate keys
+/// kept, `null` values left out.
+#[cfg(test)]
+pub(super) fn string_pairs(raw: &RawValue) -> Result<Vec<(Text<'_>, Text<'_>)>, serde_json::Error> {
+    Ok(serde_json::from_str::<Option<Pairs<'_>>>(raw.get())?.map(Pairs::sorted).unwrap_or_default())
 }
 
 /// Collects spans over the bytes `raw` that were parsed (before any edit).
@@ -231,9 +248,10 @@ impl<'r> MetaBuilder<'r> {
         resource_version: Option<&Text<'_>>,
         deletion_timestamp: Option<&Text<'_>>,
         labels: &[(Text<'_>, Text<'_>)],
-        annotations: &[(&Text<'_>, &Text<'_>)],
+        annotations: &[(Text<'_>, Text<'_>)],
         edits: &[(usize, usize, usize)],
     ) -> Result<Meta, ObjectError> {
+        self.spans.reserve_exact(PAIRS + 2 * (labels.len() + annotations.len()));
         let fixed = [uid, resource_version, deletion_timestamp];
         for t in fixed {
             let s = self.text(t)?;

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use meta::{MetaBuilder, Text, string_pairs};
+use meta::{MetaBuilder, Pairs, Text};
 
 /// Why bytes could not be turned into an [`Object`].
 #[derive(Debug, thiserror::Error)]
@@ -90,14 +90,8 @@ impl Object {
     /// assert_eq!(obj.label("app"), Some("web"));
     /// ```
     pub fn from_json(raw: Bytes) -> Result<Self, ObjectError> {
-        let env: RawEnvelope<'_> = serde_json::from_slice(&raw)?;
-        let m: RawMetadata<'_> = serde_json::from_str(env.metadata.ok_or(ObjectError::MissingName)?.get())?;
-        let annotations = match m.annotations {
-            Some(a) => string_pairs(a)?,
-            None => Vec::new(),
-        };
-        let annotations: Vec<_> = annotations.iter().map(|(k, v)| (k, v)).collect();
-        let fields = MetaFields::from_raw(&raw, m, &annotations, &[])?;
+        let (_, m) = parse_envelope(&raw)?;
+        let fields = MetaFields::from_raw(&raw, m, false, &[])?;
         Ok(fields.into_object(raw.clone()))
     }
 
@@ -198,14 +192,16 @@ impl Transform {
     pub const NONE: Transform = Transform { strip_managed_fields: false, strip_last_applied: false };
 }
 
+/// The top level of an object: only whether the type meta is there, and its metadata,
+/// decoded in the same pass (every other member is skipped, validated, never copied).
 #[derive(Deserialize)]
 struct RawEnvelope<'a> {
-    #[serde(rename = "apiVersion", borrow, default)]
-    api_version: Option<&'a RawValue>,
+    #[serde(rename = "apiVersion", default)]
+    api_version: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    kind: Option<serde::de::IgnoredAny>,
     #[serde(borrow, default)]
-    kind: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    metadata: Option<&'a RawValue>,
+    metadata: Option<RawMetadata<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -224,13 +220,49 @@ struct RawMetadata<'a> {
     #[serde(borrow, default)]
     deletion_timestamp: Option<Text<'a>>,
     #[serde(borrow, default)]
-    labels: Option<&'a RawValue>,
+    labels: Option<Pairs<'a>>,
     #[serde(borrow, default)]
-    annotations: Option<&'a RawValue>,
+    annotations: Option<Pairs<'a>>,
     #[serde(default)]
     owner_references: Option<Vec<OwnerRef>>,
     #[serde(borrow, default)]
     managed_fields: Option<&'a RawValue>,
+}
+
+/// Which of `apiVersion` / `kind` an object's JSON has.
+struct TypeMetaPresent {
+    api_version: bool,
+    kind: bool,
+}
+
+/// Decodes the envelope and metadata of an object in one pass over its bytes.
+///
+/// A JSON syntax error anywhere wins over a data error met first inside the metadata (the
+/// reflector tells a broken list body, which fails the list, from an undecodable object,
+/// which is skipped); checking that costs a second pass on the error path only.
+///
+/// Bytes that are valid UTF-8 as a whole (as an API server's always are) are parsed as a
+/// `str`: one validation pass over the object instead of one call per string the parser
+/// borrows (serde_json's slice reader checks each of the ~30 metadata strings on its own,
+/// which cost more than the whole pass). Other bytes are parsed as bytes, as before (invalid
+/// UTF-8 in a skipped string is no error).
+fn parse_envelope(raw: &[u8]) -> Result<(TypeMetaPresent, RawMetadata<'_>), ObjectError> {
+    let parsed = match std::str::from_utf8(raw) {
+        Ok(text) => serde_json::from_str::<RawEnvelope<'_>>(text),
+        Err(_) => serde_json::from_slice::<RawEnvelope<'_>>(raw),
+    };
+    match parsed {
+        Ok(env) => {
+            let present =
+                TypeMetaPresent { api_version: env.api_version.is_some(), kind: env.kind.is_some() };
+            Ok((present, env.metadata.ok_or(ObjectError::MissingName)?))
+        }
+        Err(e) if e.is_data() => match serde_json::from_slice::<serde::de::IgnoredAny>(raw) {
+            Err(syntax) if !syntax.is_data() => Err(syntax.into()),
+            _ => Err(e.into()),
+        },
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The metadata an [`Object`] keeps, read from its raw form; both constructors go through it.
@@ -244,28 +276,35 @@ struct MetaFields {
 
 impl MetaFields {
     /// `m` was parsed from `raw`; `edits` (sorted `(start, end, inserted length)`) turn `raw`
-    /// into the bytes the object keeps.
+    /// into the bytes the object keeps; `drop_last_applied` leaves that annotation out.
     fn from_raw(
         raw: &[u8],
         m: RawMetadata<'_>,
-        annotations: &[(&Text<'_>, &Text<'_>)],
+        drop_last_applied: bool,
         edits: &[(usize, usize, usize)],
     ) -> Result<Self, ObjectError> {
         let name = &m.name.as_ref().ok_or(ObjectError::MissingName)?.0;
         let (key, namespace_len) = match m.namespace.as_ref().map(|n| &*n.0) {
-            Some(ns) if !ns.is_empty() => (format!("{ns}/{name}"), ns.len()),
+            Some(ns) if !ns.is_empty() => {
+                let mut key = String::with_capacity(ns.len() + 1 + name.len());
+                key.push_str(ns);
+                key.push('/');
+                key.push_str(name);
+                (key, ns.len())
+            }
             _ => (name.to_string(), 0),
         };
-        let labels = match m.labels {
-            Some(l) => string_pairs(l)?,
-            None => Vec::new(),
-        };
+        let labels = m.labels.map(Pairs::sorted).unwrap_or_default();
+        let mut annotations = m.annotations.map(Pairs::sorted).unwrap_or_default();
+        if drop_last_applied {
+            annotations.retain(|(k, _)| k.0 != LAST_APPLIED_ANNOTATION);
+        }
         let meta = MetaBuilder::new(raw)?.finish(
             m.uid.as_ref(),
             m.resource_version.as_ref(),
             m.deletion_timestamp.as_ref(),
             &labels,
-            annotations,
+            &annotations,
             edits,
         )?;
         Ok(MetaFields {
@@ -296,11 +335,12 @@ fn offset_in(outer: &[u8], inner: &str) -> Option<usize> {
 }
 
 /// The byte span to cut to remove the member `"key": <value>` whose value occupies
-/// `value` (a sub-slice of `buf`), including one adjoining comma. `None` if the bytes
-/// before the value are not exactly that key (e.g. an escaped spelling).
-fn member_span(buf: &[u8], value: &str, key: &str) -> Option<(usize, usize)> {
-    let vstart = offset_in(buf, value)?;
-    let vend = vstart + value.len();
+/// `buf[vstart..vend]`, including one adjoining comma. `None` if the bytes before the value
+/// are not exactly that key (e.g. an escaped spelling).
+fn member_span(buf: &[u8], vstart: usize, vend: usize, key: &str) -> Option<(usize, usize)> {
+    if vstart > vend || vend > buf.len() {
+        return None;
+    }
     let ws = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
     let mut i = vstart;
     while i > 0 && ws(buf[i - 1]) {
@@ -313,9 +353,9 @@ fn member_span(buf: &[u8], value: &str, key: &str) -> Option<(usize, usize)> {
     while i > 0 && ws(buf[i - 1]) {
         i -= 1;
     }
-    let quoted = format!("\"{key}\"");
-    let kstart = i.checked_sub(quoted.len())?;
-    if &buf[kstart..i] != quoted.as_bytes() {
+    // `"key"` ends at `i`.
+    let kstart = i.checked_sub(key.len() + 2)?;
+    if buf[kstart] != b'"' || buf[i - 1] != b'"' || &buf[kstart + 1..i - 1] != key.as_bytes() {
         return None;
     }
     // Prefer eating the comma before the member; if it is the first member, the one after.
@@ -334,6 +374,41 @@ fn member_span(buf: &[u8], value: &str, key: &str) -> Option<(usize, usize)> {
         return Some((kstart, k + 1));
     }
     Some((kstart, vend))
+}
+
+/// The byte span to cut to remove the member whose key `key` (a sub-slice of `buf`, so spelled
+/// without escapes) is followed by a string value, as [`member_span`]. `buf` was validated
+/// as JSON; anything unexpected gives `None` (the caller falls back to re-serialising).
+fn string_member_span(buf: &[u8], key: &str) -> Option<(usize, usize)> {
+    let ws = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let mut i = offset_in(buf, key)? + key.len();
+    if buf.get(i) != Some(&b'"') {
+        return None;
+    }
+    i += 1;
+    while buf.get(i).is_some_and(|b| ws(*b)) {
+        i += 1;
+    }
+    if buf.get(i) != Some(&b':') {
+        return None;
+    }
+    i += 1;
+    while buf.get(i).is_some_and(|b| ws(*b)) {
+        i += 1;
+    }
+    if buf.get(i) != Some(&b'"') {
+        return None;
+    }
+    let vstart = i;
+    i += 1;
+    // The closing quote is the first one not escaped by a backslash.
+    loop {
+        let at = i + memchr::memchr2(b'"', b'\\', buf.get(i..)?)?;
+        if buf[at] == b'"' {
+            return member_span(buf, vstart, at + 1, key);
+        }
+        i = at + 2;
+    }
 }
 
 impl Object {
@@ -356,26 +431,22 @@ impl Object {
         type_meta: Option<(&str, &str)>,
         transform: Transform,
     ) -> Result<Self, ObjectError> {
-        let env: RawEnvelope<'_> = serde_json::from_slice(raw)?;
-        let meta_raw = env.metadata.ok_or(ObjectError::MissingName)?;
-        let m: RawMetadata<'_> = serde_json::from_str(meta_raw.get())?;
-        let parsed_annotations = match m.annotations {
-            Some(a) => string_pairs(a)?,
-            None => Vec::new(),
-        };
-        let mut annotations: Vec<(&Text<'_>, &Text<'_>)> =
-            parsed_annotations.iter().map(|(k, v)| (k, v)).collect();
+        let (present, m) = parse_envelope(raw)?;
 
         // (start, end, replacement) edits, applied in order of position.
         let mut edits: Vec<(usize, usize, String)> = Vec::new();
         let mut needs_fallback = false;
         if let Some((api_version, kind)) = type_meta {
             let mut insert = String::new();
-            if env.api_version.is_none() {
-                insert.push_str(&format!("\"apiVersion\":{},", serde_json::Value::from(api_version)));
+            if !present.api_version {
+                insert.push_str("\"apiVersion\":");
+                insert.push_str(&serde_json::Value::from(api_version).to_string());
+                insert.push(',');
             }
-            if env.kind.is_none() {
-                insert.push_str(&format!("\"kind\":{},", serde_json::Value::from(kind)));
+            if !present.kind {
+                insert.push_str("\"kind\":");
+                insert.push_str(&serde_json::Value::from(kind).to_string());
+                insert.push(',');
             }
             if !insert.is_empty() {
                 let open = raw.iter().position(|b| *b == b'{').ok_or(ObjectError::MissingName)?;
@@ -385,21 +456,30 @@ impl Object {
         if transform.strip_managed_fields
             && let Some(mf) = m.managed_fields
         {
-            match member_span(raw, mf.get(), "managedFields") {
+            match offset_in(raw, mf.get())
+                .and_then(|at| member_span(raw, at, at + mf.get().len(), "managedFields"))
+            {
                 Some((s, e)) => edits.push((s, e, String::new())),
                 None => needs_fallback = true,
             }
         }
+        let mut drop_last_applied = false;
         if transform.strip_last_applied
-            && let Some(a) = m.annotations
-            && annotations.iter().any(|(k, _)| k.0 == LAST_APPLIED_ANNOTATION)
+            && let Some(a) = &m.annotations
         {
-            annotations.retain(|(k, _)| k.0 != LAST_APPLIED_ANNOTATION);
-            match find_member(a.get(), LAST_APPLIED_ANNOTATION)
-                .and_then(|v| member_span(raw, v.get(), LAST_APPLIED_ANNOTATION))
-            {
-                Some((s, e)) => edits.push((s, e, String::new())),
-                None => needs_fallback = true,
+            match a.count_key(LAST_APPLIED_ANNOTATION) {
+                0 => {}
+                // Cut from the bytes by the position of its key (its value is usually escaped
+                // JSON, decoded into a buffer of its own); a duplicate key is left to the
+                // general path, which removes every spelling.
+                1 => match a.key_text(LAST_APPLIED_ANNOTATION).and_then(|k| string_member_span(raw, k)) {
+                    Some((s, e)) => {
+                        edits.push((s, e, String::new()));
+                        drop_last_applied = true;
+                    }
+                    None => needs_fallback = true,
+                },
+                _ => needs_fallback = true,
             }
         }
 
@@ -425,7 +505,7 @@ impl Object {
         };
 
         let moves: Vec<(usize, usize, usize)> = edits.iter().map(|(s, e, r)| (*s, *e, r.len())).collect();
-        Ok(MetaFields::from_raw(raw, m, &annotations, &moves)?.into_object(bytes))
+        Ok(MetaFields::from_raw(raw, m, drop_last_applied, &moves)?.into_object(bytes))
     }
 }
 
@@ -668,6 +748,65 @@ mod tests {
         assert_eq!(o.labels().collect::<Vec<_>>(), [("app", "x"), ("tier", "web")]);
         assert_eq!(o.annotations().collect::<Vec<_>>(), [("a", "esc\"aped"), ("b", "2")]);
         assert_eq!(o.meta.copied_bytes(), "esc\"aped".len(), "only the escaped value is copied");
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_judged_as_bytes() {
+        // Invalid UTF-8 inside a string nobody reads is kept, as serde_json's byte parser does;
+        // inside a metadata string the object is rejected.
+        let skipped = b"{\"metadata\":{\"name\":\"a\"},\"data\":{\"x\":\"\xff\"}}";
+        let o = Object::from_api_json(skipped, None, Transform::default()).unwrap();
+        assert_eq!((o.name(), &o.json()[..]), ("a", &skipped[..]));
+        let read = b"{\"metadata\":{\"name\":\"\xff\"}}";
+        assert!(Object::from_api_json(read, None, Transform::default()).is_err());
+    }
+
+    #[test]
+    fn a_syntax_error_wins_over_a_metadata_type_error_met_first() {
+        // The metadata is decoded in the same pass as the rest: a data error inside it comes
+        // first, but the object is not even JSON, which callers must be told.
+        let input = br#"{"metadata":{"name":1},"data":{"a":"b"]}"#;
+        let Err(ObjectError::Json(e)) = Object::from_api_json(input, None, Transform::default()) else {
+            panic!("must fail as JSON")
+        };
+        assert!(e.is_syntax(), "{e}");
+        let Err(ObjectError::Json(e)) = Object::from_json(Bytes::from_static(br#"{"metadata":{"name":1}}"#))
+        else {
+            panic!("must fail as JSON")
+        };
+        assert!(e.is_data(), "{e}");
+    }
+
+    #[test]
+    fn last_applied_is_stripped_whatever_its_spelling() {
+        let strip = Transform { strip_last_applied: true, ..Transform::default() };
+        let cases = [
+            // First member, escaped value with quotes and a backslash pair.
+            (
+                r#"{"metadata":{"annotations":{"kubectl.kubernetes.io/last-applied-configuration" : "{\"a\":\"\\\\\"}","b":"2"},"name":"x"}}"#,
+                r#"{"metadata":{"annotations":{"b":"2"},"name":"x"}}"#,
+            ),
+            // Only member.
+            (
+                r#"{"metadata":{"annotations":{"kubectl.kubernetes.io/last-applied-configuration":""},"name":"x"}}"#,
+                r#"{"metadata":{"annotations":{},"name":"x"}}"#,
+            ),
+        ];
+        for (input, want) in cases {
+            let o = Object::from_api_json(input.as_bytes(), None, strip).unwrap();
+            assert_eq!(text(&o), want);
+            assert_eq!(o.annotations().collect::<Vec<_>>().len(), want.matches("\"b\"").count());
+        }
+        // A duplicate key and an escaped key spelling go the general way: every copy is gone.
+        for input in [
+            r#"{"metadata":{"annotations":{"kubectl.kubernetes.io/last-applied-configuration":"1","b":"2","kubectl.kubernetes.io/last-applied-configuration":"3"},"name":"x"}}"#,
+            r#"{"metadata":{"annotations":{"kubectl.kubernetes.io\/last-applied-configuration":"1","b":"2"},"name":"x"}}"#,
+        ] {
+            let o = Object::from_api_json(input.as_bytes(), None, strip).unwrap();
+            assert!(!text(&o).contains("last-applied"), "{}", text(&o));
+            assert_eq!(o.annotations().collect::<Vec<_>>(), [("b", "2")]);
+            assert_eq!(o.name(), "x");
+        }
     }
 
     #[test]

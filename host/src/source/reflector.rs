@@ -360,7 +360,8 @@ impl Reflector {
                 fifo.note_progress(rv, changed);
             }
         };
-        let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+        // The start of an event line split across frames (see below).
+        let mut buf: Vec<u8> = Vec::new();
         let mut events = 0usize;
         // The changes of one network frame go to the FIFO together (one lock, one wake-up).
         let mut changes: Vec<Delta> = Vec::new();
@@ -377,18 +378,34 @@ impl Reflector {
                     Err(_) => continue, // trailers
                 },
             };
-            buf.extend_from_slice(&data);
-            let mut consumed = 0;
-            while let Some(nl) = memchr::memchr(b'\n', &buf[consumed..]) {
-                let line = &buf[consumed..consumed + nl];
-                consumed += nl + 1;
+            // Lines are decoded where they lie in the frame; only a line split across frames
+            // is copied, into `buf`, to be joined with its rest.
+            let mut rest: &[u8] = &data;
+            if !buf.is_empty() {
+                let Some(nl) = memchr::memchr(b'\n', rest) else {
+                    buf.extend_from_slice(rest);
+                    continue;
+                };
+                buf.extend_from_slice(&rest[..nl]);
+                rest = &rest[nl + 1..];
+                let joined = self.handle_event(&buf, &mut changes, rv);
+                buf.clear();
+                if let Err(end) = joined {
+                    push(changes, rv);
+                    return end;
+                }
+                events += 1;
+            }
+            while let Some(nl) = memchr::memchr(b'\n', rest) {
+                let line = &rest[..nl];
+                rest = &rest[nl + 1..];
                 if let Err(end) = self.handle_event(line, &mut changes, rv) {
                     push(changes, rv);
                     return end;
                 }
                 events += 1;
             }
-            buf.drain(..consumed);
+            buf.extend_from_slice(rest);
             push(std::mem::take(&mut changes), rv);
         }
         if buf.iter().any(|b| !b.is_ascii_whitespace()) {
