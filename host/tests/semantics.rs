@@ -401,6 +401,37 @@ mod undecodable {
         informer
     }
 
+    /// A scripted API server of ConfigMaps in `ns`: the n-th request (from 1) gets
+    /// `respond(n)`; the log holds every request's query, in order.
+    fn scripted(
+        respond: impl Fn(usize) -> Response<Body> + Clone + Send + Sync + 'static,
+    ) -> (axum::Router, Arc<Mutex<Vec<String>>>) {
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let logged = log.clone();
+        let app = axum::Router::new().route(
+            "/api/v1/namespaces/ns/configmaps",
+            axum::routing::get(move |RawQuery(q): RawQuery| {
+                let (log, respond) = (logged.clone(), respond.clone());
+                async move {
+                    let n = {
+                        let mut log = log.lock();
+                        log.push(q.unwrap_or_default());
+                        log.len()
+                    };
+                    respond(n)
+                }
+            }),
+        );
+        (app, log)
+    }
+
+    /// A watch that stays open and sends nothing.
+    fn silent() -> Response<Body> {
+        Response::builder()
+            .body(Body::from_stream(futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>()))
+            .expect("response")
+    }
+
     fn ok(body: String) -> Response<Body> {
         Response::builder()
             .header("content-type", "application/json")
@@ -418,49 +449,39 @@ mod undecodable {
             eprintln!("testkit: skipped on the real API server: this test needs an undecodable watch event");
             return;
         }
-        let log: Arc<Mutex<Vec<String>>> = Arc::default();
-        let app = {
-            let log = log.clone();
-            axum::Router::new().route(
-                "/api/v1/namespaces/ns/configmaps",
-                axum::routing::get(move |RawQuery(q): RawQuery| {
-                    let log = log.clone();
-                    async move {
-                        let n = {
-                            let mut log = log.lock();
-                            log.push(q.unwrap_or_default());
-                            log.len()
-                        };
-                        match n {
-                            1 => ok(format!(
-                                r#"{{"kind":"ConfigMapList","apiVersion":"v1","metadata":{{"resourceVersion":"10"}},"items":[{}]}}"#,
-                                item("a", 1, "")
-                            )),
-                            // A label value that is not a string: no decoder accepts it. The
-                            // stream then stays open: only the reflector can end it.
-                            2 => Response::builder()
-                                .body(Body::from_stream(futures::stream::once(async move {
-                                    Ok::<_, std::io::Error>(bytes::Bytes::from(format!(
-                                        "{{\"type\":\"MODIFIED\",\"object\":{}}}\n",
-                                        item("a", 11, r#","labels":{"n":1}"#)
-                                    )))
-                                }).chain(futures::stream::pending())))
-                                .expect("response"),
-                            // The relist: `a` as it is now, and `b` whose owner reference
-                            // lacks optional fields (decoded leniently).
-                            3 => ok(format!(
-                                r#"{{"kind":"ConfigMapList","apiVersion":"v1","metadata":{{"resourceVersion":"12"}},"items":[{},{}]}}"#,
-                                item("a", 11, r#","labels":{"n":"1"}"#),
-                                item("b", 12, r#","ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"a"}]"#),
-                            )),
-                            _ => Response::builder()
-                                .body(Body::from_stream(futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>()))
-                                .expect("response"),
-                        }
-                    }
-                }),
-            )
-        };
+        let (app, log) = scripted(|n| {
+            match n {
+                1 => ok(format!(
+                    r#"{{"kind":"ConfigMapList","apiVersion":"v1","metadata":{{"resourceVersion":"10"}},"items":[{}]}}"#,
+                    item("a", 1, "")
+                )),
+                // A label value that is not a string: no decoder accepts it. The
+                // stream then stays open: only the reflector can end it.
+                2 => Response::builder()
+                    .body(Body::from_stream(
+                        futures::stream::once(async move {
+                            Ok::<_, std::io::Error>(bytes::Bytes::from(format!(
+                                "{{\"type\":\"MODIFIED\",\"object\":{}}}\n",
+                                item("a", 11, r#","labels":{"n":1}"#)
+                            )))
+                        })
+                        .chain(futures::stream::pending()),
+                    ))
+                    .expect("response"),
+                // The relist: `a` as it is now, and `b` whose owner reference
+                // lacks optional fields (decoded leniently).
+                3 => ok(format!(
+                    r#"{{"kind":"ConfigMapList","apiVersion":"v1","metadata":{{"resourceVersion":"12"}},"items":[{},{}]}}"#,
+                    item("a", 11, r#","labels":{"n":"1"}"#),
+                    item(
+                        "b",
+                        12,
+                        r#","ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"a"}]"#
+                    ),
+                )),
+                _ => silent(),
+            }
+        });
         let informer = informer_of(app).await;
         let indexer = informer.indexer();
         eventually("the relist is applied", || {
@@ -484,39 +505,24 @@ mod undecodable {
             eprintln!("testkit: skipped on the real API server: this test needs a broken list body");
             return;
         }
-        let log: Arc<Mutex<Vec<String>>> = Arc::default();
-        let app = {
-            let log = log.clone();
-            axum::Router::new().route(
-                "/api/v1/namespaces/ns/configmaps",
-                axum::routing::get(move |RawQuery(q): RawQuery| {
-                    let log = log.clone();
-                    async move {
-                        let n = {
-                            let mut log = log.lock();
-                            log.push(q.unwrap_or_default());
-                            log.len()
-                        };
-                        let list = |items: &str| {
-                            Response::builder()
-                                .body(Body::from(format!(
-                                    r#"{{"kind":"ConfigMapList","apiVersion":"v1","metadata":{{"resourceVersion":"10"}},"items":[{items}]}}"#
-                                )))
-                                .expect("response")
-                        };
-                        let good = r#"{"metadata":{"name":"good","namespace":"ns","resourceVersion":"9"}}"#;
-                        match n {
-                            // The second item's `data` has a member without a value.
-                            1 => list(&format!(r#"{good},{{"metadata":{{"name":"bad","namespace":"ns"}},"data":{{"k":}}}}"#)),
-                            2 => list(good),
-                            _ => Response::builder()
-                                .body(Body::from_stream(futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>()))
-                                .expect("response"),
-                        }
-                    }
-                }),
-            )
-        };
+        let (app, log) = scripted(|n| {
+            let list = |items: &str| {
+                Response::builder()
+                    .body(Body::from(format!(
+                        r#"{{"kind":"ConfigMapList","apiVersion":"v1","metadata":{{"resourceVersion":"10"}},"items":[{items}]}}"#
+                    )))
+                    .expect("response")
+            };
+            let good = r#"{"metadata":{"name":"good","namespace":"ns","resourceVersion":"9"}}"#;
+            match n {
+                // The second item's `data` has a member without a value.
+                1 => list(&format!(
+                    r#"{good},{{"metadata":{{"name":"bad","namespace":"ns"}},"data":{{"k":}}}}"#
+                )),
+                2 => list(good),
+                _ => silent(),
+            }
+        });
         let informer = informer_of(app).await;
         let indexer = informer.indexer();
         eventually("the second list is applied", || {
@@ -536,48 +542,31 @@ mod undecodable {
             eprintln!("testkit: skipped on the real API server: this test needs chosen frame boundaries");
             return;
         }
-        let log: Arc<Mutex<Vec<String>>> = Arc::default();
-        let app = {
-            let log = log.clone();
-            axum::Router::new().route(
-                "/api/v1/namespaces/ns/configmaps",
-                axum::routing::get(move |RawQuery(q): RawQuery| {
-                    let log = log.clone();
-                    async move {
-                        let n = {
-                            let mut log = log.lock();
-                            log.push(q.unwrap_or_default());
-                            log.len()
-                        };
-                        match n {
-                            1 => ok(r#"{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"10"},"items":[]}"#.into()),
-                            // Three events cut into pieces of 7 bytes and sent one by one, so
-                            // lines start and end mid-frame and some frames hold no line end;
-                            // the last event has no newline: the end of the stream ends it.
-                            2 => {
-                                let events = format!(
-                                    "{{\"type\":\"ADDED\",\"object\":{}}}\n\n{{\"type\":\"ADDED\",\"object\":{}}}\n{{\"type\":\"MODIFIED\",\"object\":{}}}",
-                                    item("a", 11, ""),
-                                    item("b", 12, ""),
-                                    item("a", 13, r#","labels":{"l":"v"}"#),
-                                );
-                                let pieces: Vec<bytes::Bytes> =
-                                    events.as_bytes().chunks(7).map(bytes::Bytes::copy_from_slice).collect();
-                                Response::builder()
-                                    .body(Body::from_stream(futures::stream::iter(pieces).then(|piece| async move {
-                                        tokio::time::sleep(Duration::from_millis(1)).await;
-                                        Ok::<_, std::io::Error>(piece)
-                                    })))
-                                    .expect("response")
-                            }
-                            _ => Response::builder()
-                                .body(Body::from_stream(futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>()))
-                                .expect("response"),
-                        }
-                    }
-                }),
-            )
-        };
+        let (app, log) = scripted(|n| {
+            match n {
+                1 => ok(r#"{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"10"},"items":[]}"#.into()),
+                // Three events cut into pieces of 7 bytes and sent one by one, so
+                // lines start and end mid-frame and some frames hold no line end;
+                // the last event has no newline: the end of the stream ends it.
+                2 => {
+                    let events = format!(
+                        "{{\"type\":\"ADDED\",\"object\":{}}}\n\n{{\"type\":\"ADDED\",\"object\":{}}}\n{{\"type\":\"MODIFIED\",\"object\":{}}}",
+                        item("a", 11, ""),
+                        item("b", 12, ""),
+                        item("a", 13, r#","labels":{"l":"v"}"#),
+                    );
+                    let pieces: Vec<bytes::Bytes> =
+                        events.as_bytes().chunks(7).map(bytes::Bytes::copy_from_slice).collect();
+                    Response::builder()
+                        .body(Body::from_stream(futures::stream::iter(pieces).then(|piece| async move {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            Ok::<_, std::io::Error>(piece)
+                        })))
+                        .expect("response")
+                }
+                _ => silent(),
+            }
+        });
         let informer = informer_of(app).await;
         let indexer = informer.indexer();
         eventually("every event is applied", || {
