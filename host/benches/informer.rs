@@ -41,6 +41,10 @@ use wasmctrl_bench_support::{
 static GLOBAL: CountingAllocator =
     CountingAllocator::new(if cfg!(feature = "jemalloc") { Allocator::Jemalloc } else { Allocator::System });
 
+/// The `wasmctrl` binary's jemalloc options, so that jemalloc here behaves as it does there.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: wasmctrl::heap::MallocConf = wasmctrl::heap::MallocConf::HOST;
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

@@ -62,6 +62,10 @@ const BINARY_ALLOCATOR: Allocator =
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator::new(BINARY_ALLOCATOR);
 
+/// The `wasmctrl` binary's jemalloc options, so that jemalloc here behaves as it does there.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: wasmctrl::heap::MallocConf = wasmctrl::heap::MallocConf::HOST;
+
 /// Environment variable naming the scenario a child runs.
 const SCENARIO: &str = "WASMCTRL_MANY_PLUGINS_SCENARIO";
 /// Environment variable with the compile cache directory of a child.

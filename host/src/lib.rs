@@ -8,9 +8,10 @@
 //! `fixture` runs one plugin against fixture files on the embedded dev cluster (`wasmctrl
 //! test`; with the default-on `embedded` feature);
 //! [`metrics`] and [`server`] make the whole visible. `heap` hands the allocator's free
-//! pages back after the one-off bursts (a large list applied, a plugin loaded).
+//! pages back after the one-off bursts (a large list applied, a plugin loaded) and holds the
+//! jemalloc options a program on jemalloc exports ([`heap::MallocConf`]).
 
-mod heap;
+pub mod heap;
 
 pub mod object;
 

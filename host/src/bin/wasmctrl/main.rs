@@ -24,6 +24,11 @@ mod test;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options (why: [`wasmctrl::heap::MallocConf::HOST`]), read once at start-up.
+#[cfg(feature = "jemalloc")]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: wasmctrl::heap::MallocConf = wasmctrl::heap::MallocConf::HOST;
+
 /// A Kubernetes controller host whose controllers are WebAssembly plugins.
 #[derive(Parser, Debug)]
 #[command(name = "wasmctrl", version, about, long_about = None)]
@@ -88,5 +93,40 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {err:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(all(test, feature = "jemalloc"))]
+mod tests {
+    /// A jemalloc control's value of type `T` (`unsigned` or `size_t`).
+    fn mallctl<T: Default>(name: &str) -> T {
+        let name = std::ffi::CString::new(name).unwrap();
+        let mut value = T::default();
+        let mut len = std::mem::size_of::<T>();
+        // SAFETY: `value` is a `T` of `len` bytes, what jemalloc writes for the controls read here.
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                (&raw mut value).cast(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        assert_eq!(rc, 0, "mallctl {name:?}");
+        value
+    }
+
+    #[test]
+    fn jemalloc_reads_the_exported_options() {
+        assert_eq!(super::MALLOC_CONF.options().to_str().unwrap(), "slab_sizes:1-4096:16");
+        // The binary's own test harness runs on its allocator, so jemalloc has read the
+        // exported options: the 2 KiB class (a ~2 KB object's JSON) has 64 KiB slabs, not
+        // its default one page.
+        let bins: u32 = mallctl("arenas.nbins");
+        let bin = (0..bins)
+            .find(|i| mallctl::<usize>(&format!("arenas.bin.{i}.size")) == 2048)
+            .expect("a 2048-byte size class");
+        assert_eq!(mallctl::<usize>(&format!("arenas.bin.{bin}.slab_size")), 64 * 1024);
     }
 }
