@@ -166,11 +166,13 @@ fn configmap_json() -> Bytes {
     Bytes::from(json)
 }
 
-/// The logic of the bench plugin's reconcile, compiled natively.
+/// The logic of the bench plugin's reconcile, compiled natively. It parses as the SDK does
+/// (the text checked as UTF-8 once, then parsed as a `str`), which natively is also faster
+/// than `serde_json::from_slice` (which checks each string it meets).
 fn native_reconcile(cache: &dyn CacheReader, request: &Request) -> Result<Action, ReconcileError> {
     let obj = cache.get(&request.key()).ok_or_else(|| ReconcileError::Terminal("not found".into()))?;
-    let cm: ConfigMap =
-        serde_json::from_slice(obj.json()).map_err(|e| ReconcileError::Terminal(e.to_string()))?;
+    let text = std::str::from_utf8(obj.json()).map_err(|e| ReconcileError::Terminal(e.to_string()))?;
+    let cm: ConfigMap = serde_json::from_str(text).map_err(|e| ReconcileError::Terminal(e.to_string()))?;
     if cm.data.as_ref().is_none_or(|d| d.is_empty()) {
         return Err(ReconcileError::Terminal("empty".into()));
     }

@@ -95,12 +95,14 @@ impl CallArena {
         self.active.set(true);
     }
 
+    #[inline(always)]
     fn owns(&self, ptr: *mut u8) -> bool {
         let p = ptr as usize;
         p >= self.base.get() && p < self.end.get()
     }
 
     /// Bumps `layout` from the region, or returns null when it does not fit or no call runs.
+    #[inline(always)]
     fn bump_alloc(&self, layout: Layout) -> *mut u8 {
         if !self.active.get() || self.base.get() == 0 {
             return std::ptr::null_mut();

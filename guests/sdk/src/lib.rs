@@ -131,6 +131,8 @@ mod error;
 mod export;
 mod host;
 mod kind;
+#[cfg(any(target_arch = "wasm32", test))]
+mod memcmp;
 mod plugin;
 mod sys;
 
