@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use crate::kind::to_json;
+use crate::kind::{parse_json, to_json};
 use crate::{Error, Kind};
 
 /// Whether `actual` contains everything `desired` sets.
@@ -40,8 +40,8 @@ pub fn contains(actual: &Value, desired: &Value) -> bool {
 
 /// Whether `actual` lacks something `desired` sets, i.e. whether a write is needed.
 pub fn needs_update<K: Kind>(actual: &K, desired: &K) -> Result<bool, Error> {
-    let actual: Value = serde_json::from_slice(&to_json(actual)?)?;
-    let desired: Value = serde_json::from_slice(&to_json(desired)?)?;
+    let actual: Value = parse_json(&to_json(actual)?)?;
+    let desired: Value = parse_json(&to_json(desired)?)?;
     Ok(!contains(&actual, &desired))
 }
 

@@ -192,8 +192,10 @@ pub fn from_json<K: Kind>(json: &[u8]) -> Result<K, Error> {
 /// one call apiece); in Wasm those calls were 15 % of a typed parse of a 2 KB ConfigMap
 /// (`cargo bench -p wasmctrl --bench plugin` under callgrind), the one pass over the text
 /// far less. The same texts parse: outside its strings JSON is ASCII, so a byte sequence that
-/// is not UTF-8 is an error either way (reported here with its byte offset).
-fn parse_json<T: DeserializeOwned>(json: &[u8]) -> Result<T, serde_json::Error> {
+/// is not UTF-8 is an error either way (reported here with its byte offset). Every parse in
+/// the SDK goes through here, so a plugin holds one copy of each type's decoding code (for
+/// serde_json's `str` reader), not two.
+pub(crate) fn parse_json<T: DeserializeOwned>(json: &[u8]) -> Result<T, serde_json::Error> {
     let text = std::str::from_utf8(json).map_err(|e| {
         <serde_json::Error as serde::de::Error>::custom(format_args!("not UTF-8 at byte {}", e.valid_up_to()))
     })?;
@@ -237,7 +239,7 @@ impl RawObject {
             #[serde(default)]
             metadata: ObjectMeta,
         }
-        serde_json::from_slice::<MetaOnly>(&self.json)
+        parse_json::<MetaOnly>(&self.json)
             .map(|m| m.metadata)
             .map_err(|e| Error::json("decoding metadata", e))
     }

@@ -149,7 +149,7 @@ impl Settings {
     /// `#[serde(rename_all = "kebab-case")]` to match TOML style.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, crate::Error> {
         let json: &[u8] = if self.json.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &self.json };
-        serde_json::from_slice(json).map_err(|e| crate::Error::json("decoding [settings]", e))
+        crate::kind::parse_json(json).map_err(|e| crate::Error::json("decoding [settings]", e))
     }
 }
 
