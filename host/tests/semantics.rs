@@ -575,6 +575,9 @@ mod undecodable {
         .await;
         assert_eq!(indexer.get("ns/a").and_then(|a| a.label("l").map(str::to_owned)).as_deref(), Some("v"));
         assert_eq!(indexer.get("ns/b").map(|b| b.resource_version().to_owned()).as_deref(), Some("12"));
+        // The stream's end is seen after its last event was applied: the watch is opened
+        // again a moment later.
+        eventually("the watch is opened again", || log.lock().len() >= 3).await;
         let log = log.lock().clone();
         assert!(log[2].contains("resourceVersion=13"), "re-watched from the last event: {log:?}");
         informer.stop();
