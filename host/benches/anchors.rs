@@ -26,7 +26,10 @@
 //!   divided by the objects (a counting allocator over the `wasmctrl` binary's allocator here,
 //!   `BENCH_ALLOCATOR=system` for glibc's; Go's live heap after a GC there);
 //! - latency: at reconcile start, now − the `sent` stamp of the object in the cache, over the
-//!   updates after the first tenth; percentile q = the sorted samples' ⌊(n − 1)·q⌋-th.
+//!   updates after the first tenth; percentile q = the sorted samples' ⌊(n − 1)·q⌋-th;
+//! - beside each controller run, the machine's own stalls: a thread of this (waiting) harness
+//!   sleeps 1 ms at a time and records how late it wakes ([`SleepProbe`]); printed under the
+//!   table for wasmctrl's runs, since the p99 rows move with them from one machine to another.
 //!
 //! What each informer does per watch event, on the same JSON stream (no consumer asks for
 //! protobuf; the stream server speaks JSON only), with the same handler work (count the
@@ -51,6 +54,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -622,6 +626,7 @@ fn orchestrate() -> Result<(), Error> {
     rows[1].record("B");
 
     // Controllers, one paced run per rate.
+    let mut probes: Vec<String> = Vec::new();
     for &rate in &rates {
         let n = u64::from(rate) * seconds;
         let mut p50: [Cell; 3] = [Err(String::new()), Err(String::new()), Err(String::new())];
@@ -634,6 +639,7 @@ fn orchestrate() -> Result<(), Error> {
                     .map(|s| s.to_string())
                     .chain(["--timeout-s".to_string(), timeout(seconds)])
                     .collect();
+            let probe = SleepProbe::start();
             let outcome = match (name, &go, &plugin) {
                 ("controller-runtime", Err(why), _) => Err(why.clone()),
                 ("controller-runtime", Ok(go), _) => {
@@ -654,6 +660,11 @@ fn orchestrate() -> Result<(), Error> {
                 }
                 _ => run_consumer(objects, n, Some(rate), self_consumer(&args)),
             };
+            let stalls = probe.finish();
+            eprintln!("anchors: sleep probe during the run: {stalls}");
+            if name == "wasmctrl" {
+                probes.push(format!("{rate}/s: {stalls}"));
+            }
             match outcome {
                 Ok((v, _)) => {
                     eprintln!("anchors: {v}");
@@ -699,7 +710,62 @@ fn orchestrate() -> Result<(), Error> {
     );
     println!();
     print_table(&rows);
+    if !probes.is_empty() {
+        println!();
+        println!(
+            "the machine's own stalls during each wasmctrl controller run (a harness thread sleeping 1 ms at a time; how late it woke): {}",
+            probes.join("; ")
+        );
+    }
     Ok(())
+}
+
+/// The machine's own stalls during a run. A thread of the harness process (which only waits
+/// while a consumer runs) sleeps 1 ms at a time and records how much later than asked each
+/// sleep ended. With the cores mostly idle, a wake-up late by milliseconds is the machine's
+/// doing (on a VM: a virtual CPU the hypervisor did not run), and the consumers' latency
+/// tails show the same stalls, so the table's p99 rows are read next to these figures.
+struct SleepProbe {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Duration>>,
+}
+
+impl SleepProbe {
+    const NAP: Duration = Duration::from_millis(1);
+
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut late = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let start = Instant::now();
+                std::thread::sleep(Self::NAP);
+                late.push(start.elapsed().saturating_sub(Self::NAP));
+            }
+            late
+        });
+        SleepProbe { stop, thread }
+    }
+
+    /// "p99 X ms, max Y ms, N over 2 ms" of the lateness seen since `start`.
+    fn finish(self) -> String {
+        self.stop.store(true, Ordering::Relaxed);
+        let Ok(mut late) = self.thread.join() else { return "probe failed".into() };
+        if late.is_empty() {
+            return "no samples".into();
+        }
+        late.sort_unstable();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let p99 = late[(late.len() - 1) * 99 / 100];
+        let over = late.iter().filter(|d| **d > Duration::from_millis(2)).count();
+        format!(
+            "{} sleeps of 1 ms late by p99 {:.2} ms, max {:.2} ms, {over} by over 2 ms",
+            late.len(),
+            ms(p99),
+            ms(late[late.len() - 1])
+        )
+    }
 }
 
 fn print_table(rows: &[Row]) {
