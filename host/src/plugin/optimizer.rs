@@ -53,6 +53,7 @@ impl Optimizer {
         if !path.is_file() {
             return None;
         }
+        disk.settle(&path);
         // SAFETY: the cache directory holds only artifacts this host wrote with
         // `precompile_component` for an engine with the same compatibility hash (part of
         // the file name); it is trusted like the host binary.
