@@ -248,63 +248,62 @@ mod tests {
     /// 2 MiB of artifact: large enough for the kernel to cache it in large folios.
     const ARTIFACT: usize = 2 << 20;
 
-    /// KiB of `path` resident in a fresh private mapping of it after one byte in its
-    /// middle was read (the mapping's `Rss` in `/proc/self/smaps`).
+    /// A private read-only mapping of a whole test artifact, unmapped when dropped.
+    struct Mapped(*mut libc::c_void);
+
+    impl Mapped {
+        fn of(path: &Path) -> Self {
+            use std::os::fd::AsRawFd;
+            let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{e}"));
+            // SAFETY: a new private read-only mapping of the file, owned by the result.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    ARTIFACT,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(base, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+            Mapped(base)
+        }
+    }
+
+    impl Drop for Mapped {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made in `of`; nothing refers to it any more.
+            unsafe { libc::munmap(self.0, ARTIFACT) };
+        }
+    }
+
+    /// KiB of `path` resident in a fresh mapping of it after one byte in its middle was
+    /// read (the mapping's `Rss` in `/proc/self/smaps`).
     fn resident_after_one_touch(path: &Path) -> usize {
-        use std::os::fd::AsRawFd;
-        let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{e}"));
-        // SAFETY: a new private read-only mapping of the whole file, unmapped below.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                ARTIFACT,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
+        let map = Mapped::of(path);
         // SAFETY: inside the mapping.
-        std::hint::black_box(unsafe { std::ptr::read_volatile(base.cast::<u8>().add(ARTIFACT / 2 + 123)) });
-        let start = format!("{:x}-", base as usize);
+        std::hint::black_box(unsafe { std::ptr::read_volatile(map.0.cast::<u8>().add(ARTIFACT / 2 + 123)) });
+        let start = format!("{:x}-", map.0 as usize);
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_else(|e| panic!("{e}"));
-        let rss = smaps
+        smaps
             .lines()
             .skip_while(|l| !l.starts_with(&start))
             .find_map(|l| l.strip_prefix("Rss:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no Rss for the mapping at {start}"));
-        // SAFETY: the mapping made above.
-        unsafe { libc::munmap(base, ARTIFACT) };
-        rss
+            .unwrap_or_else(|| panic!("no Rss for the mapping at {start}"))
     }
 
     fn pattern() -> Vec<u8> {
         (0..ARTIFACT).map(|i| (i * 7 + i / 4096) as u8).collect()
     }
 
-    /// Whether any page of `path` is in the page cache.
+    /// Whether any page of `path` is in the page cache (`mincore` touches no page).
     fn any_cached(path: &Path) -> bool {
-        use std::os::fd::AsRawFd;
-        let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{e}"));
-        // SAFETY: as in `resident_after_one_touch`; `mincore` touches no page.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                ARTIFACT,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
+        let map = Mapped::of(path);
         let mut pages = vec![0u8; ARTIFACT.div_ceil(page_size())];
         // SAFETY: `pages` has one byte per page of the mapping.
-        let rc = unsafe { libc::mincore(base, ARTIFACT, pages.as_mut_ptr()) };
-        // SAFETY: the mapping made above.
-        unsafe { libc::munmap(base, ARTIFACT) };
+        let rc = unsafe { libc::mincore(map.0, ARTIFACT, pages.as_mut_ptr()) };
         assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
         pages.iter().any(|p| p & 1 == 1)
     }
