@@ -41,8 +41,10 @@ pub struct CallArena {
     bump: Cell<usize>,
     /// Region allocations not freed yet.
     live: Cell<usize>,
-    /// Inside an export call.
-    active: Cell<bool>,
+    /// Where bumping must stop: `end` inside an export call, 0 outside one (and while
+    /// there is no region), so that nothing fits then. One load and compare on the
+    /// allocation path stand for "inside a call, with a region, and it fits".
+    limit: Cell<usize>,
     /// Region size.
     bytes: usize,
 }
@@ -55,7 +57,7 @@ impl CallArena {
             end: Cell::new(0),
             bump: Cell::new(0),
             live: Cell::new(0),
-            active: Cell::new(false),
+            limit: Cell::new(0),
             bytes,
         }
     }
@@ -67,7 +69,7 @@ impl CallArena {
         struct Exit<'a>(&'a CallArena);
         impl Drop for Exit<'_> {
             fn drop(&mut self) {
-                self.0.active.set(false);
+                self.0.limit.set(0);
             }
         }
         let _exit = Exit(self);
@@ -92,7 +94,13 @@ impl CallArena {
         } else if self.live.get() == 0 {
             self.bump.set(self.base.get());
         }
-        self.active.set(true);
+        self.limit.set(self.end.get());
+    }
+
+    /// Inside an export call, with a region.
+    #[inline(always)]
+    fn active(&self) -> bool {
+        self.limit.get() != 0
     }
 
     #[inline(always)]
@@ -104,16 +112,13 @@ impl CallArena {
     /// Bumps `layout` from the region, or returns null when it does not fit or no call runs.
     #[inline(always)]
     fn bump_alloc(&self, layout: Layout) -> *mut u8 {
-        if !self.active.get() || self.base.get() == 0 {
-            return std::ptr::null_mut();
-        }
         let align = layout.align();
         let start = match self.bump.get().checked_add(align - 1) {
             Some(v) => v & !(align - 1),
             None => return std::ptr::null_mut(),
         };
         match start.checked_add(layout.size()) {
-            Some(next) if next <= self.end.get() => {
+            Some(next) if next <= self.limit.get() => {
                 self.bump.set(next);
                 self.live.set(self.live.get() + 1);
                 start as *mut u8
@@ -137,12 +142,19 @@ impl CallArena {
 // fresh system allocation or a region range no live allocation overlaps (the bump pointer
 // only moves back over freed memory: the top allocation when it is freed, or the whole
 // region when none is live); `dealloc`/`realloc` route by address to whoever allocated.
+//
+// Everything that calls the system allocator or copies is in a function of its own, out
+// of line, so that the bump path keeps no frame in linear memory (with the system call
+// inlined, `alloc` moved the shadow stack pointer on every call). Measured with callgrind
+// (`cargo bench --bench plugin`, `BENCH_ONLY`): 64 → 54 instructions per allocation in a
+// typed parse of a 2 KB ConfigMap; the rest is the cost of a Wasm call under Cranelift.
 unsafe impl GlobalAlloc for CallArena {
+    #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let p = self.bump_alloc(layout);
         if p.is_null() {
             // SAFETY: forwarded with the caller's layout.
-            unsafe { System.alloc(layout) }
+            unsafe { system_alloc(layout) }
         } else {
             p
         }
@@ -160,6 +172,7 @@ unsafe impl GlobalAlloc for CallArena {
         }
     }
 
+    #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if self.owns(ptr) {
             self.live.set(self.live.get().saturating_sub(1));
@@ -169,17 +182,17 @@ unsafe impl GlobalAlloc for CallArena {
             }
         } else {
             // SAFETY: not from the region, so from the system allocator with this layout.
-            unsafe { System.dealloc(ptr, layout) }
+            unsafe { system_dealloc(ptr, layout) }
         }
     }
 
+    #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if self.owns(ptr) {
             let p = ptr as usize;
             // The top allocation grows or shrinks in place while the region has room.
-            if self.active.get()
-                && p + layout.size() == self.bump.get()
-                && p.checked_add(new_size).is_some_and(|n| n <= self.end.get())
+            if p + layout.size() == self.bump.get()
+                && p.checked_add(new_size).is_some_and(|n| n <= self.limit.get())
             {
                 self.bump.set(p + new_size);
                 return ptr;
@@ -187,10 +200,24 @@ unsafe impl GlobalAlloc for CallArena {
             if new_size <= layout.size() {
                 return ptr;
             }
-        } else if !self.active.get() {
+        } else if !self.active() {
             // SAFETY: a system allocation, and outside a call nothing goes to the region.
-            return unsafe { System.realloc(ptr, layout, new_size) };
+            return unsafe { system_realloc(ptr, layout, new_size) };
         }
+        // SAFETY: the caller's guarantees, passed on.
+        unsafe { self.realloc_by_copy(ptr, layout, new_size) }
+    }
+}
+
+impl CallArena {
+    /// `realloc` by a new allocation, a copy and a free: a region block that is not the top
+    /// one (or no longer fits), or a system block inside a call (its successor may come
+    /// from the region).
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::realloc`.
+    #[inline(never)]
+    unsafe fn realloc_by_copy(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
             return std::ptr::null_mut();
         };
@@ -206,6 +233,36 @@ unsafe impl GlobalAlloc for CallArena {
         }
         new
     }
+}
+
+/// The system allocator's `alloc`, out of line (see the note on the `GlobalAlloc` impl).
+///
+/// # Safety
+/// As `GlobalAlloc::alloc`.
+#[inline(never)]
+unsafe fn system_alloc(layout: Layout) -> *mut u8 {
+    // SAFETY: the caller's guarantees.
+    unsafe { System.alloc(layout) }
+}
+
+/// The system allocator's `dealloc`, out of line.
+///
+/// # Safety
+/// As `GlobalAlloc::dealloc`, for a block the system allocator returned.
+#[inline(never)]
+unsafe fn system_dealloc(ptr: *mut u8, layout: Layout) {
+    // SAFETY: the caller's guarantees.
+    unsafe { System.dealloc(ptr, layout) }
+}
+
+/// The system allocator's `realloc`, out of line.
+///
+/// # Safety
+/// As `GlobalAlloc::realloc`, for a block the system allocator returned.
+#[inline(never)]
+unsafe fn system_realloc(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+    // SAFETY: the caller's guarantees.
+    unsafe { System.realloc(ptr, layout, new_size) }
 }
 
 /// The global instance behind `export_plugin!(…)` (`allocator = arena`, the default).

@@ -263,6 +263,17 @@ impl PluginEngine {
     /// Configures the engine, links the imports and starts the epoch ticker. Registers
     /// the runtime's metrics in `metrics` when given.
     pub fn new(config: EngineConfig, metrics: Option<&Metrics>) -> Result<Self, PluginError> {
+        // Cranelift compiles a component's functions on rayon's global pool: its threads
+        // allocate from the compile arena (`heap::InCompileArena`). Only with the
+        // `jemalloc` feature, and only if nothing built the global pool before.
+        #[cfg(feature = "jemalloc")]
+        if rayon::ThreadPoolBuilder::new()
+            .start_handler(|_| crate::heap::InCompileArena::bind_for_life())
+            .build_global()
+            .is_ok()
+        {
+            tracing::debug!("rayon's global pool compiles in the compile arena");
+        }
         let engine = Engine::new(&wasm_config(&config)).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
         let linker = link(&engine).map_err(|e| PluginError::Engine(format!("linking the imports: {e:#}")))?;
         let runtime_metrics = RuntimeMetrics::default();
@@ -271,7 +282,10 @@ impl PluginEngine {
         }
         let disk = config.cache_dir.clone().map(|dir| CompileCache::new(dir, config.cache_max_bytes));
         let gate = Arc::new(Gate::new(std::thread::available_parallelism().map_or(1, usize::from)));
-        let optimizer = Optimizer::new(engine.clone(), disk, gate);
+        // Compile engines need no instance pool (reserving one costs ~100 µs and address space).
+        let mut compile_config = wasm_config(&config);
+        compile_config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+        let optimizer = Optimizer::new(engine.clone(), compile_config, disk, gate);
         let tier_up = match config.tier_up.then(|| baseline_engine(&config)).flatten() {
             Some(baseline) => {
                 Some((baseline, TierUpWorker::start(optimizer.clone(), runtime_metrics.clone())?))

@@ -74,6 +74,7 @@ impl TierUpWorker {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("wasm-tier-up-{i}"))
+            .start_handler(|_| crate::heap::InCompileArena::bind_for_life())
             .build()
             .map_err(|e| PluginError::Engine(format!("starting the tier-up compile threads: {e}")))?;
         let (jobs, queue) = mpsc::channel::<TierUpJob>();
