@@ -161,15 +161,18 @@ struct CompilersState {
 impl Compilers {
     fn new(config: Config, runtime: &Engine) -> Self {
         let compatible = match Engine::new(&config) {
-            Ok(probe) => compatibility(&probe) == compatibility(runtime),
+            Ok(probe) if compatibility(&probe) == compatibility(runtime) => true,
+            Ok(_) => {
+                tracing::warn!(
+                    "a compile engine's artifacts would not load into the runtime engine; compiling in the runtime engine"
+                );
+                false
+            }
             Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "no separate compile engine; compiling in the runtime engine");
+                tracing::warn!(error = %format!("{e:#}"), "no compile engine; compiling in the runtime engine");
                 false
             }
         };
-        if !compatible {
-            tracing::warn!("compile engine artifacts would not load; compiling in the runtime engine");
-        }
         Compilers { config: compatible.then_some(config), state: Mutex::new(CompilersState::default()) }
     }
 

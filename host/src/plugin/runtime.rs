@@ -419,7 +419,7 @@ impl Plugin {
     pub fn reconcile_blocking(&self, request: &Request) -> Result<Action, ReconcileError> {
         let wit = WitRequest { namespace: request.namespace.clone(), name: request.name.clone() };
         let max = self.inner.spec.limits.max_output;
-        let result = self.inner.call("reconcile", Some(request.to_string()), |inst| {
+        let result = self.inner.call("reconcile", Some(request.key()), |inst| {
             let r = inst.bindings.wasmctrl_controller_reconciler().call_reconcile(&mut inst.store, &wit)?;
             if let Err(WitReconcileError::Retryable(m) | WitReconcileError::Terminal(m)) = &r {
                 check_output(m.len(), max)?;
