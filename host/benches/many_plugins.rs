@@ -34,6 +34,10 @@
 //! that loaded it already, then instantiated and `init`-ed, then the reconcile). Latencies
 //! are p50 / max over the plugins, one call each.
 //!
+//! Compiles run as the `wasmctrl` binary runs them: in a child process of the binary
+//! (`EngineConfig::compile_process`); `MANY_PLUGINS_COMPILE_IN_HOST=1` compiles in the
+//! benchmark's own process instead.
+//!
 //! `PLUGINS` (default 100) sets the count; `SCENARIOS=copies` (or `distinct`) runs only those;
 //! `MANY_PLUGINS_SMAPS=1` prints each child's resident memory by mapping kind (from
 //! `/proc/self/smaps`) at each step.
@@ -334,9 +338,11 @@ fn idle_code(engine: &PluginEngine, plugins: &[Plugin], request: &Request) -> Co
 fn run_scenario(distinct: bool, cache: &Path) -> Report {
     let n = plugins();
     let base = Arc::new(mirror_wasm());
+    let compile_in_host = std::env::var_os("MANY_PLUGINS_COMPILE_IN_HOST").is_some_and(|v| v == "1");
     let config = EngineConfig {
         cache_dir: Some(cache.to_owned()),
         idle_code_timeout: Some(DEFAULT_IDLE_CODE_TIMEOUT),
+        compile_process: (!compile_in_host).then(|| PathBuf::from(env!("CARGO_BIN_EXE_wasmctrl"))),
         ..Default::default()
     };
     let engine = PluginEngine::new(config, None).unwrap_or_else(|e| panic!("engine: {e}"));

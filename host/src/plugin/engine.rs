@@ -55,6 +55,7 @@ use super::PluginError;
 use super::bindings::TypesHost;
 use super::bindings::wasmctrl::controller::{cache, client, config, events, log, types};
 use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
+use super::compile_process::CompileSettings;
 use super::gate::Gate;
 use super::idle::{IdlePlugin, IdleReaper, ReaperThread};
 use super::metrics::{ComponentLoadLabels, RuntimeMetrics, TierUpLabels};
@@ -97,6 +98,13 @@ pub struct EngineConfig {
     /// what benchmarks and tests of guest speed expect); the host TOML's `tier-up` turns it
     /// on by default.
     pub tier_up: bool,
+    /// A program that compiles components in a process of its own (run as `PROGRAM
+    /// compile-component SETTINGS`, the component on stdin, the artifact on stdout: the
+    /// `wasmctrl` binary passes itself). The host then never runs the optimising compiler:
+    /// its code and memory stay out of the host's RSS. A compile the program fails is done
+    /// in this process instead, with a warning. `None` (the default here) compiles in this
+    /// process. See [`super::compile_process`].
+    pub compile_process: Option<PathBuf>,
 }
 
 /// Engine knobs that trade speed for address space or for guarantees. The defaults are the
@@ -141,6 +149,7 @@ impl Default for EngineConfig {
             idle_code_timeout: None,
             tuning: EngineTuning::default(),
             tier_up: false,
+            compile_process: None,
         }
     }
 }
@@ -164,7 +173,10 @@ impl Default for PoolingLimits {
 /// the compile cache, or reused shared code.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ComponentLoads {
+    /// Compiled with Cranelift (in this process or in the compile program).
     pub compiled: u64,
+    /// Of `compiled` and of the background tier-ups, those the compile program did.
+    pub compiled_in_child: u64,
     pub baseline: u64,
     pub from_cache: u64,
     pub shared: u64,
@@ -282,10 +294,13 @@ impl PluginEngine {
         }
         let disk = config.cache_dir.clone().map(|dir| CompileCache::new(dir, config.cache_max_bytes));
         let gate = Arc::new(Gate::new(std::thread::available_parallelism().map_or(1, usize::from)));
-        // Compile engines need no instance pool (reserving one costs ~100 µs and address space).
-        let mut compile_config = wasm_config(&config);
-        compile_config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
-        let optimizer = Optimizer::new(engine.clone(), compile_config, disk, gate);
+        let optimizer = Optimizer::new(
+            engine.clone(),
+            CompileSettings::of(&config),
+            config.compile_process.clone(),
+            disk,
+            gate,
+        );
         let tier_up = match config.tier_up.then(|| baseline_engine(&config)).flatten() {
             Some(baseline) => {
                 Some((baseline, TierUpWorker::start(optimizer.clone(), runtime_metrics.clone())?))
@@ -458,6 +473,7 @@ impl PluginEngine {
             |origin| self.inner.metrics.component_loads.get_or_create(&ComponentLoadLabels { origin }).get();
         ComponentLoads {
             compiled: get("compiled"),
+            compiled_in_child: self.inner.optimizer.compiled_in_child(),
             baseline: get("baseline"),
             from_cache: get("cache"),
             shared: get("shared"),
@@ -557,7 +573,7 @@ impl PluginEngine {
 }
 
 /// The wasmtime configuration of the optimising engine.
-fn wasm_config(config: &EngineConfig) -> Config {
+pub(crate) fn wasm_config(config: &EngineConfig) -> Config {
     let mut wasm = Config::new();
     wasm.wasm_component_model(true)
         .cranelift_opt_level(OptLevel::Speed)

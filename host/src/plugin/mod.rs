@@ -45,6 +45,7 @@ pub mod client;
 pub mod cluster;
 mod code;
 pub mod compile_cache;
+pub mod compile_process;
 mod config;
 pub mod engine;
 mod events;

@@ -10,21 +10,26 @@
 //!   reported as absent, so it is recompiled and replaced.
 //! - A cache directory that cannot be written never fails a compile: the artifact is then
 //!   used from memory.
-//! - Compiles run in an engine of their own ([`Compilers`]), which exists only while some
-//!   compile runs; what they produce is loaded into the runtime engine. Cranelift keeps its
+//! - With a compile program configured ([`EngineConfig::compile_process`]), compiles run
+//!   in a child process ([`super::compile_process`]); one that fails there is compiled
+//!   here instead, with a warning.
+//! - Compiles here run in an engine of their own ([`Compilers`]), which exists only while
+//!   some compile runs; what they produce is loaded into the runtime engine. Cranelift keeps its
 //!   per-thread compile contexts (the buffers of the largest function it compiled) for as
 //!   long as their engine lives: 4.4 MiB of heap after compiling configmap-mirror, freed
 //!   when that engine is dropped. In the runtime engine they would stay for good.
 
-use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+use wasmtime::Engine;
 use wasmtime::component::Component;
-use wasmtime::{Config, Engine};
 
 use super::PluginError;
 use super::compile_cache::CompileCache;
+use super::compile_process::{CompileSettings, compatibility, compile_in_child};
 use super::gate::{Gate, Permit};
 
 /// The optimising compiler of one engine, with its compile cache and gate; cheap to clone.
@@ -33,16 +38,31 @@ pub(crate) struct Optimizer {
     /// The runtime engine: every component is loaded into it.
     engine: Engine,
     compilers: Arc<Compilers>,
+    /// The program compiles run in, when not in this process.
+    compile_process: Option<PathBuf>,
+    /// Compiles a child process did.
+    compiled_in_child: Arc<AtomicU64>,
     disk: Option<CompileCache>,
     gate: Arc<Gate>,
 }
 
 impl Optimizer {
-    /// `compile_config` configures the engines compiles run in: the runtime engine's
-    /// configuration, minus what only running needs (the instance pool).
-    pub fn new(engine: Engine, compile_config: Config, disk: Option<CompileCache>, gate: Arc<Gate>) -> Self {
-        let compilers = Arc::new(Compilers::new(compile_config, &engine));
-        Optimizer { engine, compilers, disk, gate }
+    /// `settings` make the engines compiles run in (here or in `compile_process`): the
+    /// runtime engine's code generation settings, without an instance pool.
+    pub fn new(
+        engine: Engine,
+        settings: CompileSettings,
+        compile_process: Option<PathBuf>,
+        disk: Option<CompileCache>,
+        gate: Arc<Gate>,
+    ) -> Self {
+        let compilers = Arc::new(Compilers::new(settings, &engine));
+        Optimizer { engine, compilers, compile_process, compiled_in_child: Arc::default(), disk, gate }
+    }
+
+    /// How many compiles a child process did.
+    pub fn compiled_in_child(&self) -> u64 {
+        self.compiled_in_child.load(Ordering::Relaxed)
     }
 
     /// Bounds the compiles running at once.
@@ -112,8 +132,20 @@ impl Optimizer {
         self.load_artifact(&artifact)
     }
 
-    /// Cranelift's artifact of `wasm`, compiled in a compile engine.
+    /// Cranelift's artifact of `wasm`: from the compile program, or else compiled here in a
+    /// compile engine.
     fn precompile(&self, wasm: &[u8]) -> Result<Vec<u8>, PluginError> {
+        if let (Some(program), Some(settings)) = (&self.compile_process, &self.compilers.settings) {
+            match compile_in_child(program, settings, compatibility(&self.engine), wasm) {
+                Ok(artifact) => {
+                    self.compiled_in_child.fetch_add(1, Ordering::Relaxed);
+                    return Ok(artifact);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "compiling in a child process failed; compiling in the host")
+                }
+            }
+        }
         // What the compile allocates on this thread stays apart from long-lived objects
         // (`heap::InCompileArena`); the compile threads are bound to the same arena.
         let _arena = crate::heap::InCompileArena::enter();
@@ -145,10 +177,10 @@ impl Optimizer {
 /// compiles that overlap it, dropped when the last of them ends (creating one takes
 /// microseconds; a compile, hundreds of milliseconds).
 struct Compilers {
-    /// Their configuration; `None` if such an engine's artifacts would not load into the
-    /// runtime engine (never seen: the two configurations differ only in the instance
+    /// What makes their engines; `None` if such an engine's artifacts would not load into
+    /// the runtime engine (never seen: the two configurations differ only in the instance
     /// allocator), so that compiles use the runtime engine itself.
-    config: Option<Config>,
+    settings: Option<CompileSettings>,
     state: Mutex<CompilersState>,
 }
 
@@ -159,8 +191,8 @@ struct CompilersState {
 }
 
 impl Compilers {
-    fn new(config: Config, runtime: &Engine) -> Self {
-        let compatible = match Engine::new(&config) {
+    fn new(settings: CompileSettings, runtime: &Engine) -> Self {
+        let compatible = match settings.compile_engine() {
             Ok(probe) if compatibility(&probe) == compatibility(runtime) => true,
             Ok(_) => {
                 tracing::warn!(
@@ -173,19 +205,19 @@ impl Compilers {
                 false
             }
         };
-        Compilers { config: compatible.then_some(config), state: Mutex::new(CompilersState::default()) }
+        Compilers { settings: compatible.then_some(settings), state: Mutex::new(CompilersState::default()) }
     }
 
     /// The engine to compile in, until the returned guard is dropped.
     fn enter(&self, runtime: &Engine) -> Result<Compiling<'_>, PluginError> {
-        let Some(config) = &self.config else {
+        let Some(settings) = &self.settings else {
             return Ok(Compiling { engine: runtime.clone(), owner: None });
         };
         let mut state = self.state.lock();
         let engine = match &state.engine {
             Some(engine) => engine.clone(),
             None => {
-                let engine = Engine::new(config).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
+                let engine = settings.compile_engine()?;
                 state.engine = Some(engine.clone());
                 engine
             }
@@ -226,13 +258,6 @@ impl Drop for Compiling<'_> {
     }
 }
 
-/// What decides whether an engine loads another's artifacts.
-fn compatibility(engine: &Engine) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut h);
-    h.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -249,10 +274,10 @@ mod tests {
 
     #[test]
     fn compiles_run_in_an_engine_of_their_own_gone_when_the_last_ends() {
-        let mut config = Config::new();
-        config.wasm_component_model(true).epoch_interruption(true);
-        let runtime = Engine::new(&config).unwrap();
-        let optimizer = Optimizer::new(runtime.clone(), config, None, Arc::new(Gate::new(2)));
+        let config = super::super::EngineConfig { pooling: None, ..Default::default() };
+        let runtime = Engine::new(&super::super::engine::wasm_config(&config)).unwrap();
+        let settings = CompileSettings::of(&config);
+        let optimizer = Optimizer::new(runtime.clone(), settings, None, None, Arc::new(Gate::new(2)));
         let wasm = guest("test_plugin_panic.wasm");
         assert!(!optimizer.compile_engine_exists());
 

@@ -148,6 +148,9 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
             idle_instance_timeout: Some(host.idle_instance_timeout),
             idle_code_timeout: Some(host.idle_code_timeout),
             tier_up: host.tier_up,
+            // Compiles run in a child process of this binary (see `EngineConfig`): the
+            // compiler's code and memory stay out of the host.
+            compile_process: std::env::current_exe().ok(),
             ..EngineConfig::default()
         },
         Some(&metrics),

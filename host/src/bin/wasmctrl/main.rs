@@ -74,10 +74,32 @@ enum Command {
     /// Start the embedded Kubernetes API server alone (loopback only), write a kubeconfig
     /// for it and serve until interrupted.
     DevCluster(cli::DevClusterArgs),
+    /// Compile a component read from stdin and write the artifact to stdout: what the host
+    /// runs in a child process for each compile (`wasmctrl::plugin::compile_process`).
+    #[command(name = "compile-component", hide = true)]
+    CompileComponent {
+        /// The host's compile settings, as JSON.
+        settings: String,
+    },
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if let Command::CompileComponent { settings } = &cli.command {
+        // No logging set up: the host reads this process's stdout as the artifact, and
+        // its stderr only when it fails.
+        return match wasmctrl::plugin::compile_process::serve_compile(
+            settings,
+            std::io::stdin().lock(),
+            std::io::stdout().lock(),
+        ) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {err}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     cli::init_tracing(matches!(cli.log_format, LogFormat::Json));
     let result: Result<std::process::ExitCode> = match cli.command {
         Command::Run(args) => cli::run(args),
@@ -86,6 +108,7 @@ fn main() -> std::process::ExitCode {
         Command::New(args) => new::new(args),
         Command::Rbac(args) => cli::rbac(args),
         Command::DevCluster(args) => cli::dev_cluster(args),
+        Command::CompileComponent { .. } => Ok(std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
