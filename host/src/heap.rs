@@ -14,6 +14,9 @@
 //! burst the calling thread's cache of freed objects is flushed and every arena's unused
 //! dirty pages are purged (`madvise`).
 //!
+//! Compiles allocate from an arena of their own ([`InCompileArena`]), so that a compile's
+//! garbage and the host's long-lived objects do not share pages.
+//!
 //! Invariants:
 //! - Only pages jemalloc holds free are released; nothing live moves. A later allocation
 //!   faults fresh zeroed pages in instead of reusing those.
@@ -186,6 +189,23 @@ impl Drop for InCompileArena {
 
 #[cfg(test)]
 mod tests {
+    #[cfg(feature = "jemalloc")]
+    #[test]
+    fn a_compile_allocates_from_its_own_arena_and_the_thread_returns_to_its_own() {
+        let arena = || {
+            let mut index = u32::MAX;
+            assert!(super::mallctl_u32(c"thread.arena", Some(&mut index), None));
+            index
+        };
+        let before = arena();
+        {
+            let _compiling = super::InCompileArena::enter();
+            assert_eq!(Some(arena()), super::compile_arena());
+            assert_ne!(arena(), before);
+        }
+        assert_eq!(arena(), before);
+    }
+
     #[test]
     fn jemalloc_accepts_the_purge() {
         // A control renamed or removed in a jemalloc upgrade fails here, not silently.
