@@ -12,15 +12,7 @@ use std::sync::Arc;
 use wasmctrl::cache::Writer;
 use wasmctrl::controller::{Action, Request};
 use wasmctrl::plugin::{CacheReader, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginSpec};
-
-fn wasm(crate_name: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../guests/target/wasm32-wasip2/release")
-        .join(format!("{}.wasm", crate_name.replace('-', "_")));
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!("{}: {e}; run `cargo xtask build-guests` to build the test plugins", path.display())
-    })
-}
+use wasmctrl_testkit::guests::wasm;
 
 fn engine(cache: &Path, compile_process: Option<PathBuf>) -> PluginEngine {
     let config = EngineConfig {

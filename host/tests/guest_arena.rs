@@ -5,7 +5,6 @@
 //! Needs the guests built: `cargo xtask build-guests`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,15 +13,7 @@ use wasmctrl::cache::Writer;
 use wasmctrl::controller::{Action, Request};
 use wasmctrl::object::Object;
 use wasmctrl::plugin::{CacheReader, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginSpec};
-
-fn wasm(crate_name: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../guests/target/wasm32-wasip2/release")
-        .join(format!("{}.wasm", crate_name.replace('-', "_")));
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!("{}: {e}; run `cargo xtask build-guests` to build the test plugins", path.display())
-    })
-}
+use wasmctrl_testkit::guests::wasm;
 
 fn load(crate_name: &str, objects: &[&str]) -> Plugin {
     let engine = PluginEngine::new(EngineConfig::default(), None).unwrap_or_else(|e| panic!("engine: {e}"));

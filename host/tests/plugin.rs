@@ -17,18 +17,10 @@ use wasmctrl::plugin::{
     CacheReadError, CacheReader, CallError, CodeDrops, EngineConfig, FilterInput, Gvk, Permissions, Plugin,
     PluginEngine, PluginEnv, PluginReconciler, PluginSpec, Tier, inspect_component,
 };
+use wasmctrl_testkit::guests::wasm;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures
-
-fn wasm(crate_name: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../guests/target/wasm32-wasip2/release")
-        .join(format!("{}.wasm", crate_name.replace('-', "_")));
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!("{}: {e}; run `cargo xtask build-guests` to build the test plugins", path.display())
-    })
-}
 
 struct Shared {
     engine: PluginEngine,

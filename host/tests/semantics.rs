@@ -21,7 +21,7 @@
 //! generous safety timeout; no assertion depends on timing.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +46,7 @@ use wasmctrl::queue::RateLimitingQueue;
 use wasmctrl::reload::{FactoryLeases, Leases};
 use wasmctrl::source::{ApiResource, BackoffConfig, Reflector, ReflectorConfig};
 use wasmctrl_devcluster::FaultRule;
+use wasmctrl_testkit::guests::wasm;
 use wasmctrl_testkit::{Backend, TestCluster};
 
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -106,15 +107,6 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     })
     .await
     .unwrap_or_else(|_| panic!("never happened: {what}"));
-}
-
-fn wasm(crate_name: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../guests/target/wasm32-wasip2/release")
-        .join(format!("{}.wasm", crate_name.replace('-', "_")));
-    std::fs::read(&path).unwrap_or_else(|e| {
-        panic!("{}: {e}; run `cargo xtask build-guests` to build the test plugins", path.display())
-    })
 }
 
 fn engine() -> PluginEngine {

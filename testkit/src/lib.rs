@@ -19,6 +19,7 @@
 
 #[cfg(feature = "cluster")]
 mod cluster;
+pub mod guests;
 pub mod realserver;
 
 #[cfg(feature = "cluster")]

@@ -146,17 +146,7 @@ pub fn serve_compile(
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use super::*;
-
-    fn guest(name: &str) -> Vec<u8> {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../guests/target/wasm32-wasip2/release")
-            .join(name);
-        std::fs::read(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask build-guests`", path.display()))
-    }
 
     #[test]
     fn the_childs_artifact_loads_into_a_host_engine_of_the_same_settings() {
@@ -164,7 +154,8 @@ mod tests {
         let settings = CompileSettings::of(&config);
         let json = serde_json::to_string(&settings).unwrap();
         let mut out = Vec::new();
-        serve_compile(&json, guest("test_plugin_panic.wasm").as_slice(), &mut out).unwrap();
+        serve_compile(&json, wasmctrl_testkit::guests::wasm("test-plugin-panic").as_slice(), &mut out)
+            .unwrap();
 
         let host = Engine::new(&wasm_config(&config)).unwrap();
         let (hash, artifact) = out.split_first_chunk::<8>().unwrap();

@@ -260,17 +260,7 @@ impl Drop for Compiling<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use super::*;
-
-    fn guest(name: &str) -> Vec<u8> {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../guests/target/wasm32-wasip2/release")
-            .join(name);
-        std::fs::read(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask build-guests`", path.display()))
-    }
 
     #[test]
     fn compiles_run_in_an_engine_of_their_own_gone_when_the_last_ends() {
@@ -278,7 +268,7 @@ mod tests {
         let runtime = Engine::new(&super::super::engine::wasm_config(&config)).unwrap();
         let settings = CompileSettings::of(&config);
         let optimizer = Optimizer::new(runtime.clone(), settings, None, None, Arc::new(Gate::new(2)));
-        let wasm = guest("test_plugin_panic.wasm");
+        let wasm = wasmctrl_testkit::guests::wasm("test-plugin-panic");
         assert!(!optimizer.compile_engine_exists());
 
         let component = optimizer.compile(&wasm, "a", optimizer.gate().enter()).unwrap();
