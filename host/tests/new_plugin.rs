@@ -60,7 +60,7 @@ async fn scaffold_build_test_and_deploy_a_new_plugin() {
         "wasmctrl new",
     );
     assert!(out.contains("created plugin crate"), "{out}");
-    for f in ["Cargo.toml", "src/lib.rs", "hello.toml", "tests/fixtures/basic.yaml"] {
+    for f in ["Cargo.toml", ".cargo/config.toml", "src/lib.rs", "hello.toml", "tests/fixtures/basic.yaml"] {
         assert!(crate_dir.join(f).is_file(), "{f} missing");
     }
     // Refuses to overwrite.
