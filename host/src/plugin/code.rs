@@ -78,11 +78,18 @@ pub(crate) struct PluginCode {
     reloading: Mutex<()>,
     /// The `.wasm` the plugin was loaded from; `None`: the code is never dropped.
     file: Option<PathBuf>,
+    /// Set once the file is gone: the code is never dropped again.
+    pinned: std::sync::atomic::AtomicBool,
 }
 
 impl PluginCode {
     pub fn new(code: Code, file: Option<PathBuf>) -> Self {
-        PluginCode { current: ArcSwapOption::from_pointee(code), reloading: Mutex::new(()), file }
+        PluginCode {
+            current: ArcSwapOption::from_pointee(code),
+            reloading: Mutex::new(()),
+            file,
+            pinned: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     /// The resident code, if any.
@@ -99,7 +106,13 @@ impl PluginCode {
     /// caller checks that the compile cache holds its artifact).
     pub fn droppable(&self) -> bool {
         self.file.is_some()
+            && !self.pinned.load(std::sync::atomic::Ordering::Acquire)
             && self.current.load().as_ref().is_some_and(|c| c.tier == Tier::Optimized && c.shared.is_some())
+    }
+
+    /// Keeps the code from now on (see [`droppable`](Self::droppable)).
+    pub fn pin(&self) {
+        self.pinned.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Takes the code out; the caller drops it (outside any lock: unmapping code is not

@@ -290,6 +290,41 @@ impl Plugin {
         Self::build(engine, spec, code, version, env, file)
     }
 
+    /// As [`Plugin::load_file`], for the version whose `.wasm` had the hex SHA-256
+    /// `version`, without its bytes: the code comes from a plugin that still has it loaded,
+    /// or from the compile cache (for a TOML edit applied while the `.wasm` is missing).
+    /// Fails when neither has it.
+    pub fn load_version(
+        engine: &PluginEngine,
+        spec: PluginSpec,
+        version: &str,
+        path: &Path,
+        env: PluginEnv,
+    ) -> Result<Plugin, PluginError> {
+        let name = spec.name.clone();
+        let shared = engine.reload_component(version, || {
+            Err(PluginError::Init {
+                plugin: name.clone(),
+                reason: "the compiled code of this version is no longer loaded or cached".into(),
+            })
+        })?;
+        let (component, tier) = shared.value().current();
+        engine.check_imports(&spec.name, &component)?;
+        let code = Code::prepare(engine, &spec.name, &component, tier, Some(shared))?;
+        Self::build(engine, spec, code, version.to_owned(), env, Some(path))
+    }
+
+    /// Keeps the plugin's compiled code loaded from now on (its file is gone, so code
+    /// dropped while idle might not be had again), loading it again first if it was
+    /// dropped. Fails when the code was dropped and can no longer be loaded.
+    pub fn keep_code(&self) -> Result<(), PluginError> {
+        self.inner.code.pin();
+        self.inner
+            .code
+            .get_or_reload(&self.inner.engine, &self.inner.spec.name, &self.inner.version)
+            .map(|_| ())
+    }
+
     /// As [`Plugin::load`], from an already compiled component.
     pub fn from_component(
         engine: &PluginEngine,

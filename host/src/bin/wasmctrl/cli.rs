@@ -173,6 +173,8 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
     let mut options = ManagerOptions::new(&host.plugins_dir);
     options.defaults = host.plugin_defaults.clone();
     options.cache_sync_timeout = host.cache_sync_timeout;
+    options.rescan_interval = host.rescan_interval;
+    options.parked_keys_ttl = host.parked_keys_ttl;
 
     let signal = {
         let shutdown = shutdown.clone();

@@ -65,6 +65,10 @@ pub struct HostConfig {
     /// New plugin versions missing from the compile cache start on Winch code and tier up
     /// to Cranelift code in the background.
     pub tier_up: bool,
+    /// How often the plugins directory is read again whatever the watches saw (`None`: never).
+    pub rescan_interval: Option<Duration>,
+    /// How long the pending keys of a stopped plugin are kept for its return.
+    pub parked_keys_ttl: Duration,
     pub cluster: ClusterConfig,
     pub server_address: SocketAddr,
     pub leader_election: Option<LeaderElectionConfig>,
@@ -102,6 +106,8 @@ impl HostConfig {
             idle_instance_timeout: crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT,
             idle_code_timeout: crate::plugin::DEFAULT_IDLE_CODE_TIMEOUT,
             tier_up: true,
+            rescan_interval: Some(crate::reload::DEFAULT_RESCAN_INTERVAL),
+            parked_keys_ttl: crate::reload::DEFAULT_PARKED_KEYS_TTL,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
             leader_election: None,

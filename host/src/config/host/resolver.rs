@@ -52,6 +52,19 @@ pub(super) fn resolve(
     let idle_code_timeout =
         file.idle_code_timeout.map_or(crate::plugin::DEFAULT_IDLE_CODE_TIMEOUT, DurationValue::get);
     let tier_up = file.tier_up.unwrap_or(true);
+    let rescan_interval = file
+        .rescan_interval
+        .map_or(Some(crate::reload::DEFAULT_RESCAN_INTERVAL), |d| Some(d.get()).filter(|d| !d.is_zero()));
+    let parked_keys_ttl =
+        file.parked_keys_ttl.map_or(crate::reload::DEFAULT_PARKED_KEYS_TTL, DurationValue::get);
+    if parked_keys_ttl.is_zero() {
+        err(
+            &[PathSeg::Key("parked-keys-ttl".into())],
+            false,
+            "parked-keys-ttl must be more than 0".into(),
+            None,
+        );
+    }
 
     let c = &file.cluster;
     let mode_name = match c.mode {
@@ -208,6 +221,8 @@ pub(super) fn resolve(
         idle_instance_timeout,
         idle_code_timeout,
         tier_up,
+        rescan_interval,
+        parked_keys_ttl,
         cluster,
         server_address,
         leader_election,

@@ -35,6 +35,13 @@ pub struct HostToml {
     /// serves at once) and tier up to Cranelift code in the background. Default `true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier_up: Option<bool>,
+    /// Read the whole plugins directory again this often, whatever the file watches saw;
+    /// `"0s"` turns it off. Default `1m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescan_interval: Option<DurationValue>,
+    /// How long the pending keys of a stopped plugin are kept for its return. Default `1h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked_keys_ttl: Option<DurationValue>,
     #[serde(default)]
     pub cluster: ClusterToml,
     #[serde(default)]
