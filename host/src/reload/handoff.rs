@@ -7,7 +7,8 @@
 //!   every later call — queued keys included — goes to the new one; the queue's processing
 //!   set keeps a key from being reconciled by both at once); the new version's handlers are
 //!   wired from the old ones (see `wiring`) and every cached object of the `for` kind is
-//!   enqueued; `map`/`filter` switch to the new version once the old one's calls returned;
+//!   enqueued; `map`/`filter` switch to the new version (once the old one's calls
+//!   returned) before its handlers are registered, so its synthetic adds are its own;
 //!   once the new handlers have synced, the old generation retires (its remaining handlers
 //!   deliver their buffers, its last hook call returns), and only then does the new version
 //!   receive hook calls.
@@ -116,6 +117,8 @@ impl Shared {
         scoped.succeed(&r.scoped, r.generation.leases());
         let Candidate { config, version, reconciler, leases } = next;
         let before = r.controller.swap_reconciler(scoped.clone() as Arc<dyn Reconciler>);
+        // The new handlers' `map`/`filter` (their synthetic adds first) are the new version's.
+        r.slot.switch_to(reconciler.clone()).await;
         let wired = Generation::wire(
             config,
             version,
@@ -131,11 +134,11 @@ impl Shared {
             Err(e) => {
                 // Nothing was taken from the old generation: put its version back.
                 r.controller.swap_reconciler(before);
+                r.slot.switch_to(r.generation.plugin.clone()).await;
                 *running = Some(r);
                 return Err(Rejection(e));
             }
         };
-        r.slot.switch_to(reconciler.clone()).await;
         *r.current.lock() = Arc::downgrade(&generation);
         for key in for_keys {
             r.controller.queue().add_with_priority(Request::from_key(&key), Priority::Low);
@@ -175,6 +178,7 @@ impl Shared {
             (Some(old.controller.queue().limiter().clone()), None)
         };
         let predecessor_queue = predecessor.clone().unwrap_or_else(|| old.controller.queue().clone());
+        old.slot.switch_to(next.reconciler.clone()).await;
         let started = self.start_controller(
             next,
             scoped.clone(),
@@ -190,6 +194,7 @@ impl Shared {
                     self.parked.lock().park(&name, &new_kind, q);
                 }
                 // Refused before the queue was handed over: the old one runs on.
+                old.slot.switch_to(old.generation.plugin.clone()).await;
                 *running = Some(old);
                 return Err(Rejection(e));
             }
@@ -201,7 +206,6 @@ impl Shared {
             old.controller.queue().hand_over_to(&parked);
             self.parked.lock().park(old.name(), &old_kind, parked);
         }
-        new.slot.switch_to(new.generation.plugin.clone()).await;
         self.hand_over_hooks(&old.generation, &new.generation, &scoped).await;
         let Running { stop, task, generation, mut retiring, .. } = old;
         // The old controller hands out nothing more; let its in-flight reconciles

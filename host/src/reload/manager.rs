@@ -502,9 +502,11 @@ impl Shared {
             {
                 slots.insert(name.clone(), slot);
                 drop(slots);
-                if let Some(info) = self.runs.lock().remove(*old) {
-                    self.runs.lock().insert(name.clone(), info);
+                let mut runs = self.runs.lock();
+                if let Some(info) = runs.remove(*old) {
+                    runs.insert(name.clone(), info);
                 }
+                drop(runs);
                 self.status.remove(old);
             }
         }

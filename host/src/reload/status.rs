@@ -153,11 +153,15 @@ impl StatusBoard {
 
     /// One plugin's status, by name (or else by the stem of its TOML).
     pub fn get(&self, name: &str) -> Option<PluginStatus> {
+        let ids = self.ids();
         let all = self.snapshot();
-        match all.iter().position(|s| s.name == name) {
-            Some(at) => all.into_iter().nth(at),
-            None => all.into_iter().find(|s| s.toml.file_stem().is_some_and(|f| f == name)),
-        }
+        // The plugin's own entry first (a refused file claiming the name has its own).
+        let at = ids
+            .iter()
+            .position(|id| id == name)
+            .or_else(|| all.iter().position(|s| s.name == name))
+            .or_else(|| all.iter().position(|s| s.toml.file_stem().is_some_and(|f| f == name)));
+        at.and_then(|at| all.into_iter().nth(at))
     }
 
     /// The ids of every entry.
