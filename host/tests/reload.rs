@@ -1682,3 +1682,168 @@ async fn the_periodic_rescan_finds_changes_the_watches_miss() {
     host.until_version("periodic", &b).await;
     host.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// Scope: a TOML edit that narrows (or widens) what a plugin watches never makes it hear
+// that an existing object is gone; every real delete still reaches it.
+
+/// How a scope test narrows and widens the witness's scope.
+#[derive(Clone, Copy, Debug)]
+enum ScopeKind {
+    Namespace,
+    LabelSelector,
+    FieldSelector,
+    Watches,
+}
+
+/// Objects: `keep-*` stay in scope, `leave-*` are in the wide scope only (in `other` for the
+/// namespace case), `del-*` are in scope and deleted during the test.
+const SCOPE_OBJECTS: usize = 5;
+
+fn scope_toml(kind: ScopeKind, ns: &str, wide: bool, edit: usize) -> String {
+    let settings = format!("[settings]\nedit = {edit}\n");
+    let head = "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n";
+    match kind {
+        ScopeKind::Namespace if wide => format!("{head}{settings}"),
+        ScopeKind::Namespace => format!("{head}namespace = \"{ns}\"\n{settings}"),
+        ScopeKind::LabelSelector => {
+            let sel = if wide { "scope in (keep,leave)" } else { "scope=keep" };
+            format!("{head}namespace = \"{ns}\"\nlabel-selector = \"{sel}\"\n{settings}")
+        }
+        ScopeKind::FieldSelector => {
+            let fields: Vec<String> =
+                (0..SCOPE_OBJECTS).map(|i| format!("metadata.name!=leave-{i}")).collect();
+            let fields = if wide { "metadata.name!=nothing".to_owned() } else { fields.join(",") };
+            format!("{head}namespace = \"{ns}\"\nfield-selector = \"{fields}\"\n{settings}")
+        }
+        ScopeKind::Watches => {
+            let watches = if wide {
+                format!(
+                    "[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\nlabel-selector = \"scope=leave\"\n"
+                )
+            } else {
+                String::new()
+            };
+            format!("{head}namespace = \"{ns}\"\nlabel-selector = \"scope in (keep)\"\n{watches}{settings}")
+        }
+    }
+}
+
+async fn apply_scoped(api: &Api<ConfigMap>, name: &str, scope: &str, value: usize) {
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": name, "labels": { "scope": scope } },
+        "data": { "value": value.to_string() },
+    });
+    api.patch(name, &PatchParams::apply("scope").force(), &Patch::Apply(&cm)).await.expect("apply");
+}
+
+/// Narrows and widens the witness's scope four times — twice during a churn of updates,
+/// twice during a relist (dev cluster: history compacted, watches dropped) — while objects
+/// in the kept scope are deleted. Asserts that no reconcile saw an object gone that exists,
+/// and that every delete was reconciled (seeing it gone) afterwards.
+async fn scope_change(kind: ScopeKind, base: &str) {
+    let host = Host::start(base, true).await;
+    let ns = host.ns.clone();
+    let other = host._cluster.namespace_named(&format!("{base}-other")).await.expect("namespace");
+    let plugin = base.to_owned();
+    let a = build("witness-a");
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), &ns);
+    let leave_api: Api<ConfigMap> =
+        Api::namespaced(host.client.clone(), if matches!(kind, ScopeKind::Namespace) { &other } else { &ns });
+    for i in 0..SCOPE_OBJECTS {
+        apply_scoped(&api, &format!("keep-{i}"), "keep", 0).await;
+        apply_scoped(&leave_api, &format!("leave-{i}"), "leave", 0).await;
+    }
+    for i in 0..4 {
+        apply_scoped(&api, &format!("del-{i}"), "keep", 0).await;
+    }
+    host.install(&format!("{plugin}.toml"), scope_toml(kind, &ns, true, 0).as_bytes());
+    host.install(&format!("{plugin}.wasm"), &a);
+    host.until_version(&plugin, &a).await;
+    let leave_ns = if matches!(kind, ScopeKind::Namespace) { other.clone() } else { ns.clone() };
+    let leaving = format!("{leave_ns}/leave-0");
+    until_line(&plugin, "reconcile-end", "the wide scope's first reconciles", |l| {
+        l.field("key").as_deref() == Some(&leaving)
+    })
+    .await;
+
+    // The churn: updates of every kept and leaving object, until stopped.
+    let stop = CancellationToken::new();
+    let churn = {
+        let (api, leave_api, stop) = (api.clone(), leave_api.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 1;
+            while !stop.is_cancelled() {
+                for i in 0..SCOPE_OBJECTS {
+                    apply_scoped(&api, &format!("keep-{i}"), "keep", n).await;
+                    apply_scoped(&leave_api, &format!("leave-{i}"), "leave", n).await;
+                }
+                n += 1;
+            }
+        })
+    };
+    let faults = host._cluster.dev().map(|d| d.faults());
+    let mut deletes = Vec::new();
+    for (step, wide) in [false, true, false, true].into_iter().enumerate() {
+        let relist = step >= 2;
+        if relist {
+            match &faults {
+                Some(f) => {
+                    f.compact_history();
+                    f.drop_watches();
+                }
+                None => eprintln!("{base}: relist step skipped on the real server (no fault injection)"),
+            }
+        }
+        let before = host.status(&plugin).map_or(0, |s| s.reloads);
+        host.install(&format!("{plugin}.toml"), scope_toml(kind, &ns, wide, step + 1).as_bytes());
+        // A delete while the reload is under way, in the kept scope.
+        let name = format!("del-{step}");
+        delete_src(&api, &name).await;
+        deletes.push((format!("{ns}/{name}"), guest_logs().lock().len()));
+        host.until(&format!("step {step} to load"), |h| {
+            h.status(&plugin).is_some_and(|s| s.reloads > before && s.ready)
+        })
+        .await;
+        let kept = format!("{ns}/keep-0");
+        until_edit(&plugin, &kept, &(step + 1).to_string(), "a reconcile of the new scope").await;
+    }
+    stop.cancel();
+    churn.await.expect("churn");
+    // Every delete reconciled afterwards, and nothing that exists reported gone. (The log
+    // mark is taken after the delete's response: a reconcile after it saw it applied.)
+    for (key, mark) in &deletes {
+        until_reconciled_gone(&plugin, key, *mark, "a real delete reconciled").await;
+    }
+    let wrongly_gone: Vec<String> = guest_logs()
+        .lock()
+        .iter()
+        .filter(|l| l.plugin == plugin && l.message == "reconcile-start")
+        .filter(|l| l.field("rv").as_deref() == Some("not-found"))
+        .filter_map(|l| l.field("key"))
+        .filter(|k| k.contains("/keep-") || k.contains("/leave-"))
+        .collect();
+    assert!(wrongly_gone.is_empty(), "{kind:?}: existing objects reconciled as gone: {wrongly_gone:?}");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn narrowing_a_namespace_scope_reports_no_existing_object_gone() {
+    scope_change(ScopeKind::Namespace, "scope-ns").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn narrowing_a_label_selector_reports_no_existing_object_gone() {
+    scope_change(ScopeKind::LabelSelector, "scope-labels").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn narrowing_a_field_selector_reports_no_existing_object_gone() {
+    scope_change(ScopeKind::FieldSelector, "scope-fields").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropping_a_watches_entry_reports_no_existing_object_gone() {
+    scope_change(ScopeKind::Watches, "scope-watches").await;
+}
