@@ -497,7 +497,7 @@ impl Shared {
             tracing::info!(plugin = %name, previous_name = %old, file = %claim.toml.display(),
                 "plugin files renamed together: the same plugin under a new name");
             let mut slots = self.slots.lock();
-            if !slots.get(name).is_some_and(|s| Arc::strong_count(s) > 1)
+            if slots.get(name).is_none_or(|s| Arc::strong_count(s) <= 1)
                 && let Some(slot) = slots.remove(*old)
             {
                 slots.insert(name.clone(), slot);
