@@ -17,9 +17,12 @@
 //! - While a [`PluginEngine`] lives, a ticker thread bumps every engine's epoch every
 //!   [`EngineConfig::epoch_tick`]; running calls check their deadline (and cancellation)
 //!   at each tick. The thread stops when the last handle is dropped.
-//! - Compiled artifacts live in the on-disk [`super::compile_cache`] (atomic writes, a byte
-//!   budget, least recently used out first). An artifact that fails to load (other
-//!   wasmtime, corrupted) is recompiled and replaced. Only Cranelift artifacts are cached.
+//! - Compiled artifacts live in the on-disk [`super::compile_cache`] (a directory of the
+//!   host's uid, artifacts authenticated with the host's key, atomic writes, a byte budget,
+//!   least recently used out first). An artifact that fails a check or does not load is
+//!   removed and recompiled, never loaded. A cache directory that is refused (another
+//!   uid's) leaves the engine without a cache, with an error logged. Only Cranelift
+//!   artifacts are cached.
 //! - [`PluginEngine::shared_component`] compiles (or loads from the cache) once per content
 //!   hash: concurrent loads of the same bytes wait for one compile, and the compiled code is
 //!   shared by every plugin using it for as long as one does (see [`super::shared`]).
@@ -32,7 +35,7 @@
 //!   are released; plugins without a call for [`EngineConfig::idle_code_timeout`] drop their
 //!   compiled code ([`super::code`]), and [`PluginEngine::reload_component`] gives it back
 //!   through the shared registry (the compile cache, normally).
-//! - At most one Cranelift compile per core runs at once (each already uses every core);
+//! - At most one Cranelift compile per core (and at least two) runs at once (each already uses every core);
 //!   loads beyond that wait, so loading many distinct plugins at once does not hold the
 //!   intermediate state of all their compiles in memory together. Background tier-ups wait
 //!   behind loads; Winch compiles (a fraction of the time and memory) do not wait.
@@ -55,12 +58,13 @@ use super::PluginError;
 use super::bindings::TypesHost;
 use super::bindings::wasmctrl::controller::{cache, client, config, events, log, types};
 use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
-use super::compile_process::CompileSettings;
+use super::compile_process::{CompileLimits, CompileSettings};
 use super::gate::Gate;
 use super::idle::{IdlePlugin, IdleReaper, ReaperThread};
 use super::metrics::{ComponentLoadLabels, RuntimeMetrics, TierUpLabels};
 use super::optimizer::Optimizer;
 use super::shared::{Outcome, Registry, Shared};
+use super::slots::InstanceSlots;
 use super::state::HostState;
 use super::tier::{Tier, TieredComponent};
 use super::tier_up::{TierUpJob, TierUpWorker};
@@ -105,6 +109,9 @@ pub struct EngineConfig {
     /// in this process instead, with a warning. `None` (the default here) compiles in this
     /// process. See [`super::compile_process`].
     pub compile_process: Option<PathBuf>,
+    /// What one compile in the compile program may take: time (the host TOML's
+    /// `compile-timeout`), address space and output. See [`super::compile_process`].
+    pub compile_limits: CompileLimits,
 }
 
 /// Engine knobs that trade speed for address space or for guarantees. The defaults are the
@@ -150,6 +157,7 @@ impl Default for EngineConfig {
             tuning: EngineTuning::default(),
             tier_up: false,
             compile_process: None,
+            compile_limits: CompileLimits::default(),
         }
     }
 }
@@ -157,15 +165,29 @@ impl Default for EngineConfig {
 /// Slots of the pooling allocator, shared by every plugin instance of the host.
 #[derive(Clone, Debug)]
 pub struct PoolingLimits {
-    /// Live plugin instances at once (sum of every plugin's pool plus replacements).
+    /// Live plugin instances at once (sum of every plugin's pool plus replacements; the
+    /// host TOML's `instance-slots`).
     pub instances: u32,
+    /// The most instances one plugin may hold (the host TOML's `max-instances-per-plugin`):
+    /// a plugin whose concurrency needs more is refused at load. Every plugin also has one
+    /// slot reserved for it. See [`super::slots`].
+    pub per_plugin: u32,
     /// Upper bound of any plugin's `memory` limit.
     pub max_memory: usize,
 }
 
+/// Default of [`PoolingLimits::instances`].
+pub const DEFAULT_INSTANCE_SLOTS: u32 = 128;
+/// Default of [`PoolingLimits::per_plugin`].
+pub const DEFAULT_INSTANCES_PER_PLUGIN: u32 = 32;
+
 impl Default for PoolingLimits {
     fn default() -> Self {
-        PoolingLimits { instances: 128, max_memory: 256 << 20 }
+        PoolingLimits {
+            instances: DEFAULT_INSTANCE_SLOTS,
+            per_plugin: DEFAULT_INSTANCES_PER_PLUGIN,
+            max_memory: 256 << 20,
+        }
     }
 }
 
@@ -240,6 +262,12 @@ struct EngineInner {
     tier_up: Option<(Baseline, TierUpWorker)>,
     /// Bounds the loads running at once (see [`PluginEngine::load_slot`]).
     load_slots: Arc<tokio::sync::Semaphore>,
+    /// Why the configured compile cache directory is not used, if it is not.
+    cache_refusal: Option<String>,
+    /// Cancelled by [`PluginEngine::shut_down_calls`].
+    shutdown: tokio_util::sync::CancellationToken,
+    /// The pooling allocator's slots, shared fairly by the plugins (none without pooling).
+    slots: Option<Arc<InstanceSlots>>,
 }
 
 /// How many plugin loads run at once: twice the cores, at least 4, so a few plugins whose
@@ -292,12 +320,26 @@ impl PluginEngine {
         if let Some(m) = metrics {
             runtime_metrics.register(m);
         }
-        let disk = config.cache_dir.clone().map(|dir| CompileCache::new(dir, config.cache_max_bytes));
-        let gate = Arc::new(Gate::new(std::thread::available_parallelism().map_or(1, usize::from)));
+        let (disk, cache_refusal) = match config.cache_dir.clone() {
+            None => (None, None),
+            Some(dir) => {
+                match CompileCache::open(dir, config.cache_max_bytes, runtime_metrics.rejected_artifacts.clone()) {
+                    Ok(cache) => (Some(cache), None),
+                    Err(e) => {
+                        tracing::error!(error = %e, "compile cache refused: every plugin load compiles");
+                        (None, Some(e.to_string()))
+                    }
+                }
+            }
+        };
+        // One compile per core, and at least two: one slow compile (a plugin's, up to the
+        // compile timeout) never holds every compile slot.
+        let gate = Arc::new(Gate::new(std::thread::available_parallelism().map_or(1, usize::from).max(2)));
         let optimizer = Optimizer::new(
             engine.clone(),
             CompileSettings::of(&config),
             config.compile_process.clone(),
+            config.compile_limits.clone(),
             disk,
             gate,
         );
@@ -311,6 +353,9 @@ impl PluginEngine {
         ticked.extend(tier_up.as_ref().map(|(b, _)| b.engine.clone()));
         let ticker = EpochTicker::start(ticked, config.epoch_tick.max(Duration::from_micros(100)))?;
         let idle = IdleReaper::start(config.idle_instance_timeout, config.idle_code_timeout)?;
+        let slots = config.pooling.as_ref().map(|p| {
+            InstanceSlots::new(p.instances.max(1) as usize, p.per_plugin.max(1) as usize)
+        });
         Ok(PluginEngine {
             inner: Arc::new(EngineInner {
                 engine,
@@ -323,6 +368,9 @@ impl PluginEngine {
                 optimizer,
                 tier_up,
                 load_slots: Arc::new(tokio::sync::Semaphore::new(load_slots())),
+                cache_refusal,
+                shutdown: tokio_util::sync::CancellationToken::new(),
+                slots,
             }),
         })
     }
@@ -374,6 +422,45 @@ impl PluginEngine {
 
     pub(crate) fn metrics(&self) -> &RuntimeMetrics {
         &self.inner.metrics
+    }
+
+    /// The host's instance slots, when the pooling allocator bounds them.
+    pub(crate) fn instance_slots(&self) -> Option<&Arc<InstanceSlots>> {
+        self.inner.slots.as_ref()
+    }
+
+    /// (instances alive, slots charged, plugins holding a reserved slot) of the host's
+    /// instance slots; `None` without the pooling allocator.
+    pub fn instance_slot_counts(&self) -> Option<(usize, usize, usize)> {
+        self.inner.slots.as_ref().map(|s| s.counts())
+    }
+
+    /// The host is shutting down: every plugin call blocked in a host call (a WASI sleep or
+    /// poll) ends now, and every later one at once, with a trap saying so. Calls running
+    /// guest code go on to their end or their deadline (the drain).
+    pub fn shut_down_calls(&self) {
+        if !self.inner.shutdown.is_cancelled() {
+            tracing::info!("shutting down: plugin calls blocked in host calls are cancelled");
+            self.inner.shutdown.cancel();
+        }
+    }
+
+    /// Cancelled once [`PluginEngine::shut_down_calls`] ran.
+    pub(crate) fn shutdown_token(&self) -> tokio_util::sync::CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
+    /// Why the configured compile cache directory was refused (not this host's, or it could
+    /// not be made private or keyed), when it was; the engine then compiles every load.
+    pub fn compile_cache_refusal(&self) -> Option<&str> {
+        self.inner.cache_refusal.as_deref()
+    }
+
+    /// Compile cache artifacts rejected so far (never loaded), by reason (also the
+    /// `wasmctrl_compile_cache_rejected_artifacts` metric).
+    pub fn rejected_artifacts(&self, reason: &'static str) -> u64 {
+        use super::metrics::RejectedArtifactLabels;
+        self.inner.metrics.rejected_artifacts.get_or_create(&RejectedArtifactLabels { reason }).get()
     }
 
     /// The engine's configuration.
@@ -644,7 +731,7 @@ fn is_core_module(wasm: &[u8]) -> bool {
 /// returning only that interface's view of the store's state.
 fn link(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut l = Linker::<HostState>::new(engine);
-    super::wasi::add_to_linker(&mut l)?;
+    super::wasi::add_to_linker(&mut l, HostState::poll)?;
     types::add_to_linker::<HostState, TypesHost>(&mut l, |_| TypesHost)?;
     cache::add_to_linker::<HostState, super::cache::HasCache>(&mut l, HostState::cache)?;
     client::add_to_linker::<HostState, super::client::HasClient>(&mut l, HostState::client)?;

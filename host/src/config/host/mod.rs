@@ -65,6 +65,12 @@ pub struct HostConfig {
     /// New plugin versions missing from the compile cache start on Winch code and tier up
     /// to Cranelift code in the background.
     pub tier_up: bool,
+    /// Plugin instances alive at once, every plugin together.
+    pub instance_slots: u32,
+    /// The most instances one plugin may hold.
+    pub max_instances_per_plugin: u32,
+    /// How long one compile may run.
+    pub compile_timeout: Duration,
     pub cluster: ClusterConfig,
     pub server_address: SocketAddr,
     pub leader_election: Option<LeaderElectionConfig>,
@@ -102,6 +108,9 @@ impl HostConfig {
             idle_instance_timeout: crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT,
             idle_code_timeout: crate::plugin::DEFAULT_IDLE_CODE_TIMEOUT,
             tier_up: true,
+            instance_slots: crate::plugin::DEFAULT_INSTANCE_SLOTS,
+            max_instances_per_plugin: crate::plugin::DEFAULT_INSTANCES_PER_PLUGIN,
+            compile_timeout: crate::plugin::DEFAULT_COMPILE_TIMEOUT,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
             leader_election: None,
