@@ -356,6 +356,39 @@ fn child_engine(dir: &Path, limits: CompileLimits) -> PluginEngine {
 }
 
 #[test]
+fn with_tier_up_the_baseline_compile_runs_in_the_child_under_the_same_limits() {
+    let tiered = |dir: &Path, limits| {
+        engine_with(EngineConfig {
+            cache_dir: Some(dir.to_owned()),
+            pooling: None,
+            tier_up: true,
+            compile_process: Some(PathBuf::from(env!("CARGO_BIN_EXE_wasmctrl"))),
+            compile_limits: limits,
+            ..EngineConfig::default()
+        })
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = tiered(dir.path(), CompileLimits { timeout: Duration::from_millis(1), ..CompileLimits::default() });
+    assert!(engine.tier_up_enabled());
+    let err = Plugin::load(&engine, spec("tiered", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("compile timeout"), "Winch ran in the child, killed at the limit: {err}");
+    assert_eq!(engine.component_loads().baseline, 0);
+
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = tiered(dir.path(), CompileLimits::default());
+    let plugin = Plugin::load(&engine, spec("tiered", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.tier(), wasmctrl::plugin::Tier::Baseline);
+    assert_eq!(plugin.reconcile_blocking(&req("fine")), Ok(Action::Done));
+    assert!(engine.wait_for_tier_ups(Duration::from_secs(120)), "the tier-up finished");
+    assert_eq!(plugin.reconcile_blocking(&req("fine")), Ok(Action::Done));
+    assert_eq!(plugin.tier(), wasmctrl::plugin::Tier::Optimized);
+    assert_eq!(engine.component_loads().compiled_in_child, 1, "the tier-up compiled in the child too");
+}
+
+#[test]
 fn a_compile_past_its_time_output_or_memory_limit_fails_the_load_and_is_not_compiled_in_the_host() {
     let cases = [
         (CompileLimits { timeout: Duration::from_millis(1), ..CompileLimits::default() }, "compile timeout"),

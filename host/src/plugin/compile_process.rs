@@ -34,10 +34,14 @@
 //!   time, memory and output a component can make a compile take, and keeps a compiler
 //!   crash out of the host.
 //! - Outcomes ([`ChildFailure`]): a child that cannot run, or runs another build, is
-//!   [`ChildFailure::Unavailable`]: the caller compiles in its own process. A component that
-//!   does not compile, or whose compile crashed the child, ran out of a limit or of time, is
-//!   [`ChildFailure::Refused`]: the load fails with that reason and the component is never
-//!   compiled in the host (what it did to the child it would do to the host).
+//!   [`ChildFailure::Unavailable`]: the caller compiles in its own process. A component the
+//!   compiler refuses is [`ChildFailure::DoesNotCompile`] (Winch refusing leaves it to
+//!   Cranelift, in a child too). A component whose compile crashed the child, ran out of a
+//!   limit or of time, is [`ChildFailure::Refused`]: the load fails with that reason and the
+//!   component is never compiled in the host (what it did to the child it would do to the
+//!   host).
+//! - Both compilers run here: Cranelift for every optimised compile, Winch for tier-up's
+//!   baseline code ([`CompileSettings::winch`]).
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -103,6 +107,9 @@ pub struct CompileSettings {
     max_wasm_stack: usize,
     memory_reservation: Option<u64>,
     memory_guard_size: Option<u64>,
+    /// Winch (the baseline compiler of tier-up) instead of Cranelift.
+    #[serde(default)]
+    winch: bool,
 }
 
 impl CompileSettings {
@@ -112,7 +119,13 @@ impl CompileSettings {
             max_wasm_stack: config.max_wasm_stack,
             memory_reservation: config.tuning.memory_reservation,
             memory_guard_size: config.tuning.memory_guard_size,
+            winch: false,
         }
+    }
+
+    /// The same settings for Winch, the baseline compiler.
+    pub(crate) fn winch(&self) -> Self {
+        CompileSettings { winch: true, ..self.clone() }
     }
 
     /// The engine a compile runs in: the host's configuration for these settings, without
@@ -130,6 +143,9 @@ impl CompileSettings {
         };
         let mut wasm = wasm_config(&config);
         wasm.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+        if self.winch {
+            wasm.strategy(wasmtime::Strategy::Winch);
+        }
         Engine::new(&wasm).map_err(|e| PluginError::Engine(format!("{e:#}")))
     }
 }
@@ -146,8 +162,11 @@ pub enum ChildFailure {
     /// component may be compiled elsewhere.
     #[error("{0}")]
     Unavailable(String),
-    /// The component does not compile, or its compile broke a limit or crashed: it must not
-    /// be compiled anywhere else either.
+    /// The compiler refused the component (Winch may refuse what Cranelift compiles).
+    #[error("{0}")]
+    DoesNotCompile(String),
+    /// The component's compile broke a limit or crashed the child: it must not be compiled
+    /// anywhere else either.
     #[error("{0}")]
     Refused(String),
 }
@@ -279,7 +298,10 @@ pub(crate) fn compile_in_child(
     }
     match status.code() {
         Some(0) => {}
-        Some(EXIT_DOES_NOT_COMPILE) => return Err(ChildFailure::Refused(stderr_text)),
+        Some(EXIT_DOES_NOT_COMPILE) => {
+            let reason = stderr_text.strip_prefix("error: ").unwrap_or(&stderr_text).to_owned();
+            return Err(ChildFailure::DoesNotCompile(reason));
+        }
         _ => {
             return Err(unavailable(format!(
                 "{} exited with {status}: {stderr_text}",
@@ -288,8 +310,12 @@ pub(crate) fn compile_in_child(
         }
     }
     read.map_err(|e| unavailable(format!("reading the artifact: {e}")))?;
-    written.map_err(|e| unavailable(format!("writing the component: {e}")))?;
-    verify_output(output, &key, expected, wasm).map_err(|e| unavailable(format!("{}: {e}", program.display())))
+    // An output that authenticates answers the whole request (its MAC covers the hash of
+    // what the child read), whatever became of the writes; one that does not says why.
+    verify_output(output, &key, expected, wasm).map_err(|e| {
+        let unsent = written.err().map(|w| format!(" (writing the component failed: {w})")).unwrap_or_default();
+        unavailable(format!("{}: {e}{unsent}", program.display()))
+    })
 }
 
 /// Why the host killed the child.

@@ -30,7 +30,9 @@
 //!   Winch and returns at once; Cranelift compiles the same bytes in the background
 //!   ([`super::tier_up`]) and the plugins switch to its code when ready ([`super::tier`]).
 //!   A cache hit is used directly (no Winch). A component Winch cannot compile is compiled
-//!   by Cranelift before the load returns, as with tier-up off: tier-up never fails a load.
+//!   by Cranelift before the load returns, as with tier-up off: Winch's refusal never fails
+//!   a load. With a compile program, Winch compiles run there too, under the same limits
+//!   (a component that breaks them fails its load, as with Cranelift).
 //! - Idle resources ([`super::idle`]): instances idle for [`EngineConfig::idle_instance_timeout`]
 //!   are released; plugins without a call for [`EngineConfig::idle_code_timeout`] drop their
 //!   compiled code ([`super::code`]), and [`PluginEngine::reload_component`] gives it back
@@ -58,7 +60,8 @@ use super::PluginError;
 use super::bindings::TypesHost;
 use super::bindings::wasmctrl::controller::{cache, client, config, events, log, types};
 use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
-use super::compile_process::{CompileLimits, CompileSettings};
+use super::compile_cache::EngineFingerprint;
+use super::compile_process::{ChildFailure, CompileLimits, CompileSettings, compatible, compile_in_child};
 use super::gate::Gate;
 use super::idle::{IdlePlugin, IdleReaper, ReaperThread};
 use super::metrics::{ComponentLoadLabels, RuntimeMetrics, TierUpLabels};
@@ -287,6 +290,9 @@ pub struct LoadSlot {
 struct Baseline {
     engine: Engine,
     linker: Linker<HostState>,
+    /// Where Winch compiles run when a compile program is configured (and its Winch
+    /// engine's artifacts load into `engine`): the program, its settings and limits.
+    child: Option<(PathBuf, CompileSettings, CompileLimits)>,
 }
 
 impl Drop for EngineInner {
@@ -607,7 +613,7 @@ impl PluginEngine {
         }
         self.validate_component(wasm)?;
         let version = hash.get(..12).unwrap_or(&hash);
-        match Component::new(&baseline.engine, wasm) {
+        match baseline.compile(wasm) {
             Ok(component) => {
                 self.count_load("baseline");
                 let tiered = Arc::new(TieredComponent::new(hash.clone(), component, Tier::Baseline, start));
@@ -619,9 +625,10 @@ impl PluginEngine {
                 });
                 Ok(tiered)
             }
-            Err(e) => {
+            Err(BaselineError::Failed(e)) => Err(e),
+            Err(BaselineError::Refused(e)) => {
                 // A feature Winch lacks (or bytes nobody can compile: Cranelift then says why).
-                tracing::debug!(%version, error = %format!("{e:#}"), "Winch cannot compile this component; compiling with Cranelift");
+                tracing::debug!(%version, error = %e, "Winch cannot compile this component; compiling with Cranelift");
                 let optimizer = &self.inner.optimizer;
                 let component = optimizer.compile(wasm, &hash, optimizer.gate().enter())?;
                 self.count_load("compiled");
@@ -705,14 +712,59 @@ pub(crate) fn wasm_config(config: &EngineConfig) -> Config {
 fn baseline_engine(config: &EngineConfig) -> Option<Baseline> {
     let mut wasm = wasm_config(config);
     wasm.strategy(Strategy::Winch);
-    let built = Engine::new(&wasm).and_then(|engine| Ok(Baseline { linker: link(&engine)?, engine }));
+    let built = Engine::new(&wasm).and_then(|engine| Ok(Baseline { linker: link(&engine)?, engine, child: None }));
     match built {
-        Ok(b) => Some(b),
+        Ok(mut b) => {
+            let settings = CompileSettings::of(config).winch();
+            b.child = match (&config.compile_process, settings.compile_engine()) {
+                (Some(program), Ok(probe)) if compatible(&probe, &b.engine) => {
+                    Some((program.clone(), settings, config.compile_limits.clone()))
+                }
+                (Some(_), _) => {
+                    tracing::warn!("a Winch compile engine's artifacts would not load here; Winch compiles in the host");
+                    None
+                }
+                (None, _) => None,
+            };
+            Some(b)
+        }
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "Winch is unavailable on this host; tier-up is off (every load compiles with Cranelift)");
             None
         }
     }
+}
+
+impl Baseline {
+    /// `wasm` compiled with Winch: in the compile program when there is one (bounded like
+    /// every compile there), else here. An error is Winch's refusal (Cranelift may compile
+    /// it); a compile that broke the child's limits fails the load.
+    fn compile(&self, wasm: &[u8]) -> Result<Component, BaselineError> {
+        let Some((program, settings, limits)) = &self.child else {
+            return Component::new(&self.engine, wasm).map_err(|e| BaselineError::Refused(format!("{e:#}")));
+        };
+        let fingerprint = EngineFingerprint::of(&self.engine);
+        match compile_in_child(program, settings, &fingerprint, limits, wasm) {
+            // SAFETY: the artifact authenticated as the answer of a Winch engine of this
+            // engine's fingerprint to these bytes (see `compile_process`).
+            Ok(artifact) => unsafe { Component::deserialize(&self.engine, &artifact) }
+                .map_err(|e| BaselineError::Failed(PluginError::Compile(format!("loading the Winch code: {e:#}")))),
+            Err(ChildFailure::DoesNotCompile(why)) => Err(BaselineError::Refused(why)),
+            Err(ChildFailure::Refused(why)) => Err(BaselineError::Failed(PluginError::Compile(why))),
+            Err(ChildFailure::Unavailable(why)) => {
+                tracing::warn!(error = %why, "the compile process is unavailable; compiling with Winch in the host");
+                Component::new(&self.engine, wasm).map_err(|e| BaselineError::Refused(format!("{e:#}")))
+            }
+        }
+    }
+}
+
+/// Why Winch gave no code.
+enum BaselineError {
+    /// Winch refused the component: Cranelift may compile it.
+    Refused(String),
+    /// The load fails.
+    Failed(PluginError),
 }
 
 /// Whether `wasm` is a core module (its preamble says so), read by `wasmparser`; anything

@@ -159,7 +159,9 @@ impl Optimizer {
                 }
                 // What the component did to the child it would do to the host: not
                 // compiled here.
-                Err(ChildFailure::Refused(reason)) => return Err(PluginError::Compile(reason)),
+                Err(ChildFailure::Refused(reason) | ChildFailure::DoesNotCompile(reason)) => {
+                    return Err(PluginError::Compile(reason));
+                }
                 Err(ChildFailure::Unavailable(e)) => {
                     tracing::warn!(error = %e, "the compile process is unavailable; compiling in the host")
                 }
