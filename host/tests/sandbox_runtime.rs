@@ -46,7 +46,8 @@ fn engine() -> PluginEngine {
 }
 
 fn load(engine: &PluginEngine, crate_name: &str, spec: PluginSpec) -> Plugin {
-    Plugin::load(engine, spec, &wasm(crate_name), env()).unwrap_or_else(|e| panic!("loading {crate_name}: {e}"))
+    Plugin::load(engine, spec, &wasm(crate_name), env())
+        .unwrap_or_else(|e| panic!("loading {crate_name}: {e}"))
 }
 
 fn req(name: &str) -> Request {
@@ -140,18 +141,17 @@ async fn losing_the_leader_lease_ends_a_call_blocked_in_a_sleep() {
         retry_period: Duration::from_millis(500),
         ..LeaderElectionConfig::new(&ns, "sandbox-runtime", "replica-a")
     };
-    let elector = Arc::new(
-        LeaderElector::new(client.clone(), config)
-            .unwrap_or_else(|e| panic!("{e}"))
-            .on_lost({
-                let kube = kube.clone();
-                move || kube.revoke()
-            }),
-    );
+    let elector =
+        Arc::new(LeaderElector::new(client.clone(), config).unwrap_or_else(|e| panic!("{e}")).on_lost({
+            let kube = kube.clone();
+            move || kube.revoke()
+        }));
     let mut leading = elector.subscribe();
     let run = {
         let elector = elector.clone();
-        tokio::spawn(async move { elector.run(CancellationToken::new(), |_| std::future::pending::<()>()).await })
+        tokio::spawn(
+            async move { elector.run(CancellationToken::new(), |_| std::future::pending::<()>()).await },
+        )
     };
     leading.wait_for(|l| *l).await.unwrap_or_else(|e| panic!("{e}"));
 
@@ -228,7 +228,11 @@ fn plugins_holding_every_instance_they_may_do_not_starve_a_well_behaved_plugin()
         // Every slot is taken by a hog call.
         let give_up = Instant::now() + Duration::from_secs(60);
         while engine.instance_slot_counts().map(|c| c.0) != Some(8) {
-            assert!(Instant::now() < give_up, "the hogs never held every slot: {:?}", engine.instance_slot_counts());
+            assert!(
+                Instant::now() < give_up,
+                "the hogs never held every slot: {:?}",
+                engine.instance_slot_counts()
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         // A well-behaved plugin loads and serves meanwhile: its first instance takes its
@@ -283,7 +287,9 @@ fn a_tampered_replayed_or_planted_artifact_is_never_loaded_and_is_compiled_again
             std::fs::copy(&other_path, &victim_path).unwrap_or_else(|e| panic!("{e}"));
         }),
         // Garbage.
-        ("unauthenticated", &|| std::fs::write(&victim_path, b"\x7fELF garbage").unwrap_or_else(|e| panic!("{e}"))),
+        ("unauthenticated", &|| {
+            std::fs::write(&victim_path, b"\x7fELF garbage").unwrap_or_else(|e| panic!("{e}"))
+        }),
         // A symbolic link to the other plugin's artifact.
         ("not-regular", &|| {
             std::fs::remove_file(&victim_path).unwrap_or_else(|e| panic!("{e}"));
@@ -304,7 +310,10 @@ fn a_tampered_replayed_or_planted_artifact_is_never_loaded_and_is_compiled_again
         let loaded = engine.load_component(&victim).unwrap_or_else(|e| panic!("{reason}: {e}"));
         assert!(!loaded.from_cache, "{reason}: the planted artifact was not loaded, the wasm was compiled");
         assert_eq!(engine.rejected_artifacts(reason), 1, "{reason}: counted");
-        assert!(engine.load_component(&victim).unwrap_or_else(|e| panic!("{e}")).from_cache, "{reason}: replaced");
+        assert!(
+            engine.load_component(&victim).unwrap_or_else(|e| panic!("{e}")).from_cache,
+            "{reason}: replaced"
+        );
         let plugin = Plugin::load(&engine, spec("victim", Duration::from_secs(5)), &victim, env())
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(plugin.reconcile_blocking(&req("fine")), Ok(Action::Done));
@@ -317,7 +326,8 @@ fn a_cache_directory_open_to_others_is_made_private_and_one_of_another_user_is_r
     let base = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let open_dir = base.path().join("open");
     std::fs::create_dir(&open_dir).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777))
+        .unwrap_or_else(|e| panic!("{e}"));
     let engine = cached_engine(&open_dir);
     assert_eq!(engine.compile_cache_refusal(), None);
     let mode = std::fs::metadata(&open_dir).unwrap_or_else(|e| panic!("{e}")).permissions().mode() & 0o777;
@@ -337,8 +347,9 @@ fn a_cache_directory_open_to_others_is_made_private_and_one_of_another_user_is_r
     let refusal = engine.compile_cache_refusal().unwrap_or_else(|| panic!("accepted {}", theirs.display()));
     assert!(refusal.contains("belongs to uid") && refusal.contains("not to this host's uid"), "{refusal}");
     // The host goes on, compiling every load.
-    let plugin = Plugin::load(&engine, spec("uncached", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let plugin =
+        Plugin::load(&engine, spec("uncached", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
+            .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(plugin.reconcile_blocking(&req("fine")), Ok(Action::Done));
 }
 
@@ -368,18 +379,21 @@ fn with_tier_up_the_baseline_compile_runs_in_the_child_under_the_same_limits() {
         })
     };
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let engine = tiered(dir.path(), CompileLimits { timeout: Duration::from_millis(1), ..CompileLimits::default() });
+    let engine =
+        tiered(dir.path(), CompileLimits { timeout: Duration::from_millis(1), ..CompileLimits::default() });
     assert!(engine.tier_up_enabled());
-    let err = Plugin::load(&engine, spec("tiered", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
-        .unwrap_err()
-        .to_string();
+    let err =
+        Plugin::load(&engine, spec("tiered", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
+            .unwrap_err()
+            .to_string();
     assert!(err.contains("compile timeout"), "Winch ran in the child, killed at the limit: {err}");
     assert_eq!(engine.component_loads().baseline, 0);
 
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let engine = tiered(dir.path(), CompileLimits::default());
-    let plugin = Plugin::load(&engine, spec("tiered", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let plugin =
+        Plugin::load(&engine, spec("tiered", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
+            .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(plugin.tier(), wasmctrl::plugin::Tier::Baseline);
     assert_eq!(plugin.reconcile_blocking(&req("fine")), Ok(Action::Done));
     assert!(engine.wait_for_tier_ups(Duration::from_secs(120)), "the tier-up finished");
@@ -392,15 +406,19 @@ fn with_tier_up_the_baseline_compile_runs_in_the_child_under_the_same_limits() {
 fn a_compile_past_its_time_output_or_memory_limit_fails_the_load_and_is_not_compiled_in_the_host() {
     let cases = [
         (CompileLimits { timeout: Duration::from_millis(1), ..CompileLimits::default() }, "compile timeout"),
-        (CompileLimits { max_output: 1024, ..CompileLimits::default() }, "larger than the limit of 1024 bytes"),
+        (
+            CompileLimits { max_output: 1024, ..CompileLimits::default() },
+            "larger than the limit of 1024 bytes",
+        ),
         (CompileLimits { memory: 32 << 20, ..CompileLimits::default() }, "broke the compile process"),
     ];
     for (limits, expected) in cases {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let engine = child_engine(dir.path(), limits);
-        let err = Plugin::load(&engine, spec("bounded", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
-            .unwrap_err()
-            .to_string();
+        let err =
+            Plugin::load(&engine, spec("bounded", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
+                .unwrap_err()
+                .to_string();
         assert!(err.contains(expected), "{expected}: {err}");
         let loads = engine.component_loads();
         assert_eq!((loads.compiled, loads.compiled_in_child), (0, 0), "{expected}: not compiled anywhere");
@@ -408,8 +426,9 @@ fn a_compile_past_its_time_output_or_memory_limit_fails_the_load_and_is_not_comp
     // Within the limits, the child compiles it.
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let engine = child_engine(dir.path(), CompileLimits::default());
-    let plugin = Plugin::load(&engine, spec("bounded", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let plugin =
+        Plugin::load(&engine, spec("bounded", Duration::from_secs(5)), &wasm("test-plugin-panic"), env())
+            .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(plugin.reconcile_blocking(&req("fine")), Ok(Action::Done));
     assert_eq!(engine.component_loads().compiled_in_child, 1);
 }

@@ -128,7 +128,8 @@ mod tests {
     #[test]
     fn a_wait_ends_at_the_deadline_naming_the_host_call() {
         let i = Interrupts::default();
-        let ended = reason(i.block_on("wasi:io/poll.poll", Instant::now() + Duration::from_millis(20), never()));
+        let ended =
+            reason(i.block_on("wasi:io/poll.poll", Instant::now() + Duration::from_millis(20), never()));
         assert_eq!(ended.why, Why::Deadline);
         assert_eq!(
             ended.describe(Some(Duration::from_millis(20))),

@@ -144,8 +144,8 @@ pub(crate) struct EngineFingerprint(String);
 impl EngineFingerprint {
     /// The fingerprint of `engine`.
     pub fn of(engine: &wasmtime::Engine) -> Self {
-        use std::hash::Hash;
         use sha2::Digest;
+        use std::hash::Hash;
         /// Feeds what `Hash` writes into SHA-256.
         struct Sha(Sha256);
         impl std::hash::Hasher for Sha {
@@ -388,7 +388,9 @@ impl CompileCache {
         self.inner.rejected.get_or_create(&RejectedArtifactLabels { reason: why.label() }).inc();
         match rustix::fs::unlinkat(&self.inner.fd, name, AtFlags::empty()) {
             Ok(()) | Err(Errno::NOENT) => {}
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "compile cache: cannot remove a rejected artifact"),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "compile cache: cannot remove a rejected artifact")
+            }
         }
     }
 
@@ -407,7 +409,10 @@ impl CompileCache {
         trailer.extend_from_slice(MAGIC);
         trailer.extend_from_slice(&self.mac(hash, engine, bytes).finalize().into_bytes());
         self.write_atomically(&name, &[bytes, &trailer]).map_err(|e| {
-            PluginError::Cache(format!("writing compiled component {}: {e}", self.inner.dir.join(&name).display()))
+            PluginError::Cache(format!(
+                "writing compiled component {}: {e}",
+                self.inner.dir.join(&name).display()
+            ))
         })?;
         let removed = self.evict(&name);
         if removed > 0 {
@@ -438,12 +443,17 @@ impl CompileCache {
             if !name.ends_with(".cwasm") {
                 continue;
             }
-            let Ok(st) = rustix::fs::statat(&self.inner.fd, name, AtFlags::SYMLINK_NOFOLLOW) else { continue };
+            let Ok(st) = rustix::fs::statat(&self.inner.fd, name, AtFlags::SYMLINK_NOFOLLOW) else {
+                continue;
+            };
             if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
                 continue;
             }
             let modified = SystemTime::UNIX_EPOCH
-                + Duration::new(u64::try_from(st.st_mtime).unwrap_or(0), u32::try_from(st.st_mtime_nsec).unwrap_or(0));
+                + Duration::new(
+                    u64::try_from(st.st_mtime).unwrap_or(0),
+                    u32::try_from(st.st_mtime_nsec).unwrap_or(0),
+                );
             artifacts.push((modified, u64::try_from(st.st_size).unwrap_or(0), name.to_owned()));
         }
         let mut total: u64 = artifacts.iter().map(|(_, len, _)| len).sum();
@@ -589,7 +599,14 @@ impl Mapping {
     fn of(fd: impl AsFd, len: usize) -> std::io::Result<Mapping> {
         // SAFETY: a new private read-only mapping of an open file; nothing else refers to it.
         let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, fd.as_fd().as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                fd.as_fd().as_raw_fd(),
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());

@@ -72,7 +72,9 @@ fn the_directory_and_key_are_private_to_the_host_and_files_are_made_exclusively(
     let base = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let dir = base.path().join("nested").join("cache");
     let cache = open(&dir, 1 << 30);
-    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{e}")).permissions().mode() & 0o777;
+    let mode = |p: &Path| {
+        std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{e}")).permissions().mode() & 0o777
+    };
     assert_eq!(mode(&dir), 0o700, "created private");
     assert_eq!(mode(&dir.join(KEY_FILE)), 0o600);
     assert_eq!(std::fs::read(dir.join(KEY_FILE)).unwrap_or_default().len(), KEY_LEN);
@@ -82,14 +84,16 @@ fn the_directory_and_key_are_private_to_the_host_and_files_are_made_exclusively(
     let again = open(&dir, 1 << 30);
     assert!(again.open_verified("h", &engine()).is_some());
     // No temporary file is left behind.
-    let names: Vec<_> = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{e}")).map(|e| e.map(|e| e.file_name())).collect();
+    let names: Vec<_> =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{e}")).map(|e| e.map(|e| e.file_name())).collect();
     assert_eq!(names.len(), 2, "{names:?}");
 }
 
 #[test]
 fn a_group_writable_directory_is_made_private_before_use() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+        .unwrap_or_else(|e| panic!("{e}"));
     let _cache = open(dir.path(), 1 << 30);
     let mode = std::fs::metadata(dir.path()).unwrap_or_else(|e| panic!("{e}")).permissions().mode() & 0o777;
     assert_eq!(mode, 0o700);
@@ -109,7 +113,8 @@ fn a_directory_of_another_user_is_refused_naming_both_uids() {
         PathBuf::from("/")
     };
     let owner = std::fs::metadata(&dir).unwrap_or_else(|e| panic!("{e}")).uid();
-    let err = CompileCache::open(dir.clone(), 1 << 30, Family::default()).map(|_| ()).unwrap_err().to_string();
+    let err =
+        CompileCache::open(dir.clone(), 1 << 30, Family::default()).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains(&format!("belongs to uid {owner}, not to this host's uid {}", euid())), "{err}");
     assert!(err.contains(&dir.display().to_string()), "{err}");
     assert!(!dir.join(KEY_FILE).exists(), "nothing was written into it");
@@ -132,7 +137,8 @@ fn an_unusable_key_is_replaced_and_old_artifacts_no_longer_pass() {
     // A key file that is a link (to a key someone else knows) is replaced, not followed.
     let known = dir.path().join("known");
     std::fs::write(&known, [1u8; KEY_LEN]).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::set_permissions(&known, std::fs::Permissions::from_mode(0o600)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&known, std::fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("{e}"));
     std::fs::remove_file(&key).unwrap_or_else(|e| panic!("{e}"));
     std::os::unix::fs::symlink(&known, &key).unwrap_or_else(|e| panic!("{e}"));
     let cache = open(dir.path(), 1 << 30);
@@ -182,7 +188,8 @@ fn changed_replayed_and_foreign_artifacts_are_rejected_counted_and_removed() {
     let foreign = open(elsewhere.path(), 1 << 30);
     foreign.store("a", &e, b"artifact of a").unwrap_or_else(|e| panic!("{e}"));
     std::fs::copy(foreign.path_of("a", &e), &path_a).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::set_permissions(&path_a, std::fs::Permissions::from_mode(0o600)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&path_a, std::fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(cache.open_verified("a", &e).is_none());
     assert_eq!(rejected(&cache, "mac"), 4);
 }
@@ -220,7 +227,8 @@ fn links_fifos_and_loose_files_in_the_directory_are_never_followed_or_loaded() {
     // Writable by others.
     cache.store("loose", &e, b"artifact").unwrap_or_else(|e| panic!("{e}"));
     let loose = cache.path_of("loose", &e);
-    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o666)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o666))
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(cache.open_verified("loose", &e).is_none());
     assert_eq!(rejected(&cache, "mode"), 1);
 
@@ -245,8 +253,9 @@ impl Mapped {
         let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{e}"));
         let len = file.metadata().map(|m| m.len() as usize).unwrap_or_else(|e| panic!("{e}"));
         // SAFETY: a new private read-only mapping of the file, owned by the result.
-        let base =
-            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+        let base = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0)
+        };
         assert_ne!(base, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
         Mapped(base, len)
     }
@@ -312,7 +321,10 @@ fn checking_an_uncached_artifact_reads_it_in_single_pages() {
     // SAFETY: advice on an open file's cached pages (clean: the store synced them).
     let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     assert_eq!(rc, 0);
-    assert!(!any_cached(&path), "the artifact left the page cache (a temporary directory on disk, not tmpfs)");
+    assert!(
+        !any_cached(&path),
+        "the artifact left the page cache (a temporary directory on disk, not tmpfs)"
+    );
     assert!(cache.open_verified("cold", &engine()).is_some(), "it passes");
     assert!(any_cached(&path), "checking it read it");
     let rss = resident_after_one_touch(&path);

@@ -172,8 +172,8 @@ pub enum ChildFailure {
 }
 
 fn mac(key: &[u8], fingerprint: &[u8], wasm_hash: &[u8], artifact: &[u8]) -> HmacSha256 {
-    let mut mac =
-        <HmacSha256 as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+    let mut mac = <HmacSha256 as Mac>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
     mac.update(DOMAIN);
     for field in [fingerprint, wasm_hash] {
         mac.update(&(field.len() as u64).to_le_bytes());
@@ -194,7 +194,8 @@ pub(crate) fn compile_in_child(
     wasm: &[u8],
 ) -> Result<Vec<u8>, ChildFailure> {
     let unavailable = |m: String| ChildFailure::Unavailable(m);
-    let settings = serde_json::to_string(settings).map_err(|e| unavailable(format!("encoding the settings: {e}")))?;
+    let settings =
+        serde_json::to_string(settings).map_err(|e| unavailable(format!("encoding the settings: {e}")))?;
     let mut key = [0u8; KEY_LEN];
     rand::TryRngCore::try_fill_bytes(&mut rand::rngs::OsRng, &mut key)
         .map_err(|e| unavailable(format!("drawing a key: {e}")))?;
@@ -215,7 +216,8 @@ pub(crate) fn compile_in_child(
     // SAFETY: the closure runs in the child between fork and exec, and calls only
     // `setrlimit` and `prctl`, which are async-signal-safe; it allocates nothing.
     unsafe { command.pre_exec(move || rlimits.apply()) };
-    let mut child = command.spawn().map_err(|e| unavailable(format!("starting {}: {e}", program.display())))?;
+    let mut child =
+        command.spawn().map_err(|e| unavailable(format!("starting {}: {e}", program.display())))?;
     // Opened before anyone waits for the child: the pid cannot be reused while it is open.
     let pidfd = rustix::process::Pid::from_child(&child);
     let pidfd = rustix::process::pidfd_open(pidfd, rustix::process::PidfdFlags::empty());
@@ -303,17 +305,15 @@ pub(crate) fn compile_in_child(
             return Err(ChildFailure::DoesNotCompile(reason));
         }
         _ => {
-            return Err(unavailable(format!(
-                "{} exited with {status}: {stderr_text}",
-                program.display()
-            )));
+            return Err(unavailable(format!("{} exited with {status}: {stderr_text}", program.display())));
         }
     }
     read.map_err(|e| unavailable(format!("reading the artifact: {e}")))?;
     // An output that authenticates answers the whole request (its MAC covers the hash of
     // what the child read), whatever became of the writes; one that does not says why.
     verify_output(output, &key, expected, wasm).map_err(|e| {
-        let unsent = written.err().map(|w| format!(" (writing the component failed: {w})")).unwrap_or_default();
+        let unsent =
+            written.err().map(|w| format!(" (writing the component failed: {w})")).unwrap_or_default();
         unavailable(format!("{}: {e}{unsent}", program.display()))
     })
 }
@@ -334,8 +334,10 @@ fn wait_exit(pidfd: &OwnedFd, deadline: Instant) -> bool {
             kill(pidfd);
             return false;
         }
-        let timeout =
-            rustix::event::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: i64::from(left.subsec_nanos()) };
+        let timeout = rustix::event::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
         let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
         match poll(&mut fds, Some(&timeout)) {
             // Readable: the process exited.
@@ -374,9 +376,9 @@ fn verify_output(
         ));
     }
     let wasm_hash = hex::encode(Sha256::digest(wasm));
-    mac(key, fingerprint, wasm_hash.as_bytes(), body)
-        .verify_slice(tag)
-        .map_err(|_| "its output fails authentication (not the answer to this request, or altered)".to_owned())?;
+    mac(key, fingerprint, wasm_hash.as_bytes(), body).verify_slice(tag).map_err(|_| {
+        "its output fails authentication (not the answer to this request, or altered)".to_owned()
+    })?;
     output.truncate(body_len);
     Ok(output)
 }
@@ -462,7 +464,8 @@ pub fn serve_compile(settings: &str, mut input: impl Read, mut output: impl Writ
         engine.precompile_component(&wasm).map_err(|e| ServeError::DoesNotCompile(format!("{e:#}")))?;
     let fingerprint = EngineFingerprint::of(&engine);
     let wasm_hash = hex::encode(Sha256::digest(&wasm));
-    let tag = mac(key, fingerprint.as_str().as_bytes(), wasm_hash.as_bytes(), &artifact).finalize().into_bytes();
+    let tag =
+        mac(key, fingerprint.as_str().as_bytes(), wasm_hash.as_bytes(), &artifact).finalize().into_bytes();
     output
         .write_all(&artifact)
         .and_then(|()| output.write_all(fingerprint.as_str().as_bytes()))
@@ -501,8 +504,14 @@ mod tests {
         unsafe { wasmtime::component::Component::deserialize(&host, &artifact) }.unwrap();
 
         // Another key, other bytes, a changed artifact, another engine: refused.
-        assert!(verify_output(out.clone(), &[8u8; KEY_LEN], &fingerprint, &wasm).unwrap_err().contains("authentication"));
-        assert!(verify_output(out.clone(), &key, &fingerprint, b"other").unwrap_err().contains("authentication"));
+        assert!(
+            verify_output(out.clone(), &[8u8; KEY_LEN], &fingerprint, &wasm)
+                .unwrap_err()
+                .contains("authentication")
+        );
+        assert!(
+            verify_output(out.clone(), &key, &fingerprint, b"other").unwrap_err().contains("authentication")
+        );
         let mut altered = out.clone();
         altered[100] ^= 1;
         assert!(verify_output(altered, &key, &fingerprint, &wasm).unwrap_err().contains("authentication"));
@@ -514,12 +523,17 @@ mod tests {
     #[test]
     fn a_component_that_does_not_compile_is_its_own_exit_status() {
         let json = serde_json::to_string(&CompileSettings::of(&EngineConfig::default())).unwrap();
-        let err = serve_compile(&json, request(&[0; KEY_LEN], b"\0asm\x0d\0\x01\0junk").as_slice(), Vec::new())
-            .unwrap_err();
+        let err =
+            serve_compile(&json, request(&[0; KEY_LEN], b"\0asm\x0d\0\x01\0junk").as_slice(), Vec::new())
+                .unwrap_err();
         assert!(matches!(err, ServeError::DoesNotCompile(_)), "{err:?}");
         assert_eq!(i32::from(err.exit_code()), EXIT_DOES_NOT_COMPILE);
-        let err = serve_compile(&json, &b"not a request at all....................................."[..], Vec::new())
-            .unwrap_err();
+        let err = serve_compile(
+            &json,
+            &b"not a request at all....................................."[..],
+            Vec::new(),
+        )
+        .unwrap_err();
         assert!(matches!(err, ServeError::Other(_)), "{err:?}");
     }
 
@@ -529,10 +543,18 @@ mod tests {
         let fp = EngineFingerprint::from_text(&"0".repeat(64));
         let limits = CompileLimits::default();
         let missing = compile_in_child(Path::new("/nonexistent/wasmctrl"), &settings, &fp, &limits, b"");
-        assert!(matches!(&missing, Err(ChildFailure::Unavailable(m)) if m.contains("starting /nonexistent/wasmctrl")));
+        assert!(
+            matches!(&missing, Err(ChildFailure::Unavailable(m)) if m.contains("starting /nonexistent/wasmctrl"))
+        );
         let failing = compile_in_child(Path::new("/bin/false"), &settings, &fp, &limits, b"\0asm");
-        assert!(matches!(&failing, Err(ChildFailure::Unavailable(m)) if m.contains("exited with")), "{failing:?}");
+        assert!(
+            matches!(&failing, Err(ChildFailure::Unavailable(m)) if m.contains("exited with")),
+            "{failing:?}"
+        );
         let silent = compile_in_child(Path::new("/bin/true"), &settings, &fp, &limits, b"");
-        assert!(matches!(&silent, Err(ChildFailure::Unavailable(m)) if m.contains("no artifact")), "{silent:?}");
+        assert!(
+            matches!(&silent, Err(ChildFailure::Unavailable(m)) if m.contains("no artifact")),
+            "{silent:?}"
+        );
     }
 }

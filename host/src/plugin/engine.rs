@@ -59,8 +59,8 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllo
 use super::PluginError;
 use super::bindings::TypesHost;
 use super::bindings::wasmctrl::controller::{cache, client, config, events, log, types};
-use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
 use super::compile_cache::EngineFingerprint;
+use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
 use super::compile_process::{ChildFailure, CompileLimits, CompileSettings, compatible, compile_in_child};
 use super::gate::Gate;
 use super::idle::{IdlePlugin, IdleReaper, ReaperThread};
@@ -329,7 +329,11 @@ impl PluginEngine {
         let (disk, cache_refusal) = match config.cache_dir.clone() {
             None => (None, None),
             Some(dir) => {
-                match CompileCache::open(dir, config.cache_max_bytes, runtime_metrics.rejected_artifacts.clone()) {
+                match CompileCache::open(
+                    dir,
+                    config.cache_max_bytes,
+                    runtime_metrics.rejected_artifacts.clone(),
+                ) {
                     Ok(cache) => (Some(cache), None),
                     Err(e) => {
                         tracing::error!(error = %e, "compile cache refused: every plugin load compiles");
@@ -359,9 +363,10 @@ impl PluginEngine {
         ticked.extend(tier_up.as_ref().map(|(b, _)| b.engine.clone()));
         let ticker = EpochTicker::start(ticked, config.epoch_tick.max(Duration::from_micros(100)))?;
         let idle = IdleReaper::start(config.idle_instance_timeout, config.idle_code_timeout)?;
-        let slots = config.pooling.as_ref().map(|p| {
-            InstanceSlots::new(p.instances.max(1) as usize, p.per_plugin.max(1) as usize)
-        });
+        let slots = config
+            .pooling
+            .as_ref()
+            .map(|p| InstanceSlots::new(p.instances.max(1) as usize, p.per_plugin.max(1) as usize));
         Ok(PluginEngine {
             inner: Arc::new(EngineInner {
                 engine,
@@ -712,7 +717,8 @@ pub(crate) fn wasm_config(config: &EngineConfig) -> Config {
 fn baseline_engine(config: &EngineConfig) -> Option<Baseline> {
     let mut wasm = wasm_config(config);
     wasm.strategy(Strategy::Winch);
-    let built = Engine::new(&wasm).and_then(|engine| Ok(Baseline { linker: link(&engine)?, engine, child: None }));
+    let built =
+        Engine::new(&wasm).and_then(|engine| Ok(Baseline { linker: link(&engine)?, engine, child: None }));
     match built {
         Ok(mut b) => {
             let settings = CompileSettings::of(config).winch();
@@ -721,7 +727,9 @@ fn baseline_engine(config: &EngineConfig) -> Option<Baseline> {
                     Some((program.clone(), settings, config.compile_limits.clone()))
                 }
                 (Some(_), _) => {
-                    tracing::warn!("a Winch compile engine's artifacts would not load here; Winch compiles in the host");
+                    tracing::warn!(
+                        "a Winch compile engine's artifacts would not load here; Winch compiles in the host"
+                    );
                     None
                 }
                 (None, _) => None,
@@ -747,8 +755,9 @@ impl Baseline {
         match compile_in_child(program, settings, &fingerprint, limits, wasm) {
             // SAFETY: the artifact authenticated as the answer of a Winch engine of this
             // engine's fingerprint to these bytes (see `compile_process`).
-            Ok(artifact) => unsafe { Component::deserialize(&self.engine, &artifact) }
-                .map_err(|e| BaselineError::Failed(PluginError::Compile(format!("loading the Winch code: {e:#}")))),
+            Ok(artifact) => unsafe { Component::deserialize(&self.engine, &artifact) }.map_err(|e| {
+                BaselineError::Failed(PluginError::Compile(format!("loading the Winch code: {e:#}")))
+            }),
             Err(ChildFailure::DoesNotCompile(why)) => Err(BaselineError::Refused(why)),
             Err(ChildFailure::Refused(why)) => Err(BaselineError::Failed(PluginError::Compile(why))),
             Err(ChildFailure::Unavailable(why)) => {

@@ -76,9 +76,9 @@ pub use cluster::KubeServices;
 pub use compile_cache::DEFAULT_CACHE_MAX_BYTES;
 pub use compile_process::{CompileLimits, DEFAULT_COMPILE_TIMEOUT};
 pub use engine::{
-    CodeDrops, ComponentLoads, DEFAULT_IDLE_CODE_TIMEOUT, DEFAULT_IDLE_INSTANCE_TIMEOUT, DEFAULT_INSTANCE_SLOTS,
-    DEFAULT_INSTANCES_PER_PLUGIN, EngineConfig,
-    EngineTuning, LoadSlot, LoadedComponent, PluginEngine, PoolingLimits, SharedComponent, TierUps,
+    CodeDrops, ComponentLoads, DEFAULT_IDLE_CODE_TIMEOUT, DEFAULT_IDLE_INSTANCE_TIMEOUT,
+    DEFAULT_INSTANCE_SLOTS, DEFAULT_INSTANCES_PER_PLUGIN, EngineConfig, EngineTuning, LoadSlot,
+    LoadedComponent, PluginEngine, PoolingLimits, SharedComponent, TierUps,
 };
 pub use inspect::{ComponentReport, inspect_component};
 pub use record::{CallLog, RecordedEvent, RecordedWrite};

@@ -187,7 +187,6 @@ impl Optimizer {
     pub fn compile_engine_exists(&self) -> bool {
         self.compilers.state.lock().engine.is_some()
     }
-
 }
 
 /// The engine compiles run in: made when a compile starts and none runs, shared by the
@@ -284,8 +283,14 @@ mod tests {
         let config = super::super::EngineConfig { pooling: None, ..Default::default() };
         let runtime = Engine::new(&super::super::engine::wasm_config(&config)).unwrap();
         let settings = CompileSettings::of(&config);
-        let optimizer =
-            Optimizer::new(runtime.clone(), settings, None, CompileLimits::default(), None, Arc::new(Gate::new(2)));
+        let optimizer = Optimizer::new(
+            runtime.clone(),
+            settings,
+            None,
+            CompileLimits::default(),
+            None,
+            Arc::new(Gate::new(2)),
+        );
         let wasm = wasmctrl_testkit::guests::wasm("test-plugin-panic");
         assert!(!optimizer.compile_engine_exists());
 

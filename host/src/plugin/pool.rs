@@ -140,7 +140,11 @@ impl<T> Pool<T> {
                 };
             }
             if self.shared.freed.wait_until(&mut s, deadline).timed_out() {
-                return Err(if s.live == 0 { CheckoutError::NoSlot } else { CheckoutError::Exhausted(s.live) });
+                return Err(if s.live == 0 {
+                    CheckoutError::NoSlot
+                } else {
+                    CheckoutError::Exhausted(s.live)
+                });
             }
         }
     }

@@ -712,10 +712,8 @@ fn check_at_tick(
 
 /// Each import's host context for one plugin, built once and shared by its instances.
 fn contexts(spec: &PluginSpec, short_version: &str, env: PluginEnv, engine: &PluginEngine) -> PluginContexts {
-    let interrupts = Interrupts {
-        shutdown: engine.shutdown_token(),
-        revoked: env.kube.as_ref().map(|k| k.revocation()),
-    };
+    let interrupts =
+        Interrupts { shutdown: engine.shutdown_token(), revoked: env.kube.as_ref().map(|k| k.revocation()) };
     let access = Arc::new(Access::new(
         spec.name.clone(),
         spec.permissions.clone(),

@@ -87,7 +87,12 @@ impl InstanceSlots {
     /// with its floor reserved.
     pub fn register(self: &Arc<Self>, wanted: usize, concurrency: usize) -> Result<SlotQuota, SlotError> {
         if wanted > self.per_plugin {
-            return Err(SlotError::OverQuota { wanted, concurrency, per_plugin: self.per_plugin, total: self.total });
+            return Err(SlotError::OverQuota {
+                wanted,
+                concurrency,
+                per_plugin: self.per_plugin,
+                total: self.total,
+            });
         }
         let mut s = self.state.lock();
         if s.plugins >= self.total {
@@ -214,7 +219,10 @@ mod tests {
         let err = slots.register(1025, 1024).unwrap_err();
         assert_eq!(err, SlotError::OverQuota { wanted: 1025, concurrency: 1024, per_plugin: 32, total: 128 });
         let text = err.to_string();
-        assert!(text.contains("needs 1025 instances") && text.contains("concurrency to 31 or less"), "{text}");
+        assert!(
+            text.contains("needs 1025 instances") && text.contains("concurrency to 31 or less"),
+            "{text}"
+        );
         assert!(slots.register(32, 31).is_ok());
     }
 
