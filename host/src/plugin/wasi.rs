@@ -33,18 +33,16 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use wasmtime::component::{HasData, Linker, ResourceTable};
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::cli::{WasiCli, WasiCliView};
 use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
 use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
+use wasmtime_wasi::p2::DynPollable;
 use wasmtime_wasi::p2::bindings;
+use wasmtime_wasi::p2::bindings::io::poll as async_poll;
 use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
 use wasmtime_wasi::sockets::{WasiSockets, WasiSocketsView};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiView};
-
-use wasmtime::component::Resource;
-use wasmtime_wasi::p2::DynPollable;
-use wasmtime_wasi::p2::bindings::io::poll as async_poll;
 
 use super::call::{CallInfo, Interrupts};
 use super::stdio::{GuestOutput, GuestStderr};
