@@ -258,6 +258,41 @@ error: plugins/mirror.toml:2:10: `memory`: memory `64KiB` is below the minimum, 
     );
 }
 
+/// A concurrency needing more instances than a plugin may hold on the host is refused
+/// where it is written (`wasmctrl check` and the loader both resolve the TOML this way).
+#[test]
+fn error_concurrency_over_the_instance_share() {
+    assert_eq!(
+        errors(
+            "plugin",
+            r#"concurrency = 1000
+[for]
+api-version = "v1"
+kind = "ConfigMap"
+"#
+        ),
+        r#"error: plugins/mirror.toml:1:15: `concurrency`: concurrency 1000 needs 1001 instances, more than the 32 a plugin may hold on this host
+  |
+1 | concurrency = 1000
+  |               ^^^^
+  |
+  = hint: use concurrency 31 or less, or raise max-instances-per-plugin (and instance-slots) in the host TOML"#
+    );
+    assert_eq!(
+        errors("host", "instance-slots = 8\nmax-instances-per-plugin = 16\ncompile-timeout = \"0s\"\n"),
+        r#"error: etc/wasmctrl.toml:2:28: `max-instances-per-plugin`: max-instances-per-plugin 16 is outside 2..=8 (instance-slots)
+  |
+2 | max-instances-per-plugin = 16
+  |                            ^^
+  |
+  = hint: a plugin needs two instances: one for reconciles, one for hook calls
+error: etc/wasmctrl.toml:3:19: `compile-timeout`: compile-timeout must be more than 0
+  |
+3 | compile-timeout = "0s"
+  |                   ^^^^"#
+    );
+}
+
 /// A kind not written as in manifests.
 #[test]
 fn error_kind_in_wrong_case() {

@@ -507,6 +507,7 @@ fn compile_cache_serves_the_second_load_and_survives_corruption() {
         .unwrap_or_else(|e| panic!("{e}"))
         .filter_map(Result::ok)
         .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
         .collect();
     assert_eq!(artifacts.len(), 1, "{artifacts:?}");
     assert!(artifacts[0].file_name().is_some_and(|n| n.to_string_lossy().starts_with(&first.hash)));

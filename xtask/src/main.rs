@@ -275,9 +275,19 @@ fn lint(root: &Path) -> Result<()> {
 
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
 /// `differential` compares the dev cluster with the real server, request by request;
-/// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size).
-const BACKEND_AWARE_SUITES: &[&str] =
-    &["informer", "controller", "plugin", "examples", "differential", "reload", "semantics", "chaos"];
+/// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size);
+/// `sandbox_runtime` ends a sleeping plugin call on the loss of a real Lease.
+const BACKEND_AWARE_SUITES: &[&str] = &[
+    "informer",
+    "controller",
+    "plugin",
+    "examples",
+    "differential",
+    "reload",
+    "semantics",
+    "chaos",
+    "sandbox_runtime",
+];
 
 /// Builds the real API server, timing the build.
 fn build_real_server() -> Result<PathBuf> {

@@ -1,5 +1,6 @@
 //! The plugin runtime's own metric families: traps, instantiations, refused host calls,
-//! live instances, component loads, tier-ups, and code dropped while idle and reloaded.
+//! live instances, component loads, tier-ups, code dropped while idle and reloaded, and
+//! compile cache artifacts rejected.
 //!
 //! Invariants: one [`RuntimeMetrics`] per engine, registered at most once (by the engine,
 //! when given the host's registry); every other module only increments what it is handed.
@@ -35,6 +36,16 @@ pub struct TierUpLabels {
     pub result: &'static str,
 }
 
+/// `{reason}` label of `wasmctrl_compile_cache_rejected_artifacts`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct RejectedArtifactLabels {
+    /// `not-regular` (a link, FIFO, directory...), `owner`, `mode`, `links`,
+    /// `unauthenticated` (no trailer: written by something else), `mac` (the MAC does not
+    /// match: changed, or another name's or engine's artifact), `unloadable` (the MAC
+    /// matched but wasmtime refused it).
+    pub reason: &'static str,
+}
+
 /// The runtime's own metric families, registered once per engine.
 #[derive(Clone, Default)]
 pub(crate) struct RuntimeMetrics {
@@ -55,6 +66,8 @@ pub(crate) struct RuntimeMetrics {
     /// Plugins that loaded their dropped code again for a call (each also counts as a
     /// component load: from the cache, shared, or compiled).
     pub code_reloads: Counter,
+    /// Compile cache artifacts rejected (never loaded), by reason.
+    pub rejected_artifacts: Family<RejectedArtifactLabels, Counter>,
 }
 
 impl RuntimeMetrics {
@@ -95,6 +108,11 @@ impl RuntimeMetrics {
             "wasmctrl_plugin_code_reloads",
             "Plugins that loaded their dropped code again for a call (see wasmctrl_plugin_component_loads for where from)",
             self.code_reloads.clone(),
+        );
+        m.register(
+            "wasmctrl_compile_cache_rejected_artifacts",
+            "Compile cache artifacts rejected and removed, never loaded, by reason (not-regular, owner, mode, links, unauthenticated, mac, unloadable)",
+            self.rejected_artifacts.clone(),
         );
     }
 

@@ -7,7 +7,8 @@
 //!    `wit/`), [`metrics`] (the runtime's metric families), `call` (the call in progress),
 //!    `callsites` (tracing callsites for guest log fields), [`record`] (the fixture call
 //!    log), `recorder` (the Event spam filter and aggregation), `stdio` (guest stdout and
-//!    stderr into the log), [`shared`], [`pool`], `gate`, `idle`, [`compile_cache`],
+//!    stderr into the log), [`shared`], `slots` (the host's instance slots, shared fairly),
+//!    [`pool`], `gate`, `idle`, [`compile_cache`],
 //!    [`tier`] (a component's code across its tier-up from Winch to Cranelift), then
 //!    `optimizer` (Cranelift through the compile cache) and `tier_up` (the background
 //!    Cranelift compiles), which import only these.
@@ -60,6 +61,7 @@ pub mod record;
 mod recorder;
 pub mod runtime;
 pub mod shared;
+mod slots;
 pub mod spec;
 mod state;
 mod stdio;
@@ -72,9 +74,11 @@ pub use cache::{CacheReadError, CacheReader};
 pub use cache_union::UnionCache;
 pub use cluster::KubeServices;
 pub use compile_cache::DEFAULT_CACHE_MAX_BYTES;
+pub use compile_process::{CompileLimits, DEFAULT_COMPILE_TIMEOUT};
 pub use engine::{
-    CodeDrops, ComponentLoads, DEFAULT_IDLE_CODE_TIMEOUT, DEFAULT_IDLE_INSTANCE_TIMEOUT, EngineConfig,
-    EngineTuning, LoadSlot, LoadedComponent, PluginEngine, PoolingLimits, SharedComponent, TierUps,
+    CodeDrops, ComponentLoads, DEFAULT_IDLE_CODE_TIMEOUT, DEFAULT_IDLE_INSTANCE_TIMEOUT,
+    DEFAULT_INSTANCE_SLOTS, DEFAULT_INSTANCES_PER_PLUGIN, EngineConfig, EngineTuning, LoadSlot,
+    LoadedComponent, PluginEngine, PoolingLimits, SharedComponent, TierUps,
 };
 pub use inspect::{ComponentReport, inspect_component};
 pub use record::{CallLog, RecordedEvent, RecordedWrite};
@@ -96,6 +100,9 @@ pub enum PluginError {
     /// The component imports a WASI interface the host does not grant (`reason` names it).
     #[error("plugin {plugin} {reason}")]
     Ungranted { plugin: String, reason: String },
+    /// The plugin cannot have the instance slots it needs (`reason` says how many and why).
+    #[error("plugin {plugin}: {reason}")]
+    Slots { plugin: String, reason: String },
     #[error("plugin {plugin}: starting an instance failed: {reason}")]
     Init { plugin: String, reason: String },
     /// The component was written for another kind than its TOML's `[for]`.

@@ -9,7 +9,10 @@
 //!   trap or host error fails that call only, and the instance is destroyed (wasmtime
 //!   refuses to re-enter a trapped component anyway).
 //! - At every epoch tick a running call checks its deadline and whether the host's cluster
-//!   access was revoked (leader lease lost): either one interrupts it there.
+//!   access was revoked (leader lease lost): either one interrupts it there. A call blocked
+//!   in a host call (a WASI sleep or poll) is ended by its deadline, by the lease's loss and
+//!   by the host's shutdown ([`PluginEngine::shut_down_calls`]) all the same, with a trap
+//!   naming the host call it was blocked in (see [`super::call`]).
 //! - Data a guest returns is measured against `max-output`; more is a sandbox violation,
 //!   reported like a trap.
 //! - Calls block: run them on blocking threads (the adapter does).
@@ -48,7 +51,7 @@ use super::bindings::exports::wasmctrl::controller::reconciler::{
 };
 use super::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as WitRequest};
 use super::cache::{CacheCtx, CacheReader};
-use super::call::CallInfo;
+use super::call::{BlockedCallEnded, CallInfo, Interrupts};
 use super::client::ClientCtx;
 use super::cluster::KubeServices;
 use super::code::{Code, PluginCode};
@@ -351,8 +354,15 @@ impl Plugin {
         let name = spec.name.clone();
         let tier = code.tier;
         // One instance per concurrent reconcile plus one for notifications (hooks, map,
-        // filter), so those never wait behind a full set of reconciles.
-        let pool = Pool::new(spec.concurrency + 1);
+        // filter), so those never wait behind a full set of reconciles; each holds one of
+        // the host's instance slots, of which a plugin gets a fair share (see `slots`).
+        let size = spec.concurrency + 1;
+        let quota = engine
+            .instance_slots()
+            .map(|slots| slots.register(size, spec.concurrency))
+            .transpose()
+            .map_err(|e| PluginError::Slots { plugin: name.clone(), reason: e.to_string() })?;
+        let pool = Pool::with_quota(size, quota);
         let short = short_version(&version).to_owned();
         let contexts = contexts(&spec, &short, env, engine);
         let mut inner = PluginInner {
@@ -367,9 +377,32 @@ impl Plugin {
             hooks: PluginHooks::default(),
             version,
         };
-        let (first, info) = inner
-            .instantiate()
-            .map_err(|e| PluginError::Init { plugin: name.clone(), reason: e.to_string() })?;
+        // The first instance, through the pool (it takes its slot there) and back into it.
+        let mut info = None;
+        let deadline = Instant::now() + inner.spec.limits.deadline;
+        let reason = {
+            let first = inner.pool.checkout(deadline, || {
+                inner.instantiate().map(|(instance, i)| {
+                    info = Some(i);
+                    instance
+                })
+            });
+            match first {
+                Ok(lease) => {
+                    drop(lease);
+                    None
+                }
+                Err(CheckoutError::Create(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            }
+        };
+        let info = match (reason, info) {
+            (None, Some(info)) => info,
+            (reason, _) => {
+                let reason = reason.unwrap_or_else(|| "no instance was created".to_owned());
+                return Err(PluginError::Init { plugin: name, reason });
+            }
+        };
         if let Some(written_for) = info.for_kind
             && written_for != inner.spec.for_kind
         {
@@ -381,7 +414,6 @@ impl Plugin {
         }
         let hooks = info.hooks;
         inner.hooks = hooks;
-        inner.pool.put_new(first);
         tracing::info!(plugin = %name, version = %inner.version, ?hooks, tier = tier.as_str(), "plugin loaded");
         let inner = Arc::new(inner);
         let _ = inner.me.set(Arc::downgrade(&inner));
@@ -661,7 +693,7 @@ impl PluginInner {
         let mut lease = match self.pool.checkout(deadline, || self.instantiate().map(|(i, _)| i)) {
             Ok(l) => l,
             Err(CheckoutError::Create(e)) => return Err(e),
-            Err(e @ CheckoutError::Exhausted(_)) => {
+            Err(e @ (CheckoutError::Exhausted(_) | CheckoutError::NoSlot)) => {
                 return Err(CallError::Busy { plugin: self.spec.name.clone(), reason: e.to_string() });
             }
         };
@@ -704,7 +736,7 @@ fn check_at_tick(
     store: wasmtime::StoreContextMut<'_, HostState>,
 ) -> wasmtime::Result<wasmtime::UpdateDeadline> {
     let state = store.data();
-    if state.kube().is_some_and(|k| k.is_revoked()) {
+    if state.interrupts.revoked() {
         return Err(wasmtime::Error::new(Revoked));
     }
     if Instant::now() >= state.call.deadline {
@@ -715,6 +747,8 @@ fn check_at_tick(
 
 /// Each import's host context for one plugin, built once and shared by its instances.
 fn contexts(spec: &PluginSpec, short_version: &str, env: PluginEnv, engine: &PluginEngine) -> PluginContexts {
+    let interrupts =
+        Interrupts { shutdown: engine.shutdown_token(), revoked: env.kube.as_ref().map(|k| k.revocation()) };
     let access = Arc::new(Access::new(
         spec.name.clone(),
         spec.permissions.clone(),
@@ -737,6 +771,7 @@ fn contexts(spec: &PluginSpec, short_version: &str, env: PluginEnv, engine: &Plu
             max_output: spec.limits.max_output,
         }),
         config: Arc::new(ConfigCtx { plugin: spec.name.clone(), settings: spec.settings.clone() }),
+        interrupts,
     }
 }
 
@@ -764,6 +799,8 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSp
         }
     } else if let Some(too_large) = e.downcast_ref::<OutputTooLarge>() {
         too_large.to_string()
+    } else if let Some(ended) = e.downcast_ref::<BlockedCallEnded>() {
+        ended.describe(Some(spec.limits.deadline))
     } else {
         // The root cause, without wasmtime's backtrace context.
         let text = e.root_cause().to_string();

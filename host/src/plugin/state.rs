@@ -21,14 +21,14 @@ use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::cache::{CacheCtx, CacheCtxView};
-use super::call::CallInfo;
+use super::call::{CallInfo, Interrupts};
 use super::client::{ClientCtx, ClientCtxView};
-use super::cluster::KubeServices;
 use super::config::{ConfigCtx, ConfigCtxView};
 use super::events::{EventsCtx, EventsCtxView};
 use super::log::{LogCtx, LogCtxView};
 use super::spec::SandboxLimits;
 use super::stdio::GuestStderr;
+use super::wasi::PollView;
 
 /// The import contexts of one plugin, shared by all its instances.
 #[derive(Clone)]
@@ -40,12 +40,15 @@ pub(crate) struct PluginContexts {
     pub events: Arc<EventsCtx>,
     pub log: Arc<LogCtx>,
     pub config: Arc<ConfigCtx>,
+    /// What ends the plugin's calls besides their deadline (shutdown, lease loss).
+    pub interrupts: Interrupts,
 }
 
 /// The `T` of every plugin `Store`.
 pub(crate) struct HostState {
     pub call: CallInfo,
     pub limits: StoreLimits,
+    pub interrupts: Interrupts,
     cache: Arc<CacheCtx>,
     client: Arc<ClientCtx>,
     events: Arc<EventsCtx>,
@@ -74,6 +77,7 @@ impl HostState {
         HostState {
             call: CallInfo::idle(),
             limits,
+            interrupts: contexts.interrupts.clone(),
             cache: contexts.cache.clone(),
             client: contexts.client.clone(),
             events: contexts.events.clone(),
@@ -110,9 +114,9 @@ impl HostState {
         ConfigCtxView { ctx: &self.config }
     }
 
-    /// The cluster access the plugin's calls use, if any (to interrupt them once revoked).
-    pub fn kube(&self) -> Option<&Arc<KubeServices>> {
-        self.client.kube.as_ref()
+    /// `wasi:io/poll`'s view: the resource table, and what bounds its waits.
+    pub fn poll(&mut self) -> PollView<'_> {
+        PollView { table: &mut self.table, call: &self.call, interrupts: &self.interrupts }
     }
 }
 

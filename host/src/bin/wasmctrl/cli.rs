@@ -12,7 +12,7 @@ use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig};
 use wasmctrl::controller::leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 use wasmctrl::informer::{FactoryOptions, InformerFactory};
 use wasmctrl::metrics::Metrics;
-use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
+use wasmctrl::plugin::{CompileLimits, EngineConfig, KubeServices, PluginEngine, PoolingLimits};
 use wasmctrl::reload::scan::plugin_tomls;
 use wasmctrl::reload::{
     CheckOptions, EngineValidator, FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, RbacOptions,
@@ -151,6 +151,12 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
             // Compiles run in a child process of this binary (see `EngineConfig`): the
             // compiler's code and memory stay out of the host.
             compile_process: std::env::current_exe().ok(),
+            compile_limits: CompileLimits { timeout: host.compile_timeout, ..CompileLimits::default() },
+            pooling: Some(PoolingLimits {
+                instances: host.instance_slots,
+                per_plugin: host.max_instances_per_plugin,
+                ..PoolingLimits::default()
+            }),
             ..EngineConfig::default()
         },
         Some(&metrics),
@@ -178,8 +184,12 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
 
     let signal = {
         let shutdown = shutdown.clone();
+        let engine = deps.engine.clone();
         tokio::spawn(async move {
             shutdown_signal().await;
+            // Calls blocked in a host call (a guest's sleep) end now; the drain waits for
+            // the rest, each bounded by its deadline.
+            engine.shut_down_calls();
             shutdown.cancel();
         })
     };

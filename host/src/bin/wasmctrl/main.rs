@@ -96,7 +96,7 @@ fn main() -> std::process::ExitCode {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("error: {err}");
-                std::process::ExitCode::FAILURE
+                std::process::ExitCode::from(err.exit_code())
             }
         };
     }

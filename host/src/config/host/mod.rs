@@ -69,6 +69,12 @@ pub struct HostConfig {
     pub rescan_interval: Option<Duration>,
     /// How long the pending keys of a stopped plugin are kept for its return.
     pub parked_keys_ttl: Duration,
+    /// Plugin instances alive at once, every plugin together.
+    pub instance_slots: u32,
+    /// The most instances one plugin may hold.
+    pub max_instances_per_plugin: u32,
+    /// How long one compile may run.
+    pub compile_timeout: Duration,
     pub cluster: ClusterConfig,
     pub server_address: SocketAddr,
     pub leader_election: Option<LeaderElectionConfig>,
@@ -108,6 +114,9 @@ impl HostConfig {
             tier_up: true,
             rescan_interval: Some(crate::reload::DEFAULT_RESCAN_INTERVAL),
             parked_keys_ttl: crate::reload::DEFAULT_PARKED_KEYS_TTL,
+            instance_slots: crate::plugin::DEFAULT_INSTANCE_SLOTS,
+            max_instances_per_plugin: crate::plugin::DEFAULT_INSTANCES_PER_PLUGIN,
+            compile_timeout: crate::plugin::DEFAULT_COMPILE_TIMEOUT,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
             leader_election: None,

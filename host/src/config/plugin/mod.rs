@@ -38,6 +38,9 @@ pub struct PluginDefaults {
     pub max_output: u64,
     /// `None`: no periodic resync.
     pub resync: Option<Duration>,
+    /// The most instances one plugin may hold (the host TOML's `max-instances-per-plugin`):
+    /// a plugin's `concurrency` may be at most one less (one instance serves its hooks).
+    pub max_instances: usize,
 }
 
 impl Default for PluginDefaults {
@@ -48,6 +51,7 @@ impl Default for PluginDefaults {
             memory: 64 << 20,
             max_output: 4 << 20,
             resync: None,
+            max_instances: crate::plugin::DEFAULT_INSTANCES_PER_PLUGIN as usize,
         }
     }
 }

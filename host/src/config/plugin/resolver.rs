@@ -85,6 +85,21 @@ impl Resolver<'_, '_> {
                 );
                 1024
             }
+            Some(n) if n as usize >= defaults.max_instances => {
+                self.err(
+                    &[key("concurrency")],
+                    format!(
+                        "concurrency {n} needs {} instances, more than the {} a plugin may hold on this host",
+                        n as usize + 1,
+                        defaults.max_instances
+                    ),
+                    Some(format!(
+                        "use concurrency {} or less, or raise max-instances-per-plugin (and instance-slots) in the host TOML",
+                        defaults.max_instances.saturating_sub(1).max(1)
+                    )),
+                );
+                defaults.max_instances.saturating_sub(1).max(1)
+            }
             Some(n) => n as usize,
             None => defaults.concurrency,
         };
