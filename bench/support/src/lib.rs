@@ -12,14 +12,17 @@ mod alloc;
 mod clock;
 mod corpus;
 pub mod latency;
+mod negotiate;
 mod proc_status;
 mod progress;
+pub mod protobuf;
 mod server;
 pub mod summary;
 
 pub use alloc::{ALLOCATOR_ENV, Allocator, CountingAllocator, allocated, in_use, peak_allocated, reset_peak};
 pub use clock::unix_nanos;
 pub use corpus::{Corpus, SENT_ANNOTATION, SEQ_ANNOTATION};
+pub use negotiate::{Encoding, negotiate};
 pub use proc_status::ProcStatus;
 pub use progress::{StreamProgress, WatchFigures};
 pub use server::{BackgroundServer, Pace, StreamConfig, StreamServer};
