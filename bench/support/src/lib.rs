@@ -16,6 +16,7 @@ mod negotiate;
 mod proc_status;
 mod progress;
 pub mod protobuf;
+mod rounds;
 mod server;
 pub mod summary;
 
@@ -25,5 +26,6 @@ pub use corpus::{Corpus, SENT_ANNOTATION, SEQ_ANNOTATION};
 pub use negotiate::{Encoding, negotiate};
 pub use proc_status::ProcStatus;
 pub use progress::{StreamProgress, WatchFigures};
+pub use rounds::{Rounds, number, quick, rounds_from_env};
 pub use server::{BackgroundServer, Pace, StreamConfig, StreamServer};
-pub use summary::Figure;
+pub use summary::{Figure, Plot, Table};
