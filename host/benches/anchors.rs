@@ -19,6 +19,7 @@
 //!   reconcile, concurrency 1. A consumer that does not keep up (`latency::Delivery`) is
 //!   reported as "saturated at N events/s", never with a latency; a plot draws p99 against
 //!   the rate for the runs that kept up.
+//!
 //! A fourth table gives the environment: the Go runtime's version, GOMAXPROCS and GOGC as
 //! each Go program reported them; the harness pins GOMAXPROCS (the cores it may use) and
 //! GOGC (100), and unsets GOMEMLIMIT and GODEBUG, for every Go process.
