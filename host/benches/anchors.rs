@@ -613,12 +613,14 @@ impl Sizes {
 /// A consumer's figures over the rounds, or why it has none.
 struct Measured {
     rounds: Vec<Value>,
+    /// The last failure, and how many rounds failed.
     failure: Option<String>,
+    failed: usize,
 }
 
 impl Measured {
     fn run(rounds: usize, label: &str, mut once: impl FnMut() -> Result<Value, String>) -> Self {
-        let mut m = Measured { rounds: Vec::new(), failure: None };
+        let mut m = Measured { rounds: Vec::new(), failure: None, failed: 0 };
         for round in 0..rounds {
             eprintln!("anchors: {label}, round {}", round + 1);
             match once() {
@@ -629,6 +631,7 @@ impl Measured {
                 Err(e) => {
                     eprintln!("anchors: {label}: {e}");
                     m.failure = Some(e);
+                    m.failed += 1;
                 }
             }
         }
@@ -644,7 +647,9 @@ impl Measured {
         let r = self.figure(name);
         match (&self.failure, r.is_empty()) {
             (Some(e), true) => e.clone(),
-            (Some(_), false) => format!("{} ({} of {} rounds)", r.display(), r.len(), r.len() + 1),
+            (Some(e), false) => {
+                format!("{} ({} of {} rounds; the others: {e})", r.display(), r.len(), r.len() + self.failed)
+            }
             (None, _) => r.display(),
         }
     }
@@ -778,7 +783,7 @@ fn orchestrate() -> Result<(), Error> {
         ]);
     }
     table.note(format!(
-        "Each round is two fresh processes (the stream server and the consumer). The listed objects are {json_bytes:.0} B of JSON each. Cache bytes: heap after the stream minus heap before the client (Rust: a counting allocator; Go: live heap after a GC), per object."
+        "Each round is two fresh processes (the stream server and the consumer). The listed objects are {json_bytes:.0} B of JSON each. Cache bytes: heap after the stream minus heap before the client (Rust: a counting allocator; Go: live heap after a GC), per object. client-go v0.37.2's typed ConfigMap client asks for protobuf first when rest.Config.ContentType is unset, so its default is the protobuf row; the JSON row sets ContentType to application/json."
     ));
     table.print_and_record();
     let ours = informers[0].figure("events_per_sec").median();

@@ -14,9 +14,9 @@
 // -top informer FILE`).
 //
 // `-content-type` picks the encoding through rest.Config.ContentType: `json` asks for
-// application/json only; `protobuf` for application/vnd.kubernetes.protobuf (what client-go's
-// typed ConfigMap client asks for first when ContentType is left unset, since v0.35's
-// PrefersProtobuf). The result line names the Content-Type the server answered with (`wire`)
+// application/json only; `protobuf` for application/vnd.kubernetes.protobuf (what client-go
+// v0.37.2's typed ConfigMap client asks for first when ContentType is left unset:
+// gentype.PrefersProtobuf). The result line names the Content-Type the server answered with (`wire`)
 // and the Go runtime's GOMAXPROCS, GOGC and version.
 //
 // The stream server speaks list + watch, not the watch-list protocol (sendInitialEvents),
