@@ -11,7 +11,8 @@
 //!   the task fails at the end, after the report.
 //! - `--quick` (or `BENCH_QUICK=1` in the environment) is a smoke run: every benchmark gets
 //!   `BENCH_QUICK=1` (the ones that read it shrink their own defaults) and the sizes in
-//!   [`QUICK_SIZES`] unless the environment sets them; the report says it is a smoke run.
+//!   [`QUICK_SIZES`] unless the environment sets them (or the arguments in [`QUICK_ARGS`]);
+//!   the report says it is a smoke run.
 //! - `cargo xtask bench anchors` builds the Rust guests (its no-op plugin is one) and runs
 //!   only that table; it prints, and writes no report.
 //!
@@ -65,6 +66,10 @@ const QUICK_SIZES: &[(&str, &str, &str)] = &[
     ("scale", "SCALE_ALLOCATORS", "jemalloc"),
     ("devcluster", "BENCH_OBJECTS", "2000"),
 ];
+
+/// Arguments of a smoke run for benchmarks that take their sizes as arguments:
+/// (benchmark, arguments after `--`).
+const QUICK_ARGS: &[(&str, &[&str])] = &[("reload", &["--samples", "3"])];
 
 pub fn bench(root: &Path, rest: &[String]) -> Result<()> {
     let quick = rest.iter().any(|a| a == "--quick")
@@ -151,6 +156,9 @@ fn bench_command(root: &Path, package: &str, name: &str, quick: bool) -> Command
                 cmd.env(var, value);
             }
         }
+        for (_, args) in QUICK_ARGS.iter().filter(|(bench, _)| *bench == name) {
+            cmd.arg("--").args(*args);
+        }
     }
     cmd
 }
@@ -218,6 +226,9 @@ mod tests {
         assert!(envs.contains(&("BENCH_QUICK".into(), Some("1".into()))), "{envs:?}");
         assert!(envs.contains(&("PLUGINS".into(), Some("10".into()))), "{envs:?}");
         assert!(!envs.iter().any(|(k, _)| k == "SCALE_SECS"), "{envs:?}");
+        let reload = bench_command(Path::new("."), "wasmctrl", "reload", true);
+        let args: Vec<_> = reload.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert!(args.ends_with(&["--".into(), "--samples".into(), "3".into()]), "{args:?}");
         let full = bench_command(Path::new("."), "wasmctrl", "many_plugins", false);
         assert!(!full.get_envs().any(|(k, _)| k == "BENCH_QUICK"));
         assert!(is_table_or_plot(r#"{"record":"plot"}"#) && !is_table_or_plot(r#"{"bench":"x"}"#));
