@@ -619,23 +619,23 @@ struct Measured {
 }
 
 impl Measured {
-    fn run(rounds: usize, label: &str, mut once: impl FnMut() -> Result<Value, String>) -> Self {
-        let mut m = Measured { rounds: Vec::new(), failure: None, failed: 0 };
-        for round in 0..rounds {
-            eprintln!("anchors: {label}, round {}", round + 1);
-            match once() {
-                Ok(v) => {
-                    eprintln!("anchors: {v}");
-                    m.rounds.push(v);
-                }
-                Err(e) => {
-                    eprintln!("anchors: {label}: {e}");
-                    m.failure = Some(e);
-                    m.failed += 1;
-                }
+    fn new() -> Self {
+        Measured { rounds: Vec::new(), failure: None, failed: 0 }
+    }
+
+    /// Keeps one round's outcome.
+    fn add(&mut self, label: &str, outcome: Result<Value, String>) {
+        match outcome {
+            Ok(v) => {
+                eprintln!("anchors: {v}");
+                self.rounds.push(v);
+            }
+            Err(e) => {
+                eprintln!("anchors: {label}: {e}");
+                self.failure = Some(e);
+                self.failed += 1;
             }
         }
-        m
     }
 
     fn figure(&self, name: &str) -> Rounds {
@@ -738,33 +738,39 @@ fn orchestrate() -> Result<(), Error> {
         .chain(["-content-type".to_string(), content_type.to_string()])
         .collect()
     };
-    let mut informers = Vec::new();
-    for (i, c) in INFORMERS.iter().enumerate() {
-        let label = format!("informer {} ({})", c.label, c.wire);
-        let measured = Measured::run(rounds, &label, || {
-            let (v, bytes) = match (i, &go) {
-                (0, _) => run_consumer(objects, updates, None, self_consumer(&rust_args("wasmctrl")))?,
-                (1, _) => run_consumer(objects, updates, None, self_consumer(&rust_args("kube-rs")))?,
-                (_, Err(why)) => return Err(why.clone()),
+    // Rounds interleave the consumers, so a slow spell of the machine does not fall on one.
+    let mut informers: Vec<Measured> = INFORMERS.iter().map(|_| Measured::new()).collect();
+    for round in 0..rounds {
+        for (i, c) in INFORMERS.iter().enumerate() {
+            let label = format!("informer {} ({})", c.label, c.wire);
+            eprintln!("anchors: {label}, round {}", round + 1);
+            let outcome = match (i, &go) {
+                (0, _) => run_consumer(objects, updates, None, self_consumer(&rust_args("wasmctrl"))),
+                (1, _) => run_consumer(objects, updates, None, self_consumer(&rust_args("kube-rs"))),
+                (_, Err(why)) => Err(why.clone()),
                 (_, Ok(go)) => {
                     let content_type = if c.wire == "JSON" { "json" } else { "protobuf" };
-                    let (v, bytes) = run_consumer(
+                    run_consumer(
                         objects,
                         updates,
                         None,
                         go_consumer(&go.informer, &go_informer_args(content_type)),
-                    )?;
-                    note_go(&v)?;
-                    if wire_of(&v) != c.wire {
-                        return Err(format!("asked for {}, the server answered {}", c.wire, wire_of(&v)));
-                    }
-                    (v, bytes)
+                    )
+                    .and_then(|(v, bytes)| {
+                        note_go(&v)?;
+                        if wire_of(&v) != c.wire {
+                            return Err(format!("asked for {}, the server answered {}", c.wire, wire_of(&v)));
+                        }
+                        Ok((v, bytes))
+                    })
                 }
             };
-            json_bytes = bytes;
-            Ok(v)
-        });
-        informers.push(measured);
+            let outcome = outcome.map(|(v, bytes)| {
+                json_bytes = bytes;
+                v
+            });
+            informers[i].add(&label, outcome);
+        }
     }
     let mut table = Table::new(
         "anchors",
@@ -1049,11 +1055,11 @@ fn controllers(
     let mut lines: Vec<Vec<(f64, f64)>> = vec![Vec::new(); CONTROLLERS.len()];
     for &rate in &sizes.rates {
         let n = u64::from(rate) * seconds;
-        let mut cells = Vec::new();
-        for (column, (name, wire)) in CONTROLLERS.iter().enumerate() {
-            let mut runs = Vec::new();
-            let mut failure = None;
-            for round in 0..rounds {
+        let mut runs: Vec<Vec<ControllerRun>> = CONTROLLERS.iter().map(|_| Vec::new()).collect();
+        let mut failures: Vec<Option<String>> = vec![None; CONTROLLERS.len()];
+        // Rounds interleave the consumers, as the informers' do.
+        for round in 0..rounds {
+            for (column, (name, wire)) in CONTROLLERS.iter().enumerate() {
                 eprintln!("anchors: controller {name} at {rate} updates/s, round {}", round + 1);
                 let args: Vec<String> = [
                     "controller",
@@ -1112,11 +1118,14 @@ fn controllers(
                     eprintln!("anchors: {v}");
                     ControllerRun::parse(&v)
                 }) {
-                    Ok(run) => runs.push(run),
-                    Err(e) => failure = Some(e),
+                    Ok(run) => runs[column].push(run),
+                    Err(e) => failures[column] = Some(e),
                 }
             }
-            let cell = ControllerCell::of(&runs, failure);
+        }
+        let mut cells = Vec::new();
+        for (column, (name, wire)) in CONTROLLERS.iter().enumerate() {
+            let cell = ControllerCell::of(&runs[column], failures[column].take());
             let (p50, p99, kept) = match &cell {
                 ControllerCell::Failed(e) => (e.clone(), e.clone(), String::new()),
                 ControllerCell::Saturated(at, k, of) => {
