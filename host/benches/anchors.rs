@@ -826,9 +826,10 @@ fn orchestrate() -> Result<(), Error> {
         "Go pinned by the harness".into(),
         format!("GOMAXPROCS={}, GOGC={GOGC}, GOMEMLIMIT and GODEBUG unset", gomaxprocs()),
     ]);
+    let build = if cfg!(debug_assertions) { "debug build (figures not comparable)" } else { "release build" };
     env.row(vec![
         "Rust consumers".into(),
-        "release build, tokio multi-threaded runtime with one worker per core".into(),
+        format!("{build}, tokio multi-threaded runtime with one worker per core"),
     ]);
     env.row(vec!["rounds per figure".into(), rounds.to_string()]);
     env.print_and_record();

@@ -111,7 +111,26 @@ fn svg(plot: &PlotRecord) -> Result<String> {
         let (x0, x1) = (x0 - pad, x1 + pad);
         let mut chart = ChartBuilder::on(&root);
         chart.caption(&plot.title, ("sans-serif", 16)).margin(12).x_label_area_size(40).y_label_area_size(64);
-        let colour = |i: usize| Palette99::pick(i).to_rgba();
+        // Distinguishable on white, in order.
+        const COLOURS: [RGBColor; 6] = [
+            RGBColor(31, 119, 180),
+            RGBColor(214, 39, 40),
+            RGBColor(44, 160, 44),
+            RGBColor(148, 103, 189),
+            RGBColor(255, 127, 14),
+            RGBColor(23, 190, 207),
+        ];
+        let colour = |i: usize| COLOURS[i % COLOURS.len()].to_rgba();
+        let label = |v: &f64| {
+            let a = v.abs();
+            if a >= 100.0 || a == 0.0 {
+                format!("{v:.0}")
+            } else if a >= 1.0 {
+                format!("{v:.1}")
+            } else {
+                format!("{v:.2}")
+            }
+        };
         macro_rules! draw_lines {
             ($chart:expr) => {{
                 let mut chart = $chart;
@@ -119,6 +138,9 @@ fn svg(plot: &PlotRecord) -> Result<String> {
                     .configure_mesh()
                     .x_desc(plot.x_label.as_str())
                     .y_desc(plot.y_label.as_str())
+                    .x_label_formatter(&label)
+                    .y_label_formatter(&label)
+                    .light_line_style(WHITE)
                     .draw()
                     .map_err(draw)?;
                 for (i, (name, points)) in plot.lines.iter().enumerate() {
@@ -145,7 +167,7 @@ fn svg(plot: &PlotRecord) -> Result<String> {
         }
         if plot.log_y {
             let (lo, hi) = (y0.max(1e-6) / 1.5, y1.max(1e-6) * 1.5);
-            draw_lines!(chart.build_cartesian_2d(x0..x1, (lo..hi).log_scale()).map_err(draw)?);
+            draw_lines!(chart.build_cartesian_2d(x0..x1, (lo..hi).log_scale().base(10.0)).map_err(draw)?);
         } else {
             let pad = ((y1 - y0) * 0.1).max(y1.abs() * 0.05).max(1e-9);
             let lo = if y0 >= 0.0 { 0.0 } else { y0 - pad };
