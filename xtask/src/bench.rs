@@ -9,10 +9,13 @@
 //!   (`bench_summary.rs`), and writes `docs/benchmarks.md` with every table, plot and
 //!   output of the run (`bench_report.rs`). A benchmark that fails does not stop the others;
 //!   the task fails at the end, after the report.
-//! - `--quick` (or `BENCH_QUICK=1` in the environment) is a smoke run: every benchmark gets
+//! - `--quick` (or `BENCH_QUICK=1` in the environment) is a smoke run, to check that every
+//!   benchmark and the report work, not how fast anything is: every benchmark gets
 //!   `BENCH_QUICK=1` (the ones that read it shrink their own defaults) and the sizes in
-//!   [`QUICK_SIZES`] unless the environment sets them (or the arguments in [`QUICK_ARGS`]);
-//!   the report says it is a smoke run.
+//!   [`QUICK_SIZES`] unless the environment sets them (or the arguments in [`QUICK_ARGS`]),
+//!   and builds with the dev profile (dependencies optimised, the workspace not; the tests'
+//!   build is mostly reused, where a release build of everything takes long on a shared
+//!   machine); the report says it is a smoke run.
 //! - `cargo xtask bench anchors` builds the Rust guests (its no-op plugin is one) and runs
 //!   only that table; it prints, and writes no report.
 //!
@@ -150,7 +153,7 @@ fn bench_command(root: &Path, package: &str, name: &str, quick: bool) -> Command
     let mut cmd = cargo();
     cmd.current_dir(root).args(["bench", "--package", package, "--bench", name]);
     if quick {
-        cmd.env(QUICK_ENV, "1");
+        cmd.args(["--profile", "dev"]).env(QUICK_ENV, "1");
         for (_, var, value) in QUICK_SIZES.iter().filter(|(bench, ..)| *bench == name) {
             if std::env::var_os(var).is_none() {
                 cmd.env(var, value);
@@ -224,6 +227,7 @@ mod tests {
             .map(|(k, v)| (k.to_string_lossy().into(), v.map(|v| v.to_string_lossy().into())))
             .collect();
         assert!(envs.contains(&("BENCH_QUICK".into(), Some("1".into()))), "{envs:?}");
+        assert!(cmd.get_args().any(|a| a == "dev"), "a smoke run builds with the dev profile");
         assert!(envs.contains(&("PLUGINS".into(), Some("10".into()))), "{envs:?}");
         assert!(!envs.iter().any(|(k, _)| k == "SCALE_SECS"), "{envs:?}");
         let reload = bench_command(Path::new("."), "wasmctrl", "reload", true);

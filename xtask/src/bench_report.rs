@@ -313,9 +313,10 @@ pub fn write(root: &Path, records: &str, outputs: &[BenchOutput], run: &RunInfo)
     out.push_str("<!-- Written by `cargo xtask bench` from one run; do not edit by hand, rerun it. -->\n\n");
     if run.quick {
         out.push_str(
-            "**Smoke run (`cargo xtask bench --quick`, `BENCH_QUICK=1`): every benchmark at reduced \
-             sizes. The figures show that the harness works, not how fast anything is; a full \
-             `cargo xtask bench` on a quiet machine replaces this page.**\n\n",
+            "**Smoke run (`cargo xtask bench --quick`): every benchmark at reduced sizes, built \
+             with the dev profile (the workspace unoptimised). The figures show that the harness \
+             works, not how fast anything is; a full `cargo xtask bench` (release) on a quiet \
+             machine replaces this page.**\n\n",
         );
     }
     out.push_str(&header(root, run));
