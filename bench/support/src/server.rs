@@ -235,7 +235,7 @@ async fn configmaps(
                     "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                     "message": message, "reason": "Expired", "code": 410,
                 });
-                format!(r#"{{"type":"ERROR","object":{status}}}"#).into_bytes()
+                format!("{{\"type\":\"ERROR\",\"object\":{status}}}\n").into_bytes()
             }
             Encoding::Protobuf => {
                 let mut frame = Vec::new();
@@ -249,10 +249,6 @@ async fn configmaps(
         };
         let event = futures::stream::once(async move {
             tokio::time::sleep(after).await;
-            let mut expired = expired;
-            if encoding == Encoding::Json {
-                expired.push(b'\n');
-            }
             Ok::<_, std::io::Error>(Bytes::from(expired))
         });
         return watch_response(Body::from_stream(event));
