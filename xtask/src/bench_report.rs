@@ -80,11 +80,20 @@ fn table_markdown(v: &Value) -> Option<String> {
         row.as_array()?.iter().map(|c| c.as_str().map(|s| s.replace('|', "\\|"))).collect()
     };
     let columns = cells(&v["columns"])?;
+    let rows = v["rows"].as_array()?.iter().map(cells).collect::<Option<Vec<_>>>()?;
     let mut out = format!("{}\n\n| {} |\n", v["title"].as_str()?, columns.join(" | "));
-    let rule: Vec<&str> = (0..columns.len()).map(|i| if i == 0 { "---" } else { "---:" }).collect();
+    // Figures right-aligned: a column most of whose cells start with a digit.
+    let numeric = |i: usize| {
+        let digits = rows
+            .iter()
+            .filter(|r| r.get(i).is_some_and(|c| c.starts_with(|ch: char| ch.is_ascii_digit())))
+            .count();
+        i > 0 && digits * 2 > rows.len()
+    };
+    let rule: Vec<&str> = (0..columns.len()).map(|i| if numeric(i) { "---:" } else { "---" }).collect();
     let _ = writeln!(out, "|{}|", rule.join("|"));
-    for row in v["rows"].as_array()? {
-        let _ = writeln!(out, "| {} |", cells(row)?.join(" | "));
+    for row in rows {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
     }
     for note in v["notes"].as_array().into_iter().flatten().filter_map(Value::as_str) {
         let _ = write!(out, "\n{note}\n");
@@ -336,15 +345,15 @@ pub fn write(root: &Path, records: &str, outputs: &[BenchOutput], run: &RunInfo)
         if let Some(why) = &o.failure {
             let _ = writeln!(out, "**Failed:** {why}\n");
         }
-        match by_bench.iter().position(|(b, _)| *b == o.name) {
-            Some(i) => {
-                let (_, blocks) = by_bench.remove(i);
-                out.push_str(&blocks.join("\n"));
-            }
-            None => {
-                let _ = writeln!(out, "Its output:\n\n```text\n{}\n```", o.stdout.trim_end());
-            }
+        let blocks = match by_bench.iter().position(|(b, _)| *b == o.name) {
+            Some(i) => by_bench.remove(i).1,
+            None => Vec::new(),
+        };
+        // A benchmark that recorded no table is shown by its own output, beside any plot.
+        if !blocks.iter().any(|b| !b.starts_with("![")) {
+            let _ = writeln!(out, "Its output:\n\n```text\n{}\n```\n", o.stdout.trim_end());
         }
+        out.push_str(&blocks.join("\n"));
     }
     for (bench, blocks) in by_bench {
         let _ = write!(out, "\n## {bench}\n\n{}", blocks.join("\n"));
@@ -373,7 +382,12 @@ mod tests {
         )
         .expect("json");
         let md = table_markdown(&v).expect("table");
-        assert_eq!(md, "T\n\n| a | b |\n|---|---:|\n| x | 1 (0–2) |\n| y\\|z |  |\n\nn1\n");
+        assert_eq!(md, "T\n\n| a | b |\n|---|---|\n| x | 1 (0–2) |\n| y\\|z |  |\n\nn1\n");
+        let v: Value = serde_json::from_str(
+            r#"{"title":"T","columns":["a","wire","n"],"rows":[["x","JSON","1"],["y","protobuf","2 (1–3)"]],"notes":[]}"#,
+        )
+        .expect("json");
+        assert!(table_markdown(&v).expect("table").contains("|---|---|---:|"));
     }
 
     #[test]
@@ -402,6 +416,8 @@ mod tests {
             r#"{"record":"table","bench":"anchors","title":"Informers","columns":["a"],"rows":[["1"]],"notes":[]}"#,
             "\n",
             r#"{"record":"plot","bench":"anchors","title":"P","x_label":"x","y_label":"y","log_y":false,"lines":[{"name":"l","points":[[1,2]]}]}"#,
+            "\n",
+            r#"{"record":"plot","bench":"scale","title":"RSS","x_label":"s","y_label":"MiB","log_y":false,"lines":[{"name":"l","points":[[1,2]]}]}"#,
             "\nnot json\n",
         );
         let outputs = [
@@ -409,6 +425,12 @@ mod tests {
                 name: "anchors".into(),
                 package: "wasmctrl".into(),
                 stdout: String::new(),
+                failure: None,
+            },
+            BenchOutput {
+                name: "scale".into(),
+                package: "wasmctrl".into(),
+                stdout: "scale output\n".into(),
                 failure: None,
             },
             BenchOutput {
@@ -434,6 +456,7 @@ mod tests {
             "## queue",
             "**Failed:** exit 1",
             "```text\nqueue table\n```",
+            "```text\nscale output\n```\n\n![RSS](benchmarks/scale-2.svg)",
         ] {
             assert!(md.contains(part), "{part:?} missing from:\n{md}");
         }
