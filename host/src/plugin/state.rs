@@ -27,13 +27,15 @@ use super::cluster::KubeServices;
 use super::config::{ConfigCtx, ConfigCtxView};
 use super::events::{EventsCtx, EventsCtxView};
 use super::log::{LogCtx, LogCtxView};
+use super::output_limit::GuestOutputLimit;
 use super::spec::SandboxLimits;
 use super::stdio::GuestStderr;
 
 /// The import contexts of one plugin, shared by all its instances.
 #[derive(Clone)]
 pub(crate) struct PluginContexts {
-    pub plugin: Arc<str>,
+    /// The plugin's line budget, shared by its `log` import and every instance's stdio.
+    pub output: Arc<GuestOutputLimit>,
     pub limits: SandboxLimits,
     pub cache: Arc<CacheCtx>,
     pub client: Arc<ClientCtx>,
@@ -79,7 +81,7 @@ impl HostState {
             events: contexts.events.clone(),
             log: contexts.log.clone(),
             config: contexts.config.clone(),
-            wasi: super::wasi::context(contexts.plugin.clone(), stderr.clone()),
+            wasi: super::wasi::context(contexts.output.clone(), stderr.clone()),
             table: ResourceTable::new(),
             stderr,
         }
@@ -97,7 +99,7 @@ impl HostState {
 
     /// The `events` import's view.
     pub fn events(&mut self) -> EventsCtxView<'_> {
-        EventsCtxView { ctx: &self.events }
+        EventsCtxView { ctx: &self.events, call: &self.call }
     }
 
     /// The `log` import's view.

@@ -18,7 +18,8 @@
 //!
 //! Invariants: [`add_to_linker`] links exactly `GRANTED` and `DENIED_AT_CALL` (keep the
 //! lists and the calls in step: the lists decide what is refused), and [`context`] builds the one WASI context every instance gets: no preopens, no environment,
-//! no arguments, no network. This module imports nothing of the runtime but [`super::stdio`].
+//! no arguments, no network. This module imports nothing of the runtime but [`super::stdio`]
+//! and the plugin's line budget.
 
 use std::sync::Arc;
 
@@ -32,6 +33,7 @@ use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
 use wasmtime_wasi::sockets::{WasiSockets, WasiSocketsView};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiView};
 
+use super::output_limit::GuestOutputLimit;
 use super::stdio::{GuestOutput, GuestStderr};
 
 /// WASI interfaces linked with a real (read-only or log-only) capability.
@@ -140,12 +142,12 @@ impl HasData for HasTable {
     type Data<'a> = &'a mut ResourceTable;
 }
 
-/// The WASI context of one instance: stdout and stderr into the log (the last stderr lines
-/// also into `stderr`), nothing else.
-pub(crate) fn context(plugin: Arc<str>, stderr: Arc<Mutex<GuestStderr>>) -> WasiCtx {
+/// The WASI context of one instance: stdout and stderr into the log within the plugin's
+/// line budget `limit` (the last stderr lines also into `stderr`), nothing else.
+pub(crate) fn context(limit: Arc<GuestOutputLimit>, stderr: Arc<Mutex<GuestStderr>>) -> WasiCtx {
     WasiCtxBuilder::new()
-        .stdout(GuestOutput::stdout(plugin.clone()))
-        .stderr(GuestOutput::stderr(plugin, stderr))
+        .stdout(GuestOutput::stdout(limit.clone()))
+        .stderr(GuestOutput::stderr(limit, stderr))
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false)
