@@ -41,8 +41,9 @@
 //! broken build, leaving the running version in place.
 //!
 //! Invariants: at most one load/swap/stop runs per plugin at a time (a per-stem lock);
-//! plugin names are unique across the directory; at most one version of a plugin receives
-//! hook calls at any moment.
+//! plugin names are unique across the directory, and so are field managers (no plugin's
+//! manager is another's, or another's followed by `/`: no plugin writes as another); at most
+//! one version of a plugin receives hook calls at any moment.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -68,6 +69,7 @@ use crate::controller::{
 };
 use crate::informer::ResourceEventHandler;
 use crate::metrics::Metrics;
+use crate::plugin::spec::field_managers_overlap;
 use crate::plugin::{Gvk, KubeServices, Plugin, PluginEngine, PluginEnv, PluginReconciler};
 use crate::queue::{Priority, RateLimiter, RateLimitingQueue};
 
@@ -170,6 +172,7 @@ impl PluginManager {
             status: status.clone(),
             slots: Mutex::default(),
             names: Mutex::default(),
+            field_managers: Mutex::default(),
             wasm_users: Mutex::default(),
             parked: Mutex::default(),
             shutdown: shutdown.clone(),
@@ -232,6 +235,8 @@ struct Shared {
     slots: Mutex<BTreeMap<String, Slot>>,
     /// Plugin name → stem that runs it.
     names: Mutex<BTreeMap<String, String>>,
+    /// Stem → the field manager its running version writes as.
+    field_managers: Mutex<BTreeMap<String, String>>,
     /// `.wasm` path → stems whose TOML names it.
     wasm_users: Mutex<BTreeMap<PathBuf, BTreeSet<String>>>,
     /// Stem → the queue of a removed plugin, handed to it if it comes back.
@@ -468,6 +473,7 @@ impl Shared {
 
     fn forget_stem(&self, stem: &str) {
         self.names.lock().retain(|_, s| s != stem);
+        self.field_managers.lock().remove(stem);
         for users in self.wasm_users.lock().values_mut() {
             users.remove(stem);
         }
@@ -547,6 +553,28 @@ impl Shared {
                     .to_string(),
             ));
         }
+        let managers = self.field_managers.lock();
+        if let Some((other, theirs)) = managers
+            .iter()
+            .find(|(s, theirs)| *s != stem && field_managers_overlap(theirs, &config.field_manager))
+        {
+            return Err(Rejection(
+                config
+                    .field_error(
+                        "field-manager",
+                        format!(
+                            "field manager `{}` overlaps `{theirs}`, the field manager of {other}.toml: \
+                             a plugin writes only as its own manager",
+                            config.field_manager
+                        ),
+                    )
+                    .with_hint(
+                        "give each plugin a field manager of its own (the default, `wasmctrl-<name>`, is)",
+                    )
+                    .to_string(),
+            ));
+        }
+        drop(managers);
         if first {
             // Loading: no version of it runs yet.
             self.status.update(stem, toml.to_owned(), |s| {
@@ -795,6 +823,9 @@ impl Shared {
         let r = running.as_ref().map(|r| (r.controller.clone(), r.generation.config.wasm_path.clone()));
         self.names.lock().retain(|_, s| s != stem);
         self.names.lock().insert(name.to_owned(), stem.to_owned());
+        if let Some(r) = running.as_ref() {
+            self.field_managers.lock().insert(stem.to_owned(), r.generation.config.field_manager.clone());
+        }
         if let Some((controller, wasm)) = r {
             let probe_controller = controller.clone();
             self.status.set_probe(
