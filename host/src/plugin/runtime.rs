@@ -562,7 +562,7 @@ fn wit_gvk(kind: &Gvk) -> WitGvk {
 /// the small arguments beside a body, so a body just over `max-output` reaches the import
 /// (which refuses it as `invalid`, a clear error) while anything larger traps before it is
 /// copied.
-pub(crate) fn hostcall_fuel(limits: &super::spec::SandboxLimits) -> usize {
+fn hostcall_fuel(limits: &super::spec::SandboxLimits) -> usize {
     limits.max_output.saturating_add(HOSTCALL_FUEL_SLACK)
 }
 
@@ -785,8 +785,8 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSp
         } else if text.contains("fuel allocated for hostcalls has been exhausted") {
             // wasmtime's hostcall fuel (its error type is private: known by its message).
             format!(
-                "a host call's arguments or a returned value would copy more than {} bytes out of the guest \
-                 (the plugin's max-output of {} plus room for small arguments); nothing was copied",
+                "a host call's arguments or a returned value would copy more than {} bytes out of the guest, \
+                 over the plugin's max-output of {} (plus room for small arguments); nothing was copied",
                 hostcall_fuel(&spec.limits),
                 spec.limits.max_output
             )
