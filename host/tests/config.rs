@@ -912,6 +912,21 @@ mod check {
     }
 
     #[test]
+    fn the_report_says_where_a_namespace_limited_plugin_works() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "p.toml",
+            "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"team-a\"\n[permissions]\nnamespaces = [\"team-a\", \"shared\"]\n",
+        );
+        write(dir.path(), "p.wasm", "x");
+        let report = check_paths(&[dir.path().to_path_buf()], &CheckOptions::default());
+        let text = report.render();
+        assert!(report.ok(), "{text}");
+        assert!(text.contains("  only in  shared, team-a\n"), "{text}");
+    }
+
+    #[test]
     fn field_managers_overlapping_in_a_directory_fail() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "a.toml", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");

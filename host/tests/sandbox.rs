@@ -311,8 +311,12 @@ impl Host {
         })
         .await
         .unwrap_or_else(|_| panic!("the bystander's Event about {name} was never recorded"));
-        // No reconcile failed: none waited in vain for an instance (that fails as busy), none
-        // trapped.
+        // Its reconciles succeed, and none failed: none waited in vain for an instance (that
+        // fails as busy), none trapped.
+        let succeeded = self.metric(&format!(
+            "controller_runtime_reconcile_total{{controller=\"{BYSTANDER}\",result=\"success\"}}"
+        ));
+        assert!(succeeded >= 1.0, "the bystander's reconciles succeed");
         let failed =
             self.metric(&format!("controller_runtime_reconcile_errors_total{{controller=\"{BYSTANDER}\""));
         assert_eq!(failed, 0.0, "the bystander's reconciles failed");
