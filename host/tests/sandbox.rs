@@ -667,6 +667,37 @@ async fn copies_far_over_max_output_trap_before_the_host_copies() {
     host.stop().await;
 }
 
+/// A plugin holding WASI resources without end (each an entry in the host's resource table)
+/// is stopped at its `handles` limit: the call traps, naming the limit, and the next call
+/// gets a fresh instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_handles_are_bounded_per_instance() {
+    let host = Host::start("handle-flood").await;
+    let ns = host.ns.clone();
+    let toml = attacker_toml(&ns, "", "[settings]\nhandles = 100000\n");
+    host.install("adv-handle-flood", &toml, "adv-handle-flood");
+    host.until_running("adv-handle-flood").await;
+    host.trigger().await;
+    assert_eq!(host.outcome("adv-handle-flood", "holding").await, "100000");
+    host.until("the flood to trap", |h| {
+        h.metric("wasmctrl_plugin_traps_total{plugin=\"adv-handle-flood\"") >= 1.0
+    })
+    .await;
+    assert!(outcome("adv-handle-flood", "held").is_none(), "the host gave out every handle asked for");
+    let lines = HOST_LINES.lock().clone();
+    let trap = lines
+        .iter()
+        .find(|l| {
+            l.message.contains("trapped")
+                && l.fields.get("plugin").map(String::as_str) == Some("adv-handle-flood")
+        })
+        .unwrap_or_else(|| panic!("no trap logged: {lines:?}"));
+    let reason = trap.fields.get("reason").cloned().unwrap_or_default();
+    assert!(reason.contains("more than 4096 resource handles"), "{reason}");
+    host.bystander_keeps_working("1").await;
+    host.stop().await;
+}
+
 /// A plugin logging in a loop (the `log` import, stdout, a huge line on stderr) is cut by
 /// its own rate limit, counted per stream; no line it gets into the log is longer than the
 /// cap; the bystander's lines still get through.

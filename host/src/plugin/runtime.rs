@@ -13,7 +13,9 @@
 //! - Data a guest returns is measured against `max-output`; more is a sandbox violation,
 //!   reported like a trap. Each store's hostcall fuel ([`hostcall_fuel`]) bounds what one
 //!   host call's arguments or one export's results make wasmtime copy out of the guest,
-//!   checked before the copy: past it the call traps, naming `max-output`.
+//!   checked before the copy: past it the call traps, naming `max-output`. The resource
+//!   handles an instance holds are bounded the same way (`handles`, in the store and in its
+//!   WASI table): past it the call traps, naming the limit.
 //! - An object handed to a hook, `map` or `filter` is what the plugin may see of it
 //!   ([`Access::guest_view`]): whole if its kind is readable, else its metadata only; one
 //!   outside the plugin's namespaces is not handed over at all (the hook is not called,
@@ -637,6 +639,7 @@ impl PluginInner {
         let mut store = Store::new(code.pre.engine(), HostState::new(&self.contexts));
         store.limiter(|s| &mut s.limits);
         store.set_hostcall_fuel(hostcall_fuel(&self.spec.limits));
+        store.set_max_component_handles(self.spec.limits.handles);
         store.epoch_deadline_callback(check_at_tick);
         store.set_epoch_deadline(1);
         store.data_mut().call =
@@ -782,6 +785,15 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSp
         let text = e.root_cause().to_string();
         if text.contains("growing memory") || text.contains("memory growth") {
             format!("out of memory: the plugin's memory limit of {} bytes was reached", spec.limits.memory)
+        } else if text.contains("resource table has no free keys")
+            || text.contains("store handle limit exceeded")
+        {
+            // The resource limits of the store and of its WASI table (known by their messages).
+            format!(
+                "the plugin holds more than {} resource handles (WASI streams, pollables, ...) at once, \
+                 its limit per instance",
+                spec.limits.handles
+            )
         } else if text.contains("fuel allocated for hostcalls has been exhausted") {
             // wasmtime's hostcall fuel (its error type is private: known by its message).
             format!(

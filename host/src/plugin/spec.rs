@@ -156,6 +156,9 @@ pub struct SandboxLimits {
     pub tables: usize,
     /// Maximum linear memories one plugin instance may create.
     pub memories: usize,
+    /// Maximum resource handles (WASI streams, pollables, ...) one plugin instance may hold
+    /// at once, in its own handle tables and in the host's resource table.
+    pub handles: usize,
 }
 
 impl Default for SandboxLimits {
@@ -168,6 +171,7 @@ impl Default for SandboxLimits {
             instances: 64,
             tables: 16,
             memories: 4,
+            handles: 4096,
         }
     }
 }
@@ -187,6 +191,7 @@ impl SandboxLimits {
             (&mut self.instances, d.instances),
             (&mut self.tables, d.tables),
             (&mut self.memories, d.memories),
+            (&mut self.handles, d.handles),
         ] {
             if *value == 0 {
                 *value = default;

@@ -10,7 +10,8 @@
 //! Invariants:
 //! - What every instance of a plugin shares ([`PluginContexts`]) is built once per plugin;
 //!   an instance's own state is its [`CallInfo`], limits, WASI context and stderr lines.
-//! - The WASI context grants nothing beyond what [`super::wasi`] documents.
+//! - The WASI context grants nothing beyond what [`super::wasi`] documents, and its resource
+//!   table holds at most the plugin's `handles` limit of entries.
 //! - [`CallInfo`] is reset by the runtime before every call.
 
 use std::sync::Arc;
@@ -73,6 +74,10 @@ impl HostState {
             .trap_on_grow_failure(true)
             .build();
         let stderr = Arc::new(Mutex::new(GuestStderr::default()));
+        // Every WASI resource the guest holds is an entry here: bounded, so a guest cannot
+        // make the host allocate without end by keeping them.
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(l.handles);
         HostState {
             call: CallInfo::idle(),
             limits,
@@ -82,7 +87,7 @@ impl HostState {
             log: contexts.log.clone(),
             config: contexts.config.clone(),
             wasi: super::wasi::context(contexts.output.clone(), stderr.clone()),
-            table: ResourceTable::new(),
+            table,
             stderr,
         }
     }
