@@ -22,9 +22,11 @@ use kube::api::{DynamicObject, PostParams};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
+use wasmctrl::cache::Writer;
 use wasmctrl::controller::{Action, Request};
 use wasmctrl::informer::{FactoryOptions, InformerFactory, InformerSpec};
 use wasmctrl::metrics::Metrics;
+use wasmctrl::object::Object;
 use wasmctrl::plugin::{
     CacheReader, EngineConfig, FilterInput, Gvk, KubeServices, Permissions, Plugin, PluginEngine, PluginEnv,
     PluginReconciler, PluginSpec,
@@ -860,4 +862,62 @@ async fn field_managers_cannot_be_borrowed() {
     assert!(error.contains("field-manager") && error.contains(&bystander_manager), "{error}");
     host.bystander_keeps_working("1").await;
     host.stop().await;
+}
+
+/// The namespace boundary holds for what the host hands a plugin too, whatever built its
+/// spec: an object outside its namespaces reaches no hook, `map` or `filter`, a cache list
+/// leaves it out, and requests `map` returns outside them are dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_outside_the_namespaces_reach_no_export() {
+    record_logs();
+    tokio::task::spawn_blocking(|| {
+        let cm = Gvk::new("v1", "ConfigMap");
+        let object = |ns: &str, name: &str| {
+            let json = format!(
+                r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","namespace":"{ns}"}}}}"#
+            );
+            Arc::new(Object::from_json(json.into()).expect("object"))
+        };
+        let (in_a, in_b, drop_a) = (object("a", "in-a"), object("b", "in-b"), object("a", "drop-me"));
+        let writer = Writer::new();
+        writer.upsert(in_a.clone());
+        writer.upsert(in_b.clone());
+        let cache: Arc<dyn CacheReader> = Arc::new(writer.reader());
+        let config = EngineConfig { cache_dir: Some(compile_cache().to_owned()), ..EngineConfig::default() };
+        let engine = PluginEngine::new(config, None).expect("engine");
+        let load = |name: &str, crate_name: &str, settings: &'static [u8]| {
+            let mut spec = PluginSpec::new(name, cm.clone());
+            spec.permissions = Permissions::new([cm.clone()], [], []).with_namespaces(["a"]);
+            spec.settings = settings.into();
+            let env = PluginEnv { caches: [(cm.clone(), cache.clone())].into_iter().collect(), kube: None };
+            Plugin::load(&engine, spec, &wasm(crate_name), env).unwrap_or_else(|e| panic!("{name}: {e}"))
+        };
+        let probe = |plugin: &Plugin, ns: Option<&str>, op: &str| match plugin
+            .reconcile_blocking(&Request { namespace: ns.map(str::to_owned), name: op.to_owned() })
+        {
+            Err(wasmctrl::controller::ReconcileError::Terminal(out)) => out,
+            other => panic!("{op}: {other:?}"),
+        };
+        let plugin = load("scoped-probe", "test-plugin-probe", b"{}");
+        plugin.on_add_blocking(&cm, in_a.json(), false).expect("on-add");
+        plugin.on_add_blocking(&cm, in_b.json(), false).expect("on-add");
+        plugin.on_update_blocking(&cm, in_b.json(), in_b.json()).expect("on-update");
+        plugin.on_delete_blocking(&cm, in_b.json(), false).expect("on-delete");
+        assert_eq!(probe(&plugin, None, "hooks-seen"), "ok:add:ConfigMap:in-a:false", "no hook saw in-b");
+        let mapped = plugin.map_blocking(&cm, in_a.json()).expect("map");
+        assert_eq!(mapped, [Request { namespace: Some("a".into()), name: "mapped-in-a".into() }]);
+        assert!(plugin.map_blocking(&cm, in_b.json()).expect("map").is_empty());
+        assert!(plugin.filter_blocking(&cm, FilterInput::Create(in_a.json())).expect("filter"));
+        assert!(!plugin.filter_blocking(&cm, FilterInput::Create(drop_a.json())).expect("filter"));
+        assert!(!plugin.filter_blocking(&cm, FilterInput::Create(in_b.json())).expect("filter"), "not asked");
+        assert_eq!(probe(&plugin, None, "cache-list|v1|ConfigMap|"), "ok:in-a");
+        assert_eq!(probe(&plugin, None, "cache-by-index|v1|ConfigMap|namespace|b"), "ok:");
+        let refused = probe(&plugin, Some("b"), "cache-get|v1|ConfigMap|in-b");
+        assert!(refused.starts_with("err:forbidden:") && refused.contains("namespace b"), "{refused}");
+        // A `map` that names another namespace enqueues nothing there.
+        let escape = load("scoped-escape", "adv-namespace-escape", br#"{"other":"b"}"#);
+        assert!(escape.map_blocking(&cm, in_a.json()).expect("map").is_empty());
+    })
+    .await
+    .expect("calls");
 }

@@ -262,6 +262,55 @@ impl Host for EventsCtxView<'_> {
 mod tests {
     use super::*;
     use crate::plugin::bindings::wasmctrl::controller::types::{Gvk as WitGvk, ObjectRef};
+    use crate::plugin::metrics::{EventDropLabels, RuntimeMetrics};
+    use crate::plugin::recorder::PLUGIN_BURST;
+    use crate::plugin::spec::{Permissions, SandboxLimits};
+
+    /// `publish` hands each event to the outbox (no task of its own); once the outbox is
+    /// full, events are dropped and counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn publish_queues_to_the_bounded_outbox_and_a_full_one_drops_and_counts() {
+        // A client that nothing is ever sent through.
+        let url = "http://127.0.0.1:9".parse().unwrap_or_else(|e| panic!("{e}"));
+        let client = kube::Client::try_from(kube::Config::new(url)).unwrap_or_else(|e| panic!("{e}"));
+        let kube = KubeServices::new(client, tokio::runtime::Handle::current(), "test");
+        // The outbox without its sender task: what publish queues stays there.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(OUTBOX);
+        kube.events.outbox.sender(|| tx);
+        let metrics = RuntimeMetrics::default();
+        let per_plugin = PLUGIN_BURST as usize;
+        let plugins = OUTBOX / per_plugin + 2;
+        let call = CallInfo::idle();
+        for p in 0..plugins {
+            let permissions = Permissions::new([Gvk::new("v1", "ConfigMap")], [], []);
+            let access = Arc::new(Access::new(
+                format!("p{p}"),
+                permissions,
+                &SandboxLimits::default(),
+                metrics.clone(),
+            ));
+            let ctx = EventsCtx { access, kube: Some(kube.clone()) };
+            let mut view = EventsCtxView { ctx: &ctx, call: &call };
+            for i in 0..per_plugin {
+                let result = view.publish(event("v1", "ConfigMap", Some("ns"), &format!("o{i}")));
+                assert!(matches!(result, Ok(Ok(()))), "{result:?}");
+            }
+        }
+        let mut queued = 0;
+        while rx.try_recv().is_ok() {
+            queued += 1;
+        }
+        assert_eq!(queued, OUTBOX);
+        let full: u64 = (0..plugins)
+            .map(|p| {
+                metrics
+                    .events_dropped
+                    .get_or_create(&EventDropLabels { plugin: format!("p{p}"), reason: "queue-full" })
+                    .get()
+            })
+            .sum();
+        assert_eq!(full as usize, plugins * per_plugin - OUTBOX);
+    }
 
     fn event(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> WitEvent {
         WitEvent {

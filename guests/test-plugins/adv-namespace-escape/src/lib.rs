@@ -1,7 +1,8 @@
 //! Adversarial test plugin: its TOML limits it to its own namespace, and it reaches for
 //! `[settings] other` (and the client's default namespace) through every import. When it
 //! reconciles the ConfigMap named `attack`, each attempt's outcome is a log line `outcome`
-//! with `step` and `result`: `ok`, or the error.
+//! with `step` and `result`: `ok`, or the error. Its `map` maps every object to the
+//! ConfigMap `victim` of `[settings] other`, a request the host must not enqueue.
 
 wit_bindgen::generate!({ path: "../../../wit", world: "plugin" });
 
@@ -121,7 +122,10 @@ impl Guest for Plugin {
     fn on_update(_: Gvk, _: Vec<u8>, _: Vec<u8>) {}
     fn on_delete(_: Gvk, _: Vec<u8>, _: bool) {}
     fn map(_: Gvk, _: Vec<u8>) -> Vec<Request> {
-        Vec::new()
+        let settings: serde_json::Value =
+            serde_json::from_slice(&config::settings()).unwrap_or(serde_json::Value::Null);
+        let other = settings["other"].as_str().unwrap_or("default");
+        vec![Request { namespace: Some(other.into()), name: "victim".into() }]
     }
     fn filter(_: Gvk, _: FilterEvent) -> bool {
         true
