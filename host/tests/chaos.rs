@@ -440,8 +440,10 @@ impl Config {
                 "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n{scope}[for.predicates]\n{predicates}\n"
             )
         };
+        // A `[for]` in one namespace limits the plugin to it unless it says otherwise.
+        let everywhere = if self.for_secret && self.cluster_wide { "namespaces = [\"*\"]\n" } else { "" };
         format!(
-            "concurrency = {}\nresync = \"{}\"\ndeadline = \"10s\"\n{sources}[permissions]\nread = [\"v1/Secret\"]\n\n[settings]\nedit = {}\nhooks = {}\nfail-init = {}\n",
+            "concurrency = {}\nresync = \"{}\"\ndeadline = \"10s\"\n{sources}[permissions]\nread = [\"v1/Secret\"]\n{everywhere}\n[settings]\nedit = {}\nhooks = {}\nfail-init = {}\n",
             self.concurrency, self.resync, self.edit, self.hooks, self.fail_init
         )
     }

@@ -4,7 +4,8 @@
 //!
 //! Invariants: the checks are the ones the [`super::PluginManager`] applies before starting
 //! a plugin (same parsing, same kind checks, same component validation through
-//! [`ComponentValidator`]); a report with any error has `ok() == false`.
+//! [`ComponentValidator`], names and field managers unique within a directory); a report
+//! with any error has `ok() == false`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -16,6 +17,7 @@ use crate::config::{
 };
 
 use super::scan::{plugin_tomls, read_settled, wasm_files};
+use crate::plugin::spec::field_managers_overlap;
 
 /// What validating a component found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,6 +175,9 @@ fn describe_plugin(p: &CheckedPlugin) -> String {
     if !c.write.is_empty() {
         let _ = writeln!(out, "  write    {}", list(&c.write));
     }
+    if let Some(namespaces) = &c.namespaces {
+        let _ = writeln!(out, "  only in  {}", namespaces.join(", "));
+    }
     let _ = writeln!(
         out,
         "  limits   concurrency {}, deadline {}, memory {}, max-output {}, resync {}",
@@ -323,6 +328,31 @@ fn check_plugins_dir(
                     format!("plugin name `{}` is already used by {}", p.config.name, first.display()),
                 )
                 .with_hint("each plugin in a directory needs its own name"),
+        );
+    }
+    // Field managers too: a plugin writes only as its own manager.
+    let mut clashes = Vec::new();
+    for (i, p) in report.plugins.iter().enumerate().skip(first_plugin) {
+        let earlier = report.plugins[first_plugin..i]
+            .iter()
+            .find(|q| field_managers_overlap(&q.config.field_manager, &p.config.field_manager));
+        if let Some(q) = earlier {
+            clashes.push((i, q.config.field_manager.clone(), q.config.toml_path.clone()));
+        }
+    }
+    for (i, theirs, path) in clashes.iter().rev() {
+        let p = report.plugins.remove(*i);
+        report.errors.push(
+            p.config
+                .field_error(
+                    "field-manager",
+                    format!(
+                        "field manager `{}` overlaps `{theirs}`, the field manager of {}: a plugin writes only as its own manager",
+                        p.config.field_manager,
+                        path.display()
+                    ),
+                )
+                .with_hint("give each plugin a field manager of its own (the default, `wasmctrl-<name>`, is)"),
         );
     }
     // A component no TOML refers to does nothing: probably a missing TOML.

@@ -32,6 +32,10 @@
 //! Changes are seen through directory watches that follow symlinks (`watcher`), debounced,
 //! through SIGHUP, and through a periodic full rescan, the safety net for whatever a watch
 //! cannot see (a network file system, say).
+//!
+//! Field managers are unique like names: no plugin's manager is another's, or another's
+//! followed by `/` (no plugin writes as another). The plan decides it as it decides names:
+//! the running plugin keeps its manager, the other claim is refused until the overlap goes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -54,6 +58,7 @@ use crate::config::{
     ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, PluginToml, ResolvedKind,
 };
 use crate::metrics::Metrics;
+use crate::plugin::spec::field_managers_overlap;
 use crate::plugin::{Gvk, KubeServices, Plugin, PluginEngine, PluginEnv, PluginReconciler};
 
 /// Where the plugins are and how to treat them.
@@ -177,6 +182,7 @@ impl PluginManager {
             slots: Mutex::default(),
             desired: Mutex::default(),
             runs: Mutex::default(),
+            refused_managers: Mutex::default(),
             parked: Mutex::new(parked),
             watch_dirs: Mutex::default(),
             shutdown: shutdown.clone(),
@@ -217,6 +223,8 @@ struct RunInfo {
     toml: PathBuf,
     file: PluginToml,
     version: String,
+    /// The field manager the running version writes as.
+    field_manager: String,
 }
 
 pub(super) struct Shared {
@@ -229,6 +237,8 @@ pub(super) struct Shared {
     desired: Mutex<BTreeMap<String, Claim>>,
     /// Name → what runs under it.
     runs: Mutex<BTreeMap<String, RunInfo>>,
+    /// Names whose claim the latest plan refused for its field manager.
+    refused_managers: Mutex<BTreeSet<String>>,
     /// Queues of plugins that are not running, by name and kind.
     pub(super) parked: Mutex<ParkedQueues>,
     /// The directories the latest plan wants watched.
@@ -441,19 +451,20 @@ impl Shared {
             by_name.entry(name).or_default().push(claim);
         }
         let mut desired: BTreeMap<String, Claim> = BTreeMap::new();
-        let mut refused: Vec<(Claim, String, PathBuf)> = Vec::new();
+        let mut refused: Vec<(Claim, String, Refusal)> = Vec::new();
         for (name, mut claims) in by_name {
             // The file the running version came from keeps its name; else the first by path.
             let at =
                 claims.iter().position(|c| runs.get(&name).is_some_and(|r| r.toml == c.toml)).unwrap_or(0);
             let winner = claims.remove(at);
             for other in claims {
-                refused.push((other, name.clone(), winner.toml.clone()));
+                refused.push((other, name.clone(), Refusal::Name(winner.toml.clone())));
             }
             desired.insert(name, winner);
         }
+        self.refuse_shared_field_managers(&runs, &mut desired, &mut refused);
         self.find_renames(&runs, &desired).await;
-        self.record_refused(refused);
+        self.record_refused(refused, &desired);
         let mut dirs: BTreeSet<PathBuf> = snapshot.real_dir.into_iter().collect();
         for claim in desired.values() {
             if let Ok(config) = &claim.config
@@ -512,23 +523,114 @@ impl Shared {
         }
     }
 
-    /// Shows each refused claim (another file has its name) in the status, and clears the
-    /// entries of claims no longer refused.
-    fn record_refused(&self, refused: Vec<(Claim, String, PathBuf)>) {
+    /// Refuses every desired claim of a plugin that does not run whose field manager
+    /// overlaps (see [`field_managers_overlap`]) the manager of a running plugin, or of
+    /// another such claim first by name. The refused claims leave `desired` and load once
+    /// the overlap is gone. A running plugin's new version is checked when it loads
+    /// ([`Self::check_field_manager`]): refused there, its running version keeps running.
+    fn refuse_shared_field_managers(
+        &self,
+        runs: &BTreeMap<String, RunInfo>,
+        desired: &mut BTreeMap<String, Claim>,
+        refused: &mut Vec<(Claim, String, Refusal)>,
+    ) {
+        let mut kept: Vec<(String, PathBuf)> = runs
+            .iter()
+            .filter(|(name, _)| desired.contains_key(*name))
+            .map(|(_, r)| (r.field_manager.clone(), r.toml.clone()))
+            .collect();
+        let mut losers = Vec::new();
+        for (name, claim) in desired.iter() {
+            let Ok(config) = &claim.config else { continue };
+            if runs.contains_key(name) {
+                continue;
+            }
+            match kept.iter().find(|(theirs, _)| field_managers_overlap(theirs, &config.field_manager)) {
+                Some((theirs, toml)) => losers.push((
+                    name.clone(),
+                    Refusal::FieldManager {
+                        mine: config.field_manager.clone(),
+                        theirs: theirs.clone(),
+                        toml: toml.clone(),
+                    },
+                )),
+                None => kept.push((config.field_manager.clone(), claim.toml.clone())),
+            }
+        }
+        for (name, why) in losers {
+            if let Some(claim) = desired.remove(&name) {
+                refused.push((claim, name, why));
+            }
+        }
+    }
+
+    /// Refuses a new version of `name` whose field manager overlaps the manager of another
+    /// running plugin (no plugin writes as another).
+    fn check_field_manager(&self, name: &str, config: &PluginConfig) -> Result<(), Rejection> {
+        let runs = self.runs.lock();
+        let Some((other, info)) = runs
+            .iter()
+            .find(|(n, r)| n.as_str() != name && field_managers_overlap(&r.field_manager, &config.field_manager))
+        else {
+            return Ok(());
+        };
+        Err(Rejection(
+            config
+                .field_error(
+                    "field-manager",
+                    format!(
+                        "field manager `{}` overlaps `{}`, the field manager of plugin {other} ({}): \
+                         a plugin writes only as its own manager",
+                        config.field_manager,
+                        info.field_manager,
+                        info.toml.display()
+                    ),
+                )
+                .with_hint("give each plugin a field manager of its own (the default, `wasmctrl-<name>`, is)")
+                .to_string(),
+        ))
+    }
+
+    /// Shows each refused claim (another file has its name or its field manager) in the
+    /// status, and clears the entries of claims no longer refused.
+    fn record_refused(&self, refused: Vec<(Claim, String, Refusal)>, desired: &BTreeMap<String, Claim>) {
         let mut ids = BTreeSet::new();
-        for (claim, name, winner) in refused {
-            let id = claim.toml.display().to_string();
-            let error = match &claim.config {
-                Ok(config) => config
+        let mut by_manager = BTreeSet::new();
+        for (claim, name, why) in refused {
+            // A claim refused for its name is shown under its file (the name is another's);
+            // one refused for its field manager under its own name, which nothing else runs.
+            let id = match why {
+                Refusal::Name(_) => claim.toml.display().to_string(),
+                Refusal::FieldManager { .. } => {
+                    by_manager.insert(name.clone());
+                    name.clone()
+                }
+            };
+            let file_name = |p: &PathBuf| {
+                p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
+            };
+            let error = match (&claim.config, why) {
+                (Ok(config), Refusal::Name(winner)) => config
                     .field_error(
                         "name",
                         format!(
                             "plugin name `{name}` is already used by {}; a name can run from one file only (this one loads once the other is gone or renamed)",
-                            winner.file_name().map_or_else(|| winner.display().to_string(), |f| f.to_string_lossy().into_owned())
+                            file_name(&winner)
                         ),
                     )
                     .to_string(),
-                Err(e) => e.clone(),
+                (Ok(config), Refusal::FieldManager { mine, theirs, toml }) => config
+                    .field_error(
+                        "field-manager",
+                        format!(
+                            "field manager `{mine}` overlaps `{theirs}`, the field manager of {}: \
+                             a plugin writes only as its own manager (this one loads once the overlap is gone)",
+                            file_name(&toml)
+                        ),
+                    )
+                    .with_hint("give each plugin a field manager of its own (the default, `wasmctrl-<name>`, is)")
+                    .to_string(),
+                (Err(e), _) => e.clone(),
             };
             self.status.update(&id, claim.toml.clone(), |s| {
                 s.name = name.clone();
@@ -545,6 +647,15 @@ impl Shared {
                 self.status.remove(&id);
             }
         }
+        // A name refused for its field manager in an earlier round whose claim is neither
+        // refused nor wanted now (its file is gone) leaves the status.
+        let mut previous = self.refused_managers.lock();
+        for name in previous.difference(&by_manager) {
+            if !desired.contains_key(name) && !self.runs.lock().contains_key(name) {
+                self.status.remove(name);
+            }
+        }
+        *previous = by_manager;
     }
 
     /// Brings the plugin `name` in line with the latest plan.
@@ -705,6 +816,7 @@ impl Shared {
             return Ok(());
         }
 
+        self.check_field_manager(name, &config)?;
         // Everything the new version needs, before touching the running one.
         let Some(leases) = self.sync_leases(&config).await? else {
             return Ok(());
@@ -717,6 +829,7 @@ impl Shared {
             running.as_ref().is_some_and(|r| needs_restart(&r.generation.config, &config) || !r.alive());
         let for_keys = leases.for_keys(&config);
         let file = config.file.clone();
+        let field_manager = config.field_manager.clone();
         let candidate = Candidate { config, version: version.clone(), reconciler, leases };
         match running.take() {
             Some(r) if !restart => self.swap(running, r, candidate, for_keys).await?,
@@ -725,7 +838,7 @@ impl Shared {
         }
         self.runs
             .lock()
-            .insert(name.to_owned(), RunInfo { toml: claim.toml.clone(), file, version: version.clone() });
+            .insert(name.to_owned(), RunInfo { toml: claim.toml.clone(), file, version: version.clone(), field_manager });
         self.record_loaded(name, &claim.toml, running, &version, previous.as_deref(), started);
         Ok(())
     }
@@ -860,4 +973,12 @@ impl Shared {
         }
         while set.join_next().await.is_some() {}
     }
+}
+
+/// Why a claim in the plugins directory was refused.
+enum Refusal {
+    /// Another file (this one) runs the same plugin name.
+    Name(PathBuf),
+    /// The claim's field manager `mine` overlaps `theirs`, of the plugin in `toml`.
+    FieldManager { mine: String, theirs: String, toml: PathBuf },
 }

@@ -71,7 +71,8 @@ pub struct RbacArgs {
     /// Name of the (Cluster)Role and its binding.
     #[arg(long, default_value = "wasmctrl")]
     pub name: String,
-    /// Always emit a ClusterRole (default: a Role when every plugin stays in one namespace).
+    /// Always emit one ClusterRole (default: a Role per namespace when every plugin is
+    /// limited to namespaces).
     #[arg(long)]
     pub cluster_scope: bool,
 }

@@ -4,10 +4,15 @@
 //!
 //! Invariants of a [`PluginConfig`]: the name is a DNS label; every kind is well formed
 //! (`apiVersion` + CamelCase `Kind`); selectors parse; each index has exactly one source;
-//! every limit is non-zero; `settings` is a JSON object. Whether the cluster serves the
-//! kinds and whether the component exports `map`/`filter` are checked later, against
-//! discovery ([`PluginConfig::check_kinds`]) and the compiled component
-//! ([`PluginConfig::check_hooks`]), with errors that still point into the file.
+//! every limit is non-zero; `settings` is a JSON object; Secrets are watched only when
+//! `permissions.read` lists them (watching hands the objects to the plugin); every namespace
+//! a source names is one of the plugin's namespaces ([`PluginConfig::namespaces`]); the field
+//! manager is 1–128 printable ASCII characters. Whether the cluster serves the kinds (and,
+//! for a plugin limited to namespaces, that no source of a namespaced kind watches every
+//! namespace and no cluster-scoped kind is writable) and whether the component exports
+//! `map`/`filter` are checked later, against discovery ([`PluginConfig::check_kinds`]) and
+//! the compiled component ([`PluginConfig::check_hooks`]), with errors that still point into
+//! the file.
 
 mod resolver;
 mod schema;
@@ -103,6 +108,10 @@ pub struct PluginConfig {
     pub read: Vec<Gvk>,
     /// Kinds the plugin may write.
     pub write: Vec<Gvk>,
+    /// The namespaces the plugin reads and writes in (sorted); `None`: every namespace.
+    /// `permissions.namespaces` when given (`["*"]` is `None`), else, when `[for]` names a
+    /// namespace, that one and those `[[owns]]` and `[[watches]]` name.
+    pub namespaces: Option<Vec<String>>,
     /// `[transform]`, resolved: what every cache this plugin reads strips.
     pub transform: Transform,
     /// `[settings]` as a JSON object.
@@ -181,12 +190,20 @@ impl PluginConfig {
         kinds
     }
 
-    /// Checks that the cluster (or the built-in catalog) serves every kind named.
+    /// Checks that the cluster (or the built-in catalog) serves every kind named, and, for
+    /// a plugin limited to namespaces, that no source of a namespaced kind watches every
+    /// namespace and no cluster-scoped kind is writable.
     pub fn check_kinds(&self, resolver: &dyn KindResolver) -> Result<(), ConfigErrors> {
         let mut errors = ConfigErrors::default();
         for (field, kind) in self.kinds() {
             let (message, hint) = match resolver.resolve(kind) {
-                Ok(_) | Err(KindLookupError::Unknown) => continue,
+                Ok(resolved) => {
+                    if let Some(e) = self.scope_error(&field, kind, resolved.namespaced) {
+                        errors.push(e);
+                    }
+                    continue;
+                }
+                Err(KindLookupError::Unknown) => continue,
                 Err(KindLookupError::UnknownKind { known_kinds }) => (
                     format!("the cluster serves no kind `{}` in `{}`", kind.kind, kind.api_version),
                     did_you_mean(&kind.kind, known_kinds.iter().map(String::as_str))
@@ -216,6 +233,42 @@ impl PluginConfig {
             errors.push(e);
         }
         errors.into_result(())
+    }
+
+    /// What is wrong with the kind at `field` (as [`kinds`](Self::kinds) names it) for a
+    /// plugin limited to namespaces, given whether the kind is `namespaced`.
+    fn scope_error(&self, field: &str, kind: &Gvk, namespaced: bool) -> Option<ConfigError> {
+        let scope = self.namespaces.as_ref()?.join(", ");
+        if let Some(source) = field.strip_suffix(".kind") {
+            let watched = match source {
+                "for" => &self.for_source,
+                _ => {
+                    let (list, i) = source.split_once('[')?;
+                    let i: usize = i.strip_suffix(']')?.parse().ok()?;
+                    if list == "owns" { self.owns.get(i)? } else { self.watches.get(i)? }
+                }
+            };
+            if namespaced && watched.namespace.is_none() {
+                return Some(
+                    self.field_error(
+                        field,
+                        format!("`{kind}` is watched in every namespace, but the plugin works only in {scope}"),
+                    )
+                    .with_hint(
+                        "set `namespace` on this source, or `namespaces = [\"*\"]` in `[permissions]` to let the plugin work in every namespace",
+                    ),
+                );
+            }
+        } else if field.starts_with("permissions.write") && !namespaced {
+            return Some(
+                self.field_error(
+                    field,
+                    format!("`{kind}` is cluster-scoped, and a plugin that works only in {scope} writes nothing outside them"),
+                )
+                .with_hint("remove it, or set `namespaces = [\"*\"]` in `[permissions]`"),
+            );
+        }
+        None
     }
 
     /// Checks the TOML against the component's optional exports: `[[watches]]` needs
@@ -277,7 +330,13 @@ impl PluginConfig {
                 max_output: usize::try_from(self.max_output).unwrap_or(usize::MAX),
                 ..SandboxLimits::default()
             },
-            permissions: Permissions::new(watched, self.read.iter().cloned(), self.write.iter().cloned()),
+            permissions: {
+                let p = Permissions::new(watched, self.read.iter().cloned(), self.write.iter().cloned());
+                match &self.namespaces {
+                    Some(namespaces) => p.with_namespaces(namespaces.iter().cloned()),
+                    None => p,
+                }
+            },
             settings: serde_json::to_vec(&self.settings).unwrap_or_else(|_| b"{}".to_vec()).into(),
             field_manager: self.field_manager.clone(),
         }

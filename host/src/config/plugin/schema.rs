@@ -127,7 +127,7 @@ impl PredicatesToml {
     }
 }
 
-/// `[permissions]`: kinds as `"<apiVersion>/<Kind>"`.
+/// `[permissions]`: kinds as `"<apiVersion>/<Kind>"`, and the namespaces the plugin works in.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PermissionsToml {
@@ -135,11 +135,16 @@ pub struct PermissionsToml {
     pub read: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub write: Vec<String>,
+    /// The only namespaces the plugin reads and writes in (`["*"]`: every namespace). Left
+    /// out: `[for]`'s namespace and those `[[owns]]`/`[[watches]]` name, when `[for]` names
+    /// one; else every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Vec<String>>,
 }
 
 impl PermissionsToml {
     pub(super) fn is_empty(&self) -> bool {
-        self.read.is_empty() && self.write.is_empty()
+        self.read.is_empty() && self.write.is_empty() && self.namespaces.is_none()
     }
 }
 
