@@ -568,10 +568,9 @@ impl Shared {
     /// running plugin (no plugin writes as another).
     fn check_field_manager(&self, name: &str, config: &PluginConfig) -> Result<(), Rejection> {
         let runs = self.runs.lock();
-        let Some((other, info)) = runs
-            .iter()
-            .find(|(n, r)| n.as_str() != name && field_managers_overlap(&r.field_manager, &config.field_manager))
-        else {
+        let Some((other, info)) = runs.iter().find(|(n, r)| {
+            n.as_str() != name && field_managers_overlap(&r.field_manager, &config.field_manager)
+        }) else {
             return Ok(());
         };
         Err(Rejection(
@@ -836,9 +835,10 @@ impl Shared {
             Some(old) => self.restart(running, old, candidate).await?,
             None => self.first_start(running, candidate)?,
         }
-        self.runs
-            .lock()
-            .insert(name.to_owned(), RunInfo { toml: claim.toml.clone(), file, version: version.clone(), field_manager });
+        self.runs.lock().insert(
+            name.to_owned(),
+            RunInfo { toml: claim.toml.clone(), file, version: version.clone(), field_manager },
+        );
         self.record_loaded(name, &claim.toml, running, &version, previous.as_deref(), started);
         Ok(())
     }
