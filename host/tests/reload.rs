@@ -1294,6 +1294,46 @@ async fn a_configmap_volume_update_reloads_the_plugin() {
     host.stop().await;
 }
 
+/// A ConfigMap-volume update that renames a plugin's files, read half-way through: the
+/// kubelet has swapped `..data` (its payload now holds `vb.toml` and `vb.wasm`) but not yet
+/// linked the new names (`va.toml` and `va.wasm` dangle). A round that reads the directory
+/// then must not take the plugin for removed: it waits for the volume to settle, and once
+/// the kubelet is done the plugin is renamed, never stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_update_read_half_way_stops_nothing() {
+    let host = Host::start("delivery-volume-halfway", false).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    let toml = witness_toml(ns, "", "", "");
+    volume_write(host.dir.path(), 1, &[("va.toml", toml.as_bytes()), ("va.wasm", &a)]);
+    host.manager().rescan().await;
+    host.until_version("va", &a).await;
+    // The kubelet's next update, up to its `..data` swap.
+    let dir = host.dir.path();
+    let payload = "..2026_01_01_00_00_02.000000001";
+    std::fs::create_dir(dir.join(payload)).expect("payload dir");
+    std::fs::write(dir.join(payload).join("vb.toml"), &toml).expect("payload toml");
+    std::fs::write(dir.join(payload).join("vb.wasm"), &a).expect("payload wasm");
+    let old = std::fs::read_link(dir.join("..data")).expect("..data");
+    std::os::unix::fs::symlink(payload, dir.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap ..data");
+    host.manager().rescan().await;
+    let va = host.status("va").expect("va runs on while the volume is half-way through an update");
+    assert_eq!((va.state, va.version.clone()), (PluginState::Running, Some(version_of(&a))), "{va:?}");
+    // The rest of the update: the new names linked, the old links and payload removed.
+    for file in ["vb.toml", "vb.wasm"] {
+        std::os::unix::fs::symlink(format!("..data/{file}"), dir.join(file)).expect("link");
+    }
+    for file in ["va.toml", "va.wasm"] {
+        std::fs::remove_file(dir.join(file)).expect("old link");
+    }
+    std::fs::remove_dir_all(dir.join(old)).expect("old payload");
+    host.manager().rescan().await;
+    host.until_version("vb", &a).await;
+    assert!(host.status("va").is_none(), "{:?}", host.manager().status().snapshot());
+    host.stop().await;
+}
+
 /// `plugins-dir` is a symlink a deploy tool swaps to a new directory (`ln -s new tmp &&
 /// mv -T tmp plugins`): the new directory's files are loaded, and the watch follows it
 /// (a later change there is seen, after the old directory is gone).
