@@ -1600,6 +1600,53 @@ async fn parked_keys_go_only_to_their_kind_and_expire() {
     host.stop().await;
 }
 
+/// A rename carries what the plugin parked: a delete pending for the `for` kind the plugin
+/// left (ConfigMaps, for Secrets) is handed back when, under its new name, the plugin
+/// returns to that kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rename_carries_the_keys_parked_for_another_kind() {
+    let host = Host::start("delivery-rename-parked", false).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    // Every reconcile of a deleted key fails: the delete stays pending (in backoff).
+    host.install("pa.toml", witness_toml(ns, "", "", "fail-gone = true\n").as_bytes());
+    host.install("pa.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("pa", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("pa", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+    delete_src(&api, "victim").await;
+    until_line("pa", "reconcile-end", "the failing delete", |l| {
+        l.field("key").as_deref() == Some(&victim) && l.field("result").as_deref() == Some("error")
+    })
+    .await;
+    // For Secrets now: the ConfigMap queue, the failing delete in it, is parked.
+    let secret_toml = format!(
+        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"Secret\"\nnamespace = \"{ns}\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[settings]\nfor-kind = \"Secret\"\nmap-prefix = \"secret-\"\n"
+    );
+    host.install("pa.toml", secret_toml.as_bytes());
+    host.manager().rescan().await;
+    host.until("the Secret version to run", |h| h.status("pa").is_some_and(|s| s.reloads >= 2 && s.ready))
+        .await;
+    // Both files renamed together: the same plugin, under the name `pb`.
+    std::fs::rename(host.path("pa.toml"), host.path("pb.toml")).expect("mv toml");
+    std::fs::rename(host.path("pa.wasm"), host.path("pb.wasm")).expect("mv wasm");
+    host.manager().rescan().await;
+    host.until_version("pb", &a).await;
+    assert!(host.status("pa").is_none(), "{:?}", host.manager().status().snapshot());
+    // Back to ConfigMaps, deletes no longer failing: the parked delete comes back with it.
+    let mark = guest_logs().lock().len();
+    host.install("pb.toml", witness_toml(ns, "", "", "edit = 1\n").as_bytes());
+    host.manager().rescan().await;
+    until_reconciled_gone("pb", &victim, mark, "the parked delete reconciled under the new name").await;
+    host.stop().await;
+}
+
 /// A controller restart whose new controller never syncs (its handlers held in a slow
 /// `filter` past the sync timeout) keeps the queue it was handed: a delete whose reconcile
 /// keeps failing is still pending, and the next version reconciles it.

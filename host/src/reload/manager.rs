@@ -10,7 +10,7 @@
 //!   any other (its queue, retries and pending deletes follow it);
 //! - two files renamed together (TOML and code, contents unchanged, within one quiet
 //!   period) are a rename of the same plugin even with default names: a controller restart
-//!   under the new name that hands the queue over;
+//!   under the new name that hands the queue over (and what it parked moves along);
 //! - two files that claim one name: the file the running version came from keeps it (else
 //!   the first by path), the other is refused, in `/plugins` and `/readyz`, and loads once
 //!   the conflict is gone (decided in one place, the plan, so there is no race);
@@ -471,8 +471,9 @@ impl Shared {
     }
 
     /// A running plugin with a default name whose files were renamed together (same TOML
-    /// contents, same code) is the same plugin under its new name: its slot moves there,
-    /// and the load that follows is a restart that hands its queue over.
+    /// contents, same code) is the same plugin under its new name: its slot and the queues
+    /// it parked move there, and the load that follows is a restart that hands its queue
+    /// over.
     async fn find_renames(&self, runs: &BTreeMap<String, RunInfo>, desired: &BTreeMap<String, Claim>) {
         let gone: Vec<(&String, &RunInfo)> =
             runs.iter().filter(|(n, r)| !desired.contains_key(*n) && r.file.name.is_none()).collect();
@@ -507,6 +508,8 @@ impl Shared {
                     runs.insert(name.clone(), info);
                 }
                 drop(runs);
+                // What it parked (keys of a `for` kind it left) is its too.
+                self.parked.lock().rename(old, name);
                 self.status.remove(old);
             }
         }
