@@ -1464,6 +1464,38 @@ async fn renaming_both_files_hands_the_plugin_over() {
     host.stop().await;
 }
 
+/// `mv ha.toml hb.toml` read before `mv ha.wasm hb.wasm` (a slow script, or a rescan in
+/// between): the TOML moved, its code not yet, the old code still there. The plugin is left
+/// running while the code follows, and then it is a rename, never a stop. A TOML renamed
+/// alone is taken for what it is once the code did not follow in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_read_half_way_waits_for_the_code() {
+    let host = Host::start("delivery-rename-halfway", false).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    host.install("ha.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.install("ha.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("ha", &a).await;
+    std::fs::rename(host.path("ha.toml"), host.path("hb.toml")).expect("mv toml");
+    host.manager().rescan().await;
+    let ha = host.status("ha").expect("ha runs on while its code has not followed its TOML");
+    assert_eq!(ha.state, PluginState::Running, "{ha:?}");
+    assert!(host.status("hb").is_none(), "{:?}", host.manager().status().snapshot());
+    std::fs::rename(host.path("ha.wasm"), host.path("hb.wasm")).expect("mv wasm");
+    host.manager().rescan().await;
+    host.until_version("hb", &a).await;
+    assert!(host.status("ha").is_none(), "{:?}", host.manager().status().snapshot());
+    // The TOML alone: after the grace, `hb` stops and `hc` waits for its code.
+    std::fs::rename(host.path("hb.toml"), host.path("hc.toml")).expect("mv toml");
+    host.manager().rescan().await;
+    host.until("hb to stop and hc to wait for its code", |h| {
+        h.status("hb").is_none() && h.status("hc").is_some_and(|s| s.state == PluginState::WaitingForWasm)
+    })
+    .await;
+    host.stop().await;
+}
+
 /// A plugin with an explicit `name` whose files move (`mv a.toml b.toml; mv a.wasm b.wasm`,
 /// in two separate steps): the name runs on, from the new file, without a rejection; its
 /// queued delete is reconciled.
