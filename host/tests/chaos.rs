@@ -1113,8 +1113,10 @@ impl Reloads {
             self.dir.change(&[self.toml_change()]);
             self.until_running(mark).await;
         } else {
-            // The same generation runs on: the host's line says the move was taken.
+            // The same generation runs on: the host's line says the move was taken (and a
+            // rescan that the host is done with the files, as in `until_running`).
             self.until_host(mark.host, "the name to move", |l| l.message == "plugin reloaded").await;
+            self.manager.rescan().await;
         }
         let lines: Vec<HostLine> = HOST_LINES.lock()[mark.host..].to_vec();
         assert!(
