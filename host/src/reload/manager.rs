@@ -10,7 +10,10 @@
 //!   any other (its queue, retries and pending deletes follow it);
 //! - two files renamed together (TOML and code, contents unchanged, within one quiet
 //!   period) are a rename of the same plugin even with default names: a controller restart
-//!   under the new name that hands the queue over;
+//!   under the new name that hands the queue over (and what it parked moves along). A
+//!   round that reads the TOML renamed and its code not yet (the old code still there: a
+//!   slow script, or a periodic rescan between the two renames) leaves the plugin as it is
+//!   and waits for the code to follow, for [`RENAME_GRACE`] or a few quiet periods;
 //! - two files that claim one name: the file the running version came from keeps it (else
 //!   the first by path), the other is refused, in `/plugins` and `/readyz`, and loads once
 //!   the conflict is gone (decided in one place, the plan, so there is no race);
@@ -185,6 +188,7 @@ impl PluginManager {
             refused_managers: Mutex::default(),
             parked: Mutex::new(parked),
             watch_dirs: Mutex::default(),
+            rename_wait: Mutex::default(),
             shutdown: shutdown.clone(),
             retry: events_tx,
         });
@@ -225,7 +229,13 @@ struct RunInfo {
     version: String,
     /// The field manager the running version writes as.
     field_manager: String,
+    /// Where its code came from.
+    wasm: PathBuf,
 }
+
+/// How long a rename whose TOML moved before its code is waited for (at least; four quiet
+/// periods when that is longer), before the two files are taken for what they are.
+pub const RENAME_GRACE: Duration = Duration::from_secs(2);
 
 pub(super) struct Shared {
     pub(super) options: ManagerOptions,
@@ -243,6 +253,8 @@ pub(super) struct Shared {
     pub(super) parked: Mutex<ParkedQueues>,
     /// The directories the latest plan wants watched.
     watch_dirs: Mutex<BTreeSet<PathBuf>>,
+    /// Since when a rename has waited for its code to follow (see [`RENAME_GRACE`]).
+    rename_wait: Mutex<Option<Instant>>,
     pub(super) shutdown: CancellationToken,
     /// Feeds a path back into the debouncer (a file that was still being written).
     retry: mpsc::UnboundedSender<PathBuf>,
@@ -463,7 +475,17 @@ impl Shared {
             desired.insert(name, winner);
         }
         self.refuse_shared_field_managers(&runs, &mut desired, &mut refused);
-        self.find_renames(&runs, &desired).await;
+        let waiting = self.find_renames(&runs, &desired).await;
+        if !waiting.is_empty() {
+            // A rename half-way: both names stay as the previous plan had them.
+            let previous = self.desired.lock();
+            for name in &waiting {
+                match previous.get(name) {
+                    Some(claim) => desired.insert(name.clone(), claim.clone()),
+                    None => desired.remove(name),
+                };
+            }
+        }
         self.record_refused(refused, &desired);
         let mut dirs: BTreeSet<PathBuf> = snapshot.real_dir.into_iter().collect();
         for claim in desired.values() {
@@ -478,49 +500,83 @@ impl Shared {
         let mut names: BTreeSet<String> = desired.keys().cloned().collect();
         names.extend(self.slots.lock().keys().cloned());
         *self.desired.lock() = desired;
-        names.into_iter().collect()
+        names.into_iter().filter(|n| !waiting.contains(n)).collect()
     }
 
     /// A running plugin with a default name whose files were renamed together (same TOML
-    /// contents, same code) is the same plugin under its new name: its slot moves there,
-    /// and the load that follows is a restart that hands its queue over.
-    async fn find_renames(&self, runs: &BTreeMap<String, RunInfo>, desired: &BTreeMap<String, Claim>) {
+    /// contents, same code) is the same plugin under its new name: its slot and the queues
+    /// it parked move there, and the load that follows is a restart that hands its queue
+    /// over.
+    ///
+    /// Returns the names to leave alone this round: a rename read half-way (the TOML under
+    /// its new name, the code not yet, the old code still there) waits for the code to
+    /// follow, for at most [`RENAME_GRACE`] (or four quiet periods), before the files are
+    /// taken for what they are (the old plugin stopped, the new one waiting for its code).
+    async fn find_renames(
+        &self,
+        runs: &BTreeMap<String, RunInfo>,
+        desired: &BTreeMap<String, Claim>,
+    ) -> BTreeSet<String> {
         let gone: Vec<(&String, &RunInfo)> =
             runs.iter().filter(|(n, r)| !desired.contains_key(*n) && r.file.name.is_none()).collect();
-        if gone.is_empty() {
-            return;
-        }
+        let mut waiting = BTreeSet::new();
         let mut taken = BTreeSet::new();
         for (name, claim) in desired {
             let Ok(config) = &claim.config else { continue };
-            if runs.contains_key(name) || claim.explicit_name() {
+            if gone.is_empty() || runs.contains_key(name) || claim.explicit_name() {
                 continue;
             }
-            let Some((old, _)) = gone.iter().find(|(o, r)| !taken.contains(*o) && r.file == config.file)
+            let Some((old, info)) =
+                gone.iter().find(|(o, r)| !taken.contains(*o) && r.file == config.file).copied()
             else {
                 continue;
             };
-            let Ok(Fetched::Ready(code)) = CodeSource::of(config).fetch().await else { continue };
-            if runs.get(*old).is_none_or(|r| r.version != code.version) {
-                continue;
+            match CodeSource::of(config).fetch().await {
+                Ok(Fetched::Ready(code)) if code.version == info.version => {}
+                Ok(Fetched::Missing) => {
+                    let old_code = CodeSource::File(info.wasm.clone()).fetch().await;
+                    if matches!(old_code, Ok(Fetched::Ready(code)) if code.version == info.version) {
+                        tracing::debug!(plugin = %name, previous_name = %old,
+                            "a plugin's TOML was renamed and its code not yet: waiting for the code to follow");
+                        waiting.extend([name.clone(), old.clone()]);
+                    }
+                    continue;
+                }
+                _ => continue,
             }
-            taken.insert((*old).clone());
+            taken.insert(old.clone());
             tracing::info!(plugin = %name, previous_name = %old, file = %claim.toml.display(),
                 "plugin files renamed together: the same plugin under a new name");
             let mut slots = self.slots.lock();
             if slots.get(name).is_none_or(|s| Arc::strong_count(s) <= 1)
-                && let Some(slot) = slots.remove(*old)
+                && let Some(slot) = slots.remove(old)
             {
                 slots.insert(name.clone(), slot);
                 drop(slots);
                 let mut runs = self.runs.lock();
-                if let Some(info) = runs.remove(*old) {
+                if let Some(info) = runs.remove(old) {
                     runs.insert(name.clone(), info);
                 }
                 drop(runs);
+                // What it parked (keys of a `for` kind it left) is its too.
+                self.parked.lock().rename(old, name);
                 self.status.remove(old);
             }
         }
+        let mut since = self.rename_wait.lock();
+        if waiting.is_empty() {
+            *since = None;
+            return waiting;
+        }
+        let grace = RENAME_GRACE.max(self.options.debounce * 4);
+        if since.get_or_insert_with(Instant::now).elapsed() >= grace {
+            tracing::info!(plugins = ?waiting, "the code of a renamed plugin TOML did not follow in time; taking the files as they are");
+            *since = None;
+            return BTreeSet::new();
+        }
+        drop(since);
+        self.retry_later();
+        waiting
     }
 
     /// Refuses every desired claim of a plugin that does not run whose field manager
@@ -827,7 +883,7 @@ impl Shared {
         let restart =
             running.as_ref().is_some_and(|r| needs_restart(&r.generation.config, &config) || !r.alive());
         let for_keys = leases.for_keys(&config);
-        let file = config.file.clone();
+        let (file, wasm) = (config.file.clone(), config.wasm_path.clone());
         let field_manager = config.field_manager.clone();
         let candidate = Candidate { config, version: version.clone(), reconciler, leases };
         match running.take() {
@@ -837,7 +893,7 @@ impl Shared {
         }
         self.runs.lock().insert(
             name.to_owned(),
-            RunInfo { toml: claim.toml.clone(), file, version: version.clone(), field_manager },
+            RunInfo { toml: claim.toml.clone(), file, version: version.clone(), field_manager, wasm },
         );
         self.record_loaded(name, &claim.toml, running, &version, previous.as_deref(), started);
         Ok(())
