@@ -6,6 +6,8 @@
 //!   `forbidden` before any cache or API server is touched; every refusal is counted in
 //!   `wasmctrl_plugin_forbidden_calls` and logged with the plugin, request, kind and call.
 //! - A guest-provided body larger than the plugin's `max-output` is refused as `invalid`.
+//! - A call that may not write (an admission call without side effects, see
+//!   [`CallInfo::writes_refused`]) has every write refused with `forbidden`, whatever the kind.
 
 use super::bindings::wasmctrl::controller::types::Error as WitError;
 use super::call::CallInfo;
@@ -40,6 +42,7 @@ impl Access {
 
     /// Refuses `kind` unless writable: counts and logs the refusal.
     pub fn check_write(&self, kind: &Gvk, call: &CallInfo, op: &'static str) -> Result<(), WitError> {
+        check_call_may_write(&self.plugin, call)?;
         if self.permissions.can_write(kind) {
             return Ok(());
         }
@@ -75,5 +78,16 @@ impl Access {
             )));
         }
         Ok(())
+    }
+}
+
+/// Refuses any write of a call that may not write (see [`CallInfo::writes_refused`]).
+pub(crate) fn check_call_may_write(plugin: &str, call: &CallInfo) -> Result<(), WitError> {
+    match &call.writes_refused {
+        None => Ok(()),
+        Some(why) => {
+            tracing::warn!(plugin, export = call.export, request = call.request.as_deref().unwrap_or(""), reason = %why, "plugin write refused during an admission call");
+            Err(WitError::Forbidden(format!("plugin {plugin} may not write during this call: {why}")))
+        }
     }
 }

@@ -10,7 +10,8 @@
 //! - `publish` never blocks on the API server: the event is sent on the runtime and a
 //!   failure is logged, as client-go's broadcaster does.
 //! - events.k8s.io/v1 is used; when the server lacks it, core/v1 Events are written.
-//! - Nothing is sent once the host's cluster access is revoked (leader lease lost).
+//! - Nothing is sent once the host's cluster access is revoked (leader lease lost), nor
+//!   from a call that may not write (an admission call without side effects).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +22,7 @@ use wasmtime::component::HasData;
 
 use super::bindings::wasmctrl::controller::events::{Event as WitEvent, EventType, Host};
 use super::bindings::wasmctrl::controller::types::Error as WitError;
+use super::call::CallInfo;
 use super::cluster::{KubeServices, map_kube_error, revoked_error};
 use super::record::RecordedEvent;
 use super::recorder::{MAX_NOTE, Planned, jiff_now, to_core};
@@ -36,6 +38,8 @@ pub(crate) struct EventsCtx {
 /// What an `events` call sees.
 pub(crate) struct EventsCtxView<'a> {
     pub ctx: &'a EventsCtx,
+    /// The call in progress (an admission call may not publish).
+    pub call: &'a CallInfo,
 }
 
 /// Links `events` with [`EventsCtxView`] as its host.
@@ -87,6 +91,9 @@ async fn send_planned(kube: Arc<KubeServices>, send: Planned) -> Result<(), WitE
 
 impl Host for EventsCtxView<'_> {
     fn publish(&mut self, mut event: WitEvent) -> wasmtime::Result<Result<(), WitError>> {
+        if let Err(e) = super::access::check_call_may_write(&self.ctx.plugin, self.call) {
+            return Ok(Err(e));
+        }
         if event.reason.is_empty() || event.action.is_empty() {
             return Ok(Err(WitError::Invalid("an event needs a reason and an action".into())));
         }

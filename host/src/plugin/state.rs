@@ -97,7 +97,7 @@ impl HostState {
 
     /// The `events` import's view.
     pub fn events(&mut self) -> EventsCtxView<'_> {
-        EventsCtxView { ctx: &self.events }
+        EventsCtxView { ctx: &self.events, call: &self.call }
     }
 
     /// The `log` import's view.
