@@ -33,6 +33,11 @@
 //!   plugin comes back (same stem), the parked keys are handed to its new controller.
 //! - A reload that comes while the previous version is still syncing follows the same
 //!   rules: it is wired from that version, whatever it has received so far.
+//! - **Admission** (a plugin with `[[admission]]`, see [`crate::admission`]): once a new
+//!   version took over, the admission router is pointed at it in one swap — reviews after
+//!   it go to the new version, reviews in flight finish on the old one; a stopped plugin's
+//!   webhooks go first. A version whose sections need exports its component lacks, or a
+//!   host without an admission server, is rejected like any broken version.
 //!
 //! Files are read only after the directory has been quiet for the debounce period and a
 //! whole read saw no change in size or modification time; hidden files (`.x.wasm.tmp`) are
@@ -60,6 +65,7 @@ use super::check::version_of;
 use super::scan::{is_plugin_file, plugin_tomls, read_settled};
 use super::status::{PluginState, StatusBoard};
 use super::wiring::{Generation, InformerLeases, Leases, PluginSlot, kube_gvk};
+use crate::admission::AdmissionRouter;
 use crate::config::{
     ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, ResolvedKind,
 };
@@ -83,6 +89,9 @@ pub struct ManagerOptions {
     pub debounce: Duration,
     /// Follow the directory (file events and SIGHUP). Off: load once.
     pub watch: bool,
+    /// Where admitting plugins' versions are installed (the host's admission server);
+    /// `None`: the host serves no admission, and a plugin with `[[admission]]` is refused.
+    pub admission: Option<AdmissionRouter>,
 }
 
 impl ManagerOptions {
@@ -94,6 +103,7 @@ impl ManagerOptions {
             cache_sync_timeout: Duration::from_secs(120),
             debounce: Duration::from_millis(200),
             watch: true,
+            admission: None,
         }
     }
 }
@@ -509,9 +519,13 @@ impl Shared {
             return Ok(());
         };
         let plugin = self.compile(&config, &leases, bytes).await?;
+        config.check_admission_served(self.options.admission.is_some())?;
+        config.check_admission_exports(plugin.admission_exports())?;
+        let admitting = (plugin.clone(), config.admission.clone());
         let reconciler = check_component(&config, &leases, plugin)?;
 
         let name = config.name.clone();
+        let previous_name = running.as_ref().map(|r| r.name().to_owned());
         let previous = running.as_ref().map(|r| r.generation.version.clone());
         let restart = running.as_ref().is_some_and(|r| needs_restart(&r.generation.config, &config));
         let for_keys = leases.for_keys(&config);
@@ -520,6 +534,10 @@ impl Shared {
             Some(r) if !restart => self.swap(running, r, candidate, for_keys).await?,
             Some(old) => self.restart(running, old, candidate).await?,
             None => self.first_start(stem, running, candidate)?,
+        }
+        if let Some(router) = &self.options.admission {
+            // Reviews from now on go to this version; those in flight finish on the old one.
+            router.install(previous_name.as_deref(), admitting.0, admitting.1).await;
         }
         self.record_loaded(stem, toml, running, &name, &version, previous.as_deref(), started);
         Ok(())
@@ -901,6 +919,9 @@ impl Shared {
     /// in-flight reconciles finish; then its informers are released.
     async fn stop_plugin(&self, stem: &str, r: Running) {
         let name = r.name().to_owned();
+        if let Some(router) = &self.options.admission {
+            router.remove(&name).await;
+        }
         self.status.update(stem, self.toml_of(stem), |s| s.state = PluginState::Stopping);
         r.generation.catch_up_with_server(&*self.deps.informers).await;
         let parked = RateLimitingQueue::new(r.controller.queue().limiter().clone());

@@ -200,6 +200,8 @@ pub(super) fn resolve(
         err(&dp("cache-sync-timeout"), false, "cache-sync-timeout must be more than 0".into(), None);
     }
 
+    let admission = file.admission.as_ref().map(|a| super::admission::resolve(map, &mut errors, a, base));
+
     let config = HostConfig {
         path,
         plugins_dir,
@@ -213,6 +215,7 @@ pub(super) fn resolve(
         leader_election,
         plugin_defaults: PluginDefaults { concurrency, deadline, memory, max_output, resync },
         cache_sync_timeout,
+        admission,
         file,
     };
     errors.into_result(config)

@@ -136,6 +136,8 @@ impl Resolver<'_, '_> {
         let watches = self.sources(&file.watches, "watches", &for_source);
         let read = self.permission_kinds(&file.permissions.read, "read");
         let write = self.permission_kinds(&file.permissions.write, "write");
+        let admission =
+            super::admission::resolve(self.map, &mut self.errors, &file.admission, &for_source.kind, &read);
         let settings = match toml_to_json(&toml::Value::Table(file.settings.clone())) {
             Ok(v) => v,
             Err((path, message)) => {
@@ -162,6 +164,7 @@ impl Resolver<'_, '_> {
             read,
             write,
             transform,
+            admission,
             settings,
             file,
             source: self.map.text.into(),
