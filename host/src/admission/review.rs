@@ -8,7 +8,7 @@
 //! - A denial's code is an HTTP error code (400–599; a plugin's other codes become 400, as
 //!   the API server would make them) with the reason Kubernetes names it by.
 //! - A patch goes out only as a JSON patch that parsed and applied to the request's object
-//!   (checked by [`check_patch`] before a response is built).
+//!   (checked by [`check_patch`] before a response is built), base64-encoded.
 
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
@@ -158,9 +158,25 @@ impl Answer {
     }
 
     /// The response review as JSON.
+    ///
+    /// The patch goes out base64-encoded, as the API server reads `[]byte` fields: kube's
+    /// `AdmissionResponse` serialises it as an array of numbers instead (kube-rs issue
+    /// #1781), which only decodes because Go's JSON decoder happens to accept arrays for
+    /// byte slices; the documented encoding is base64, which is what other webhooks send.
     pub fn to_json(self) -> Vec<u8> {
+        use base64::Engine as _;
+        let patch = self.0.patch.clone();
         // A review of strings, numbers and bytes: encoding it cannot fail.
-        serde_json::to_vec(&self.0.into_review()).unwrap_or_default()
+        let mut review = serde_json::to_value(self.0.into_review()).unwrap_or_default();
+        if let Some(patch) = patch
+            && let Some(response) = review.get_mut("response").and_then(serde_json::Value::as_object_mut)
+        {
+            response.insert(
+                "patch".into(),
+                serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(patch)),
+            );
+        }
+        serde_json::to_vec(&review).unwrap_or_default()
     }
 
     /// The response, for tests and the fixture runner.

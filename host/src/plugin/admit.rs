@@ -220,6 +220,19 @@ pub enum AdmitError {
     Call(#[from] CallError),
 }
 
+/// An admission call cut at its deadline: the webhook's budget, not the plugin's
+/// reconcile `deadline`, so the trap says which.
+#[derive(Debug, thiserror::Error)]
+#[error("the admission deadline passed (the webhook's timeout less the host's margin for its own answer)")]
+struct AdmissionDeadline;
+
+fn name_deadline(e: wasmtime::Error) -> wasmtime::Error {
+    match e.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => wasmtime::Error::new(AdmissionDeadline),
+        _ => e,
+    }
+}
+
 impl Plugin {
     /// Which admission exports the plugin's component has.
     pub fn admission_exports(&self) -> AdmissionExports {
@@ -243,7 +256,9 @@ impl Plugin {
             let Some(validator) = inst.admission.validator.as_ref() else {
                 return Err(wasmtime::format_err!("the instance has no `validator` export"));
             };
-            let verdict = GuestVerdict::from_wit(validator.call_validate(&mut inst.store, &request)?);
+            let verdict = GuestVerdict::from_wit(
+                validator.call_validate(&mut inst.store, &request).map_err(name_deadline)?,
+            );
             check_output(verdict.size(), max)?;
             Ok(verdict)
         })?;
@@ -268,7 +283,7 @@ impl Plugin {
             let Some(mutator) = inst.admission.mutator.as_ref() else {
                 return Err(wasmtime::format_err!("the instance has no `mutator` export"));
             };
-            let m = mutator.call_mutate(&mut inst.store, &request)?;
+            let m = mutator.call_mutate(&mut inst.store, &request).map_err(name_deadline)?;
             let mutation = GuestMutation { verdict: GuestVerdict::from_wit(m.verdict), patch: m.patch };
             check_output(mutation.verdict.size() + mutation.patch.as_ref().map_or(0, Vec::len), max)?;
             Ok(mutation)
