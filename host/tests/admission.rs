@@ -975,3 +975,144 @@ async fn a_hot_reload_under_a_stream_of_creates_through_the_api_server_refuses_n
         Err(_) => panic!("host still shared"),
     }
 }
+
+// ---- Configuration ----
+
+fn plugin_toml_errors(text: &str) -> String {
+    match wasmctrl::config::PluginConfig::parse(Path::new("plugins/p.toml"), text, &Default::default()) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn admission_sections_are_checked_with_file_line_and_field() {
+    let base = "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n";
+    let cases = [
+        ("[[admission]]\ntimeout = \"1500ms\"\n", "`admission[0].timeout`", "whole seconds from 1s to 30s"),
+        ("[[admission]]\ntimeout = \"31s\"\n", "`admission[0].timeout`", "whole seconds"),
+        ("[[admission]]\nkinds = [\"v1/Secret\"]\n", "`admission[0].kinds[0]`", "permissions.read"),
+        (
+            "[[admission]]\nreinvocation = \"IfNeeded\"\n",
+            "`admission[0].reinvocation`",
+            "mutating webhooks only",
+        ),
+        ("[[admission]]\n[[admission]]\n", "`admission[1]`", "webhook `validate` is already `admission[0]`"),
+        (
+            "[[admission]]\nnamespace-selector = \"tier>3\"\n",
+            "`admission[0].namespace-selector`",
+            "cannot express",
+        ),
+        ("[[admission]]\noperations = []\n", "`admission[0].operations`", "at least one operation"),
+        ("[[admission]]\noperations = [\"PATCH\"]\n", "admission", "PATCH"),
+        ("[[admission]]\nfailure-policy = \"fail\"\n", "admission", "fail"),
+        ("[[admission]]\nname = \"Bad_Name\"\n", "`admission[0].name`", "not a valid webhook name"),
+    ];
+    for (section, field, message) in cases {
+        let e = plugin_toml_errors(&format!("{base}{section}"));
+        assert!(e.contains("plugins/p.toml:"), "no location in {e}");
+        assert!(e.contains(field) && e.contains(message), "{field} / {message} missing from:\n{e}");
+    }
+    // Defaults: the `for` kind, CREATE and UPDATE, Fail, 10s, no side effects.
+    let config = wasmctrl::config::PluginConfig::parse(
+        Path::new("p.toml"),
+        &format!("{base}[permissions]\nread = [\"v1/Secret\"]\n[[admission]]\n[[admission]]\nname = \"secrets\"\nkinds = [\"v1/Secret\"]\noperations = [\"*\"]\nmutating = true\n"),
+        &Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let rule = &config.admission[0];
+    assert_eq!(rule.kinds, [wasmctrl::plugin::Gvk::new("v1", "ConfigMap")]);
+    assert_eq!(
+        rule.operations,
+        [wasmctrl::admission::Operation::Create, wasmctrl::admission::Operation::Update]
+    );
+    assert_eq!(
+        (rule.failure_policy, rule.timeout),
+        (wasmctrl::admission::FailurePolicy::Fail, Duration::from_secs(10))
+    );
+    assert_eq!(config.admission[1].operations.len(), 3);
+    assert!(config.to_plugin_spec().permissions.can_admit(&wasmctrl::plugin::Gvk::new("v1", "Secret")));
+}
+
+#[test]
+fn the_host_admission_table_is_checked() {
+    let errors = |text: &str| match wasmctrl::config::HostConfig::parse(Path::new("wasmctrl.toml"), text) {
+        Ok(_) => panic!("accepted:\n{text}"),
+        Err(e) => e.to_string(),
+    };
+    let e = errors("[admission]\naddress = \"0.0.0.0:9443\"\n");
+    assert!(e.contains("`admission.address`") && e.contains("cannot dial 0.0.0.0"), "{e}");
+    let e =
+        errors("[admission]\nurl = \"https://a:1\"\nservice = { namespace = \"ns\", name = \"hooks\" }\n");
+    assert!(e.contains("exclude each other"), "{e}");
+    let e = errors("[admission]\nurl = \"http://127.0.0.1:9443\"\n");
+    assert!(e.contains("`admission.url`") && e.contains("https://"), "{e}");
+    let e = errors("[admission]\nca-file = \"ca.crt\"\n");
+    assert!(e.contains("`admission.ca-file`"), "{e}");
+    let e = errors("[admission]\ncert-file = \"tls.crt\"\n");
+    assert!(e.contains("needs `key-file`"), "{e}");
+    let host = wasmctrl::config::HostConfig::parse(
+        Path::new("/etc/wasmctrl/wasmctrl.toml"),
+        "[admission]\naddress = \"0.0.0.0:9443\"\nservice = { namespace = \"ops\", name = \"hooks\" }\ncert-file = \"tls/tls.crt\"\nkey-file = \"tls/tls.key\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let settings = host.admission.expect("admission");
+    assert_eq!(settings.certificate.map(|c| c.cert), Some(PathBuf::from("/etc/wasmctrl/tls/tls.crt")));
+    assert!(settings.manage_configurations);
+    assert!(wasmctrl::config::HostConfig::parse(Path::new("w.toml"), "").unwrap().admission.is_none());
+}
+
+#[test]
+fn check_refuses_sections_the_component_cannot_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    // The probe plugin exports no admission interface.
+    std::fs::write(dir.path().join("probe.wasm"), guest("test-plugin-probe")).unwrap();
+    std::fs::write(
+        dir.path().join("probe.toml"),
+        "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[[admission]]\nmutating = true\n",
+    )
+    .unwrap();
+    let engine = PluginEngine::new(EngineConfig::default(), None).expect("engine");
+    let validator = wasmctrl::reload::EngineValidator(engine.clone());
+    let options = wasmctrl::reload::CheckOptions { components: Some(&validator), ..Default::default() };
+    let report = wasmctrl::reload::check_paths(&[dir.path().join("probe.toml")], &options);
+    assert!(!report.ok());
+    let text = report.render();
+    assert!(
+        text.contains("`admission[0]`") && text.contains("needs the plugin to export `mutator`"),
+        "{text}"
+    );
+    // The admission plugin exports both: its sections pass and the report says what it admits.
+    std::fs::write(dir.path().join("admit.wasm"), guest("test-plugin-admission")).unwrap();
+    std::fs::write(dir.path().join("admit.toml"), admission_toml("team-a", "a")).unwrap();
+    let report = wasmctrl::reload::check_paths(&[dir.path().join("admit.toml")], &options);
+    let text = report.render();
+    assert!(report.ok(), "{text}");
+    assert!(text.contains("world wasmctrl:controller/admitting-plugin@0.2.1"), "{text}");
+    assert!(text.contains("admits   mutate v1/ConfigMap (CREATE UPDATE) /admission/admit/mutate"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_without_an_admission_server_rejects_an_admitting_plugin() {
+    let cluster = TestCluster::start().await.expect("test cluster");
+    let ns = cluster.namespace().await.expect("namespace");
+    let client = cluster.client();
+    let plugins = tempfile::tempdir().expect("tempdir");
+    std::fs::write(plugins.path().join("admit.wasm"), guest("test-plugin-admission")).expect("wasm");
+    std::fs::write(plugins.path().join("admit.toml"), admission_toml(&ns, "a")).expect("toml");
+    let deps = ManagerDeps {
+        engine: PluginEngine::new(EngineConfig::default(), None).expect("engine"),
+        informers: Arc::new(FactoryLeases(InformerFactory::new(client.clone(), FactoryOptions::default()))),
+        kube: Some(KubeServices::new(client, tokio::runtime::Handle::current(), "wasmctrl-admission")),
+        metrics: Metrics::new(),
+    };
+    let shutdown = CancellationToken::new();
+    let manager = PluginManager::start(ManagerOptions::new(plugins.path()), deps, shutdown.clone())
+        .await
+        .expect("manager");
+    let status = manager.status().get("admit").expect("status");
+    let error = status.last_error.clone().unwrap_or_default();
+    assert!(error.contains("this host serves none") && error.contains("[admission]"), "{status:?}");
+    shutdown.cancel();
+    tokio::time::timeout(PATIENCE, manager.stopped()).await.expect("manager stops");
+}
