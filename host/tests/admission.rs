@@ -114,13 +114,21 @@ impl Host {
     }
 
     async fn start_with(toml: impl Fn(&str) -> String, certificate: Option<CertFiles>) -> Host {
+        Host::start_plugin(guest("test-plugin-admission"), toml, certificate).await
+    }
+
+    /// Starts everything with `wasm` as the plugin and `toml(namespace)` as its TOML.
+    async fn start_plugin(
+        wasm: Vec<u8>,
+        toml: impl Fn(&str) -> String,
+        certificate: Option<CertFiles>,
+    ) -> Host {
         let cluster = TestCluster::start().await.expect("test cluster");
         let ns = cluster.namespace().await.expect("namespace");
         let client = cluster.client();
         let plugin = cluster.unique("admit");
         let plugins = tempfile::tempdir().expect("tempdir");
-        std::fs::write(plugins.path().join(format!("{plugin}.wasm")), guest("test-plugin-admission"))
-            .expect("wasm");
+        std::fs::write(plugins.path().join(format!("{plugin}.wasm")), wasm).expect("wasm");
         std::fs::write(plugins.path().join(format!("{plugin}.toml")), toml(&ns)).expect("toml");
         let cache = tempfile::tempdir().expect("tempdir");
         let metrics = Metrics::new();
@@ -1115,4 +1123,78 @@ async fn a_host_without_an_admission_server_rejects_an_admitting_plugin() {
     assert!(error.contains("this host serves none") && error.contains("[admission]"), "{status:?}");
     shutdown.cancel();
     tokio::time::timeout(PATIENCE, manager.stopped()).await.expect("manager stops");
+}
+
+// ---- TypeScript and Python plugins ----
+
+/// The admission test plugin of a guest language (`guests/{ts,python}/test-plugins/admission`),
+/// or `None`, saying so, when that language's toolchain is not installed (build-guests then
+/// builds none of its guests).
+fn language_plugin(language: &str) -> Option<Vec<u8>> {
+    let (probes, path): (&[(&str, &[&str])], &str) = match language {
+        "ts" => (
+            &[("node", &["--version"]), ("npm", &["--version"])],
+            "guests/target/ts/test-plugin-ts-admission.wasm",
+        ),
+        _ => (
+            &[("python3", &["-c", "import sys, venv; assert sys.version_info >= (3, 10)"])],
+            "guests/target/python/test-plugin-py-admission.wasm",
+        ),
+    };
+    for (cmd, args) in probes {
+        if !std::process::Command::new(cmd).args(*args).output().is_ok_and(|o| o.status.success()) {
+            eprintln!(
+                "skipping the {language} admission plugin: `{cmd}` is missing, so build-guests built no {language} guests"
+            );
+            return None;
+        }
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    Some(
+        std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask build-guests`", path.display())),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typescript_and_python_plugins_validate_and_mutate() {
+    for language in ["ts", "python"] {
+        let Some(wasm) = language_plugin(language) else { continue };
+        // An interpreter instance needs more memory than a Rust one (docs/guest-languages.md).
+        let host = Host::start_plugin(
+            wasm,
+            |ns| format!("memory = \"128MiB\"\n{}", admission_toml(ns, language)),
+            None,
+        )
+        .await;
+        let ns = host.ns.clone();
+        let allowed = host.review("validate", &create(&ns, "fine", json!({"k": "v"}))).await;
+        assert_eq!(allowed["allowed"], true, "{language}: {allowed}");
+        assert_eq!(warnings(&allowed), [format!("validated by {language}")], "{language}");
+        let denied = host.review("validate", &create(&ns, "no", json!({"deny": "not in prod"}))).await;
+        assert_eq!(
+            (denied["allowed"].as_bool(), denied["status"]["code"].as_u64()),
+            (Some(false), Some(403)),
+            "{language}: {denied}"
+        );
+        assert_eq!(denied["status"]["message"], "not in prod", "{language}");
+        let invalid = host.review("validate", &create(&ns, "bad", json!({"invalid": "x"}))).await;
+        assert_eq!(invalid["status"]["code"], 422, "{language}: {invalid}");
+        // An exception traps: the failure policy answers.
+        let thrown = host.review("validate", &create(&ns, "boom", json!({"throw": "x"}))).await;
+        assert_eq!(thrown["allowed"], false, "{language}: {thrown}");
+        assert!(
+            thrown["status"]["message"].as_str().unwrap_or("").contains("trapped in validate"),
+            "{language}: {thrown}"
+        );
+        let mutated = host.review("mutate", &create(&ns, "m", json!({}))).await;
+        assert_eq!(mutated["allowed"], true, "{language}: {mutated}");
+        let mut object = configmap(&ns, "m", json!({}), json!({}));
+        let ops: json_patch::Patch =
+            serde_json::from_value(patch_of(&mutated).expect("a patch")).expect("RFC 6902");
+        json_patch::patch(&mut object, &ops).expect("applies");
+        assert_eq!(object["metadata"]["labels"]["stamp"], language, "{language}: {mutated}");
+        assert_eq!(warnings(&mutated), [format!("mutated by {language}")], "{language}");
+        host.stop().await;
+    }
 }
