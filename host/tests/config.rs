@@ -1112,7 +1112,7 @@ mod check_components {
         let report = check_paths(&[dir.path().to_path_buf()], &options);
         assert!(report.ok(), "{}", report.render());
         assert!(
-            report.render().contains("world wasmctrl:controller/plugin@0.2.0, init ok"),
+            report.render().contains("world wasmctrl:controller/plugin@0.2.1, init ok"),
             "{}",
             report.render()
         );

@@ -195,7 +195,7 @@ pub fn configurations(
             webhooks: Some(validating),
         }),
         mutating: (!mutating.is_empty())
-            .then(|| MutatingWebhookConfiguration { metadata, webhooks: Some(mutating) }),
+            .then_some(MutatingWebhookConfiguration { metadata, webhooks: Some(mutating) }),
     })
 }
 
