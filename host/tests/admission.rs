@@ -1198,3 +1198,86 @@ async fn typescript_and_python_plugins_validate_and_mutate() {
         host.stop().await;
     }
 }
+
+// ---- The binary: `wasmctrl run` with [admission], `wasmctrl webhook-config` ----
+
+/// Kills the host when the test ends, however it ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasmctrl_run_serves_the_plugins_webhooks_and_webhook_config_prints_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    let (ca_pem, _) = write_certificate(&tls, "run");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::write(plugins.join("admit.wasm"), guest("test-plugin-admission")).unwrap();
+    std::fs::write(plugins.join("admit.toml"), admission_toml("default", "run")).unwrap();
+    // A free port for the admission server (the host TOML names it).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let host_toml = dir.path().join("wasmctrl.toml");
+    std::fs::write(
+        &host_toml,
+        format!(
+            "plugins-dir = \"plugins\"\ncache-dir = \"cache\"\n[cluster]\nmode = \"embedded\"\n[server]\naddress = \"127.0.0.1:0\"\n\
+             [admission]\naddress = \"127.0.0.1:{port}\"\ncert-file = \"tls/tls.crt\"\nkey-file = \"tls/tls.key\"\nca-file = \"tls/ca.crt\"\n\
+             manage-configurations = false\n"
+        ),
+    )
+    .unwrap();
+
+    // `wasmctrl webhook-config`: the configurations the host would write.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+        .args(["webhook-config", "--config"])
+        .arg(&host_toml)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let yaml = String::from_utf8_lossy(&out.stdout);
+    for part in [
+        "kind: MutatingWebhookConfiguration".to_owned(),
+        "kind: ValidatingWebhookConfiguration".to_owned(),
+        "name: wasmctrl-admit".to_owned(),
+        format!("url: https://127.0.0.1:{port}/admission/admit/validate"),
+        "name: lenient.admit.wasmctrl.dev".to_owned(),
+        "failurePolicy: Ignore".to_owned(),
+        "caBundle:".to_owned(),
+    ] {
+        assert!(yaml.contains(&part), "{part} missing from:\n{yaml}");
+    }
+
+    // `wasmctrl run`: the server comes up, the plugin joins it once loaded.
+    let _host = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+            .args(["run", "--config"])
+            .arg(&host_toml)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let address: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let denied = create("default", "no", json!({"deny": "not from the binary"}));
+    eventually("the host answers the plugin's webhook", || async {
+        if tokio::net::TcpStream::connect(address).await.is_err() {
+            return Err("not listening yet".into());
+        }
+        let (status, body) =
+            post_to(address, ca_pem.as_bytes(), "/admission/admit/validate", denied.to_string().into_bytes())
+                .await;
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        match (status, body["response"]["status"]["message"].as_str()) {
+            (200, Some("not from the binary")) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
