@@ -1312,3 +1312,30 @@ async fn wasmctrl_run_serves_the_plugins_webhooks_and_webhook_config_prints_them
     })
     .await;
 }
+
+#[test]
+fn rbac_grants_the_webhook_configurations_when_the_host_writes_them() {
+    let admitting = wasmctrl::config::PluginConfig::parse(
+        Path::new("a.toml"),
+        "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[[admission]]\n",
+        &Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let yaml = |manage: bool| {
+        let options = wasmctrl::reload::RbacOptions { webhook_configurations: manage, ..Default::default() };
+        wasmctrl::reload::rbac_for(
+            std::slice::from_ref(&admitting),
+            &options,
+            &wasmctrl::config::BuiltinKinds,
+        )
+        .to_yaml()
+        .unwrap()
+    };
+    let managed = yaml(true);
+    for part in
+        ["name: wasmctrl-admission", "validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
+    {
+        assert!(managed.contains(part), "{part} missing from:\n{managed}");
+    }
+    assert!(!yaml(false).contains("webhookconfigurations"));
+}
