@@ -10,10 +10,12 @@
 //!   configurations are deleted before its handler is removed, so the API server is never
 //!   pointed at a plugin that is not there (but for its own informer's delay).
 //! - Changes of the handlers are serialized; the map readers see is always a whole one.
+//! - Writing a plugin's configurations is bounded ([`CONFIG_WRITE_TIMEOUT`]): a failure or a
+//!   timeout is logged and leaves the handler in place (reviews are still answered).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -31,6 +33,10 @@ use crate::plugin::Plugin;
 
 /// The path prefix of every webhook.
 pub const PATH_PREFIX: &str = "/admission/";
+
+/// How long writing one plugin's webhook configurations may take: the reload that installs
+/// a version waits for it, and must not hang on an API server that does not answer.
+pub const CONFIG_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Routes reviews to the running admitting plugins; cheap to clone.
 #[derive(Clone)]
