@@ -119,7 +119,7 @@ kind = "ConfigMap"
 1 | frobnicate = 1
   | ^^^^^^^^^^
   |
-  = hint: allowed keys: name, wasm, concurrency, resync, deadline, memory, max-output, field-manager, for, owns, watches, permissions, transform, settings"#
+  = hint: allowed keys: name, wasm, concurrency, resync, deadline, memory, max-output, field-manager, for, owns, watches, permissions, transform, admission, settings"#
     );
 }
 
@@ -717,6 +717,26 @@ fn error_namespaces() {
 }
 
 /// The namespaces a plugin works in: listed, derived from `[for]`, or every namespace.
+#[test]
+fn a_namespace_limited_plugin_admits_only_in_its_namespaces() {
+    let parse = |text: &str| {
+        PluginConfig::parse(Path::new("plugins/p.toml"), text, &PluginDefaults::default()).unwrap()
+    };
+    let limited = parse(
+        "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"team-a\"\n[[admission]]\nname = \"plain\"\n[[admission]]\nname = \"labelled\"\nnamespace-selector = \"env=prod\"\n",
+    );
+    let selectors: Vec<_> = limited.admission.iter().map(|r| r.namespace_selector.clone()).collect();
+    assert_eq!(
+        selectors,
+        [
+            Some("kubernetes.io/metadata.name in (team-a)".to_owned()),
+            Some("env=prod,kubernetes.io/metadata.name in (team-a)".to_owned()),
+        ]
+    );
+    let everywhere = parse("[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[[admission]]\n");
+    assert_eq!(everywhere.admission[0].namespace_selector, None);
+}
+
 #[test]
 fn namespaces_are_listed_derived_from_for_or_everywhere() {
     let parse = |text: &str| {
@@ -1395,7 +1415,7 @@ mod check_components {
         let report = check_paths(&[dir.path().to_path_buf()], &options);
         assert!(report.ok(), "{}", report.render());
         assert!(
-            report.render().contains("world wasmctrl:controller/plugin@0.2.0, init ok"),
+            report.render().contains("world wasmctrl:controller/plugin@0.2.1, init ok"),
             "{}",
             report.render()
         );

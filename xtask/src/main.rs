@@ -291,6 +291,7 @@ const BACKEND_AWARE_SUITES: &[&str] = &[
     "chaos",
     "sandbox_runtime",
     "sandbox",
+    "admission",
 ];
 
 /// Builds the real API server, timing the build.

@@ -14,6 +14,8 @@
 //!   the last-applied annotation, which copies the object). An object outside the plugin's
 //!   namespaces is not sent at all ([`GuestView::Withheld`]).
 //! - A guest-provided body larger than the plugin's `max-output` is refused as `invalid`.
+//! - A call that may not write (an admission call without side effects, see
+//!   [`CallInfo::writes_refused`]) has every write refused with `forbidden`, whatever the kind.
 
 use std::borrow::Cow;
 
@@ -148,6 +150,7 @@ impl Access {
 
     /// Refuses `kind` unless writable: counts and logs the refusal.
     pub fn check_write(&self, kind: &Gvk, call: &CallInfo, op: &'static str) -> Result<(), WitError> {
+        check_call_may_write(&self.plugin, call)?;
         if self.permissions.can_write(kind) {
             return Ok(());
         }
@@ -299,5 +302,16 @@ mod tests {
         assert!(matches!(a.check_namespace(&cm, None, true, &call, "t"), Err(WitError::Forbidden(_))));
         let open = access(Permissions::new([cm.clone()], [], []));
         assert!(open.check_namespace(&cm, Some("c"), true, &call, "t").is_ok());
+    }
+}
+
+/// Refuses any write of a call that may not write (see [`CallInfo::writes_refused`]).
+pub(crate) fn check_call_may_write(plugin: &str, call: &CallInfo) -> Result<(), WitError> {
+    match &call.writes_refused {
+        None => Ok(()),
+        Some(why) => {
+            tracing::warn!(plugin, export = call.export, request = call.request.as_deref().unwrap_or(""), reason = %why, "plugin write refused during an admission call");
+            Err(WitError::Forbidden(format!("plugin {plugin} may not write during this call: {why}")))
+        }
     }
 }

@@ -20,7 +20,8 @@
 //!   rate limit or the spam filter (`wasmctrl_plugin_events_dropped`). A failed send is
 //!   logged, as client-go's broadcaster does.
 //! - events.k8s.io/v1 is used; when the server lacks it, core/v1 Events are written.
-//! - Nothing is sent once the host's cluster access is revoked (leader lease lost).
+//! - Nothing is sent once the host's cluster access is revoked (leader lease lost), nor
+//!   from a call that may not write (an admission call without side effects).
 
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -54,6 +55,7 @@ pub(crate) struct EventsCtx {
 /// What an `events` call sees.
 pub(crate) struct EventsCtxView<'a> {
     pub ctx: &'a EventsCtx,
+    /// The call in progress (an admission call may not publish).
     pub call: &'a CallInfo,
 }
 
@@ -206,6 +208,9 @@ impl EventsCtxView<'_> {
 
 impl Host for EventsCtxView<'_> {
     fn publish(&mut self, mut event: WitEvent) -> wasmtime::Result<Result<(), WitError>> {
+        if let Err(e) = super::access::check_call_may_write(self.ctx.access.plugin(), self.call) {
+            return Ok(Err(e));
+        }
         if let Err(e) = validate(&event).and_then(|()| self.check_access(&event)) {
             return Ok(Err(e));
         }

@@ -26,7 +26,8 @@
 //! 5. [`engine`]: the shared engine, and the linker that links each interface with its own
 //!    getter returning only that interface's view of the state.
 //! 6. `code` (a loaded plugin's compiled code: resident, dropped while idle, reloaded),
-//!    [`runtime`] (a loaded [`Plugin`]: instance pool, blocking calls into its exports) and
+//!    [`runtime`] (a loaded [`Plugin`]: instance pool, blocking calls into its exports; the
+//!    admission calls of `validator` and `mutator` in its child `admit`) and
 //!    [`inspect`] (`wasmctrl check`); [`adapter`] on top ([`PluginReconciler`], the plugin
 //!    as the controller's `Reconciler` and as an informer event handler).
 //!    [`cache_union`]: one kind's cache when several informers watch it for one plugin.
@@ -89,7 +90,10 @@ pub use engine::{
 };
 pub use inspect::{ComponentReport, inspect_component};
 pub use record::{CallLog, RecordedEvent, RecordedWrite};
-pub use runtime::{CallError, FilterInput, Plugin, PluginEnv, PluginHooks, TierCalls};
+pub use runtime::{
+    AdmissionExports, AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, CallError, FilterInput,
+    GuestDenial, GuestMutation, GuestVerdict, Plugin, PluginEnv, PluginHooks, TierCalls,
+};
 pub use spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
 pub use tier::Tier;
 

@@ -143,6 +143,8 @@ impl From<CallError> for ReconcileError {
 pub(crate) struct Instance {
     store: Store<HostState>,
     bindings: PluginBindings,
+    /// The admission exports, when the component has them.
+    admission: AdmissionFuncs,
     /// The compiler of the code it runs.
     tier: Tier,
     _live: LiveInstance,
@@ -709,17 +711,23 @@ impl PluginInner {
         store.set_max_component_handles(self.spec.limits.handles);
         store.epoch_deadline_callback(check_at_tick);
         store.set_epoch_deadline(1);
-        store.data_mut().call =
-            CallInfo { export: "init", request: None, deadline: Instant::now() + self.spec.limits.deadline };
+        store.data_mut().call = CallInfo {
+            export: "init",
+            deadline: Instant::now() + self.spec.limits.deadline,
+            ..CallInfo::idle()
+        };
         self.engine
             .metrics()
             .instantiations
             .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: "init".into() })
             .inc();
-        let bindings = code.pre.instantiate(&mut store).map_err(|e| CallError::Init {
+        let init_failed = |e: wasmtime::Error, store: &Store<HostState>| CallError::Init {
             plugin: plugin.clone(),
-            reason: describe_error(&e, &store, &self.spec),
-        })?;
+            reason: describe_error(&e, store, &self.spec),
+        };
+        let instance = code.pre.instance_pre().instantiate(&mut store).map_err(|e| init_failed(e, &store))?;
+        let bindings = code.indices.load(&mut store, &instance).map_err(|e| init_failed(e, &store))?;
+        let admission = code.admission.load(&mut store, &instance).map_err(|e| init_failed(e, &store))?;
         let init = bindings
             .wasmctrl_controller_reconciler()
             .call_init(&mut store, &self.spec.settings.to_vec())
@@ -731,7 +739,7 @@ impl PluginInner {
         let for_kind = info.for_kind.map(|g| Gvk::new(g.api_version, g.kind));
         let live = LiveInstance::new(&self.engine.metrics().live_instances);
         Ok((
-            Instance { store, bindings, tier: code.tier, _live: live },
+            Instance { store, bindings, admission, tier: code.tier, _live: live },
             InitInfo { hooks: info.hooks.into(), for_kind },
         ))
     }
@@ -743,7 +751,17 @@ impl PluginInner {
         request: Option<String>,
         f: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
-        let deadline = Instant::now() + self.spec.limits.deadline;
+        self.call_until(export, request, Instant::now() + self.spec.limits.deadline, f)
+    }
+
+    /// As [`PluginInner::call`], with the call's deadline given (an admission call's).
+    fn call_until<R>(
+        &self,
+        export: &'static str,
+        request: Option<String>,
+        deadline: Instant,
+        f: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
         let mut lease = match self.pool.checkout(deadline, || self.instantiate().map(|(i, _)| i)) {
             Ok(l) => l,
             Err(CheckoutError::Create(e)) => return Err(e),
@@ -754,7 +772,7 @@ impl PluginInner {
         let inst = lease.get();
         inst.store.set_epoch_deadline(1);
         let data = inst.store.data_mut();
-        data.call = CallInfo { export, request, deadline };
+        data.call = CallInfo { export, request, deadline, writes_refused: None };
         data.stderr.lock().clear();
         self.calls[match inst.tier {
             Tier::Baseline => 0,
@@ -888,3 +906,12 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSp
 #[cfg(test)]
 #[path = "tier_up_tests.rs"]
 mod tier_up_tests;
+
+// Admission calls (`validator`, `mutator`): their own file, a child of this module.
+#[path = "admit.rs"]
+mod admit;
+pub use admit::{
+    AdmissionExports, AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, GuestDenial,
+    GuestMutation, GuestVerdict,
+};
+pub(crate) use admit::{AdmissionFuncs, AdmissionIndices};

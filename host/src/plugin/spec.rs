@@ -59,14 +59,16 @@ impl fmt::Display for Gvk {
     }
 }
 
-/// Which kinds a plugin may read (cache and live `client.get`) and write, and in which
-/// namespaces.
+/// Which kinds a plugin may read (cache and live `client.get`), write and admit, and in
+/// which namespaces.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Permissions {
     readable: BTreeSet<Gvk>,
     writable: BTreeSet<Gvk>,
     /// `None`: every namespace.
     namespaces: Option<BTreeSet<String>>,
+    /// Kinds whose admission requests the plugin may receive (its `[[admission]]` kinds).
+    admitted: BTreeSet<Gvk>,
 }
 
 impl Permissions {
@@ -80,7 +82,12 @@ impl Permissions {
     ) -> Self {
         let mut readable: BTreeSet<Gvk> = watched.into_iter().filter(|g| !g.is_secret()).collect();
         readable.extend(read);
-        Permissions { readable, writable: write.into_iter().collect(), namespaces: None }
+        Permissions {
+            readable,
+            writable: write.into_iter().collect(),
+            namespaces: None,
+            admitted: BTreeSet::new(),
+        }
     }
 
     /// These permissions limited to `namespaces`: objects of namespaced kinds elsewhere are
@@ -102,6 +109,23 @@ impl Permissions {
             (_, None) | (None, _) => true,
             (Some(ns), Some(scope)) => scope.contains(ns),
         }
+    }
+
+    /// These permissions, also admitting `kinds` (the kinds of its `[[admission]]` sections).
+    pub fn admitting(mut self, kinds: impl IntoIterator<Item = Gvk>) -> Self {
+        self.admitted.extend(kinds);
+        self
+    }
+
+    /// Whether admission requests for objects of `kind` may reach the plugin: a kind its
+    /// `[[admission]]` sections name, and a Secret only when it may also read Secrets.
+    pub fn can_admit(&self, kind: &Gvk) -> bool {
+        self.admitted.contains(kind) && (!kind.is_secret() || self.can_read(kind))
+    }
+
+    /// Whether `kind` is among the `[[admission]]` kinds (whatever else it needs).
+    pub fn lists_admitted(&self, kind: &Gvk) -> bool {
+        self.admitted.contains(kind)
     }
 
     /// Whether the plugin may read objects of `kind`.
@@ -283,6 +307,19 @@ mod tests {
         assert!(!owns_field_manager("wasmctrl-a", "kubectl"));
         assert!(field_managers_overlap("wasmctrl-a/x", "wasmctrl-a"));
         assert!(!field_managers_overlap("wasmctrl-a", "wasmctrl-ab"));
+    }
+
+    #[test]
+    fn only_admitted_kinds_are_admitted_and_secrets_only_when_readable() {
+        let secret = Gvk::new("v1", "Secret");
+        let cm = Gvk::new("v1", "ConfigMap");
+        let p = Permissions::new([cm.clone()], [], []);
+        assert!(!p.can_admit(&cm), "watching a kind does not admit it");
+        let p = Permissions::new([], [], []).admitting([cm.clone(), secret.clone()]);
+        assert!(p.can_admit(&cm));
+        assert!(!p.can_admit(&secret), "a Secret needs permissions.read too");
+        let p = Permissions::new([], [secret.clone()], []).admitting([secret.clone()]);
+        assert!(p.can_admit(&secret));
     }
 
     #[test]

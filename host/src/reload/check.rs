@@ -28,6 +28,8 @@ pub struct ComponentInfo {
     pub world: String,
     /// The optional hooks `init` declared, when `init` was run.
     pub hooks: Option<Hooks>,
+    /// The admission exports the component has (`validator`, `mutator`).
+    pub admission: crate::plugin::AdmissionExports,
 }
 
 /// The optional hooks a plugin declares that its TOML depends on.
@@ -178,6 +180,9 @@ fn describe_plugin(p: &CheckedPlugin) -> String {
     if let Some(namespaces) = &c.namespaces {
         let _ = writeln!(out, "  only in  {}", namespaces.join(", "));
     }
+    for rule in &c.admission {
+        let _ = writeln!(out, "  admits   {}", describe_rule(&c.name, rule));
+    }
     let _ = writeln!(
         out,
         "  limits   concurrency {}, deadline {}, memory {}, max-output {}, resync {}",
@@ -188,6 +193,24 @@ fn describe_plugin(p: &CheckedPlugin) -> String {
         c.resync.map_or("off".to_owned(), |r| crate::config::DurationValue(r).to_string()),
     );
     out
+}
+
+fn describe_rule(plugin: &str, r: &crate::admission::AdmissionRule) -> String {
+    let mut d = format!(
+        "{} {} ({}) {} on {}",
+        r.webhook_type.verb(),
+        r.kinds.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        r.operations.iter().map(|o| o.as_str()).collect::<Vec<_>>().join(" "),
+        r.path(plugin),
+        format_args!("failure policy {}, timeout {}s", r.failure_policy.as_str(), r.timeout_seconds()),
+    );
+    if let Some(n) = &r.namespace_selector {
+        d.push_str(&format!(", namespaces {n}"));
+    }
+    if let Some(o) = &r.object_selector {
+        d.push_str(&format!(", objects {o}"));
+    }
+    d
 }
 
 /// Short content hash used as a plugin's version.
@@ -421,6 +444,7 @@ pub fn validate_plugin(
             if let Some(h) = info.hooks {
                 config.check_hooks(h.map, h.filter)?;
             }
+            config.check_admission_exports(info.admission)?;
             Some(info)
         }
         None => None,
@@ -456,6 +480,7 @@ impl ComponentValidator for EngineValidator {
             version: version_of(wasm),
             world: report.world.clone().unwrap_or_else(|| "(unknown)".into()),
             hooks,
+            admission: report.admission,
         })
     }
 }

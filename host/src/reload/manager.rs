@@ -28,6 +28,12 @@
 //! `wasmctrl_plugin_reloads_total{result="rejected"}`, shown in `/plugins` and `/readyz`;
 //! a running version keeps running. The hand-offs themselves are in `handoff`.
 //!
+//! Admission (a plugin with `[[admission]]`, see [`crate::admission`]): once a new version
+//! took over, the admission router is pointed at it in one swap — reviews after it go to the
+//! new version, reviews in flight finish on the old one; a stopped plugin's webhooks go
+//! first. A version whose sections need exports its component lacks, or a host without an
+//! admission server, is rejected like any broken version.
+//!
 //! A running version whose code file is gone keeps running (its compiled code is kept
 //! loaded from then on) and says so in `/plugins` and `/readyz`; a TOML edit meanwhile is
 //! applied with the running version's compiled code, or refused saying why.
@@ -57,6 +63,7 @@ use super::snapshot::{Claim, FileId};
 use super::status::{PluginState, StatusBoard};
 use super::watcher::DirWatcher;
 use super::wiring::{Generation, InformerLeases, Leases};
+use crate::admission::AdmissionRouter;
 use crate::config::{
     ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, PluginToml, ResolvedKind,
 };
@@ -81,6 +88,9 @@ pub struct ManagerOptions {
     pub rescan_interval: Option<Duration>,
     /// How long the pending keys of a stopped plugin are kept for its return.
     pub parked_keys_ttl: Duration,
+    /// Where admitting plugins' versions are installed (the host's admission server);
+    /// `None`: the host serves no admission, and a plugin with `[[admission]]` is refused.
+    pub admission: Option<AdmissionRouter>,
 }
 
 /// Default of [`ManagerOptions::rescan_interval`].
@@ -100,6 +110,7 @@ impl ManagerOptions {
             watch: true,
             rescan_interval: Some(DEFAULT_RESCAN_INTERVAL),
             parked_keys_ttl: DEFAULT_PARKED_KEYS_TTL,
+            admission: None,
         }
     }
 }
@@ -877,7 +888,11 @@ impl Shared {
             return Ok(());
         };
         let plugin = self.compile(&config, &leases, code, source).await?;
+        config.check_admission_served(self.options.admission.is_some())?;
+        config.check_admission_exports(plugin.admission_exports())?;
+        let admitting = (plugin.clone(), config.admission.clone());
         let reconciler = check_component(&config, &leases, plugin)?;
+        let previous_name = running.as_ref().map(|r| r.name().to_owned());
 
         let previous = running.as_ref().map(|r| r.generation.version.clone());
         let restart =
@@ -890,6 +905,10 @@ impl Shared {
             Some(r) if !restart => self.swap(running, r, candidate, for_keys).await?,
             Some(old) => self.restart(running, old, candidate).await?,
             None => self.first_start(running, candidate)?,
+        }
+        if let Some(router) = &self.options.admission {
+            // Reviews from now on go to this version; those in flight finish on the old one.
+            router.install(previous_name.as_deref(), admitting.0, admitting.1).await;
         }
         self.runs.lock().insert(
             name.to_owned(),

@@ -10,7 +10,10 @@
 //! - `create`/`patch` on Events (core and `events.k8s.io`), which plugins may publish about
 //!   what they may read;
 //! - with leader election on, `get`/`create`/`update`/`patch` on the host's Lease, as a Role in
-//!   the Lease's namespace.
+//!   the Lease's namespace;
+//! - when the host writes webhook configurations and a plugin admits, `get`/`create`/
+//!   `patch`/`update`/`delete` on Validating/MutatingWebhookConfigurations, as a ClusterRole
+//!   of its own (they are cluster-scoped).
 //!
 //! When every plugin is limited to namespaces ([`PluginConfig::namespaces`]: its
 //! `permissions.namespaces`, or `[for]`'s namespace), the rules follow the limits: one `Role`
@@ -51,6 +54,9 @@ pub struct RbacOptions {
     pub cluster_scope: Option<bool>,
     /// Adds a Role for the Lease when set.
     pub leader_election: Option<LeaderElectionConfig>,
+    /// The host writes the admitting plugins' webhook configurations (`[admission]
+    /// manage-configurations`): adds a ClusterRole for them when a plugin admits.
+    pub webhook_configurations: bool,
 }
 
 impl Default for RbacOptions {
@@ -61,6 +67,7 @@ impl Default for RbacOptions {
             name: "wasmctrl".into(),
             cluster_scope: None,
             leader_election: None,
+            webhook_configurations: false,
         }
     }
 }
@@ -249,6 +256,31 @@ pub fn rbac_for(
             role_ref: RoleRef {
                 api_group: String::from("rbac.authorization.k8s.io").into(),
                 kind: "Role".into(),
+                name,
+            },
+            subjects: Some(vec![subject.clone()]),
+        }));
+    }
+    if options.webhook_configurations && plugins.iter().any(|p| !p.admission.is_empty()) {
+        let name = format!("{}-admission", options.name);
+        objects.push(RbacObject::ClusterRole(ClusterRole {
+            metadata: meta(&name, None),
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec!["admissionregistration.k8s.io".into()]),
+                resources: Some(vec![
+                    "mutatingwebhookconfigurations".into(),
+                    "validatingwebhookconfigurations".into(),
+                ]),
+                verbs: ["create", "delete", "get", "patch", "update"].map(str::to_owned).to_vec(),
+                ..Default::default()
+            }]),
+            aggregation_rule: None,
+        }));
+        objects.push(RbacObject::ClusterRoleBinding(ClusterRoleBinding {
+            metadata: meta(&name, None),
+            role_ref: RoleRef {
+                api_group: String::from("rbac.authorization.k8s.io").into(),
+                kind: "ClusterRole".into(),
                 name,
             },
             subjects: Some(vec![subject]),

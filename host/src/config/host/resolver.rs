@@ -263,6 +263,8 @@ pub(super) fn resolve(
         err(&dp("cache-sync-timeout"), false, "cache-sync-timeout must be more than 0".into(), None);
     }
 
+    let admission = file.admission.as_ref().map(|a| super::admission::resolve(map, &mut errors, a, base));
+
     let config = HostConfig {
         path,
         plugins_dir,
@@ -288,6 +290,7 @@ pub(super) fn resolve(
             max_instances: max_instances_per_plugin as usize,
         },
         cache_sync_timeout,
+        admission,
         file,
     };
     errors.into_result(config)

@@ -14,6 +14,7 @@
 //! the compiled component ([`PluginConfig::check_hooks`]), with errors that still point into
 //! the file.
 
+mod admission;
 mod resolver;
 mod schema;
 
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use admission::{AdmissionToml, FailurePolicyToml, OperationToml, ReinvocationToml, SideEffectsToml};
 pub use schema::{
     IndexToml, OwnerIndex, PermissionsToml, PluginToml, PredicatesToml, SourceToml, TransformToml,
 };
@@ -30,8 +32,10 @@ use super::decode::decode;
 use super::error::{ConfigError, ConfigErrors, did_you_mean};
 use super::kinds::{BuiltinKinds, KindLookupError, KindResolver};
 use super::source::{SourceMap, parse_path};
+use crate::admission::{AdmissionRule, WebhookType};
 use crate::cache::IndexSpec;
 use crate::object::Transform;
+use crate::plugin::AdmissionExports;
 use crate::plugin::spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
 
 /// Values a plugin TOML falls back to (the host TOML's `[defaults]`).
@@ -114,6 +118,8 @@ pub struct PluginConfig {
     pub namespaces: Option<Vec<String>>,
     /// `[transform]`, resolved: what every cache this plugin reads strips.
     pub transform: Transform,
+    /// `[[admission]]`, checked: the webhooks the plugin answers.
+    pub admission: Vec<AdmissionRule>,
     /// `[settings]` as a JSON object.
     pub settings: serde_json::Value,
     /// The file as written.
@@ -174,7 +180,21 @@ impl PluginConfig {
         for (list, name) in [(&self.read, "read"), (&self.write, "write")] {
             out.extend(list.iter().enumerate().map(|(i, g)| (format!("permissions.{name}[{i}]"), g)));
         }
+        for (i, rule) in self.admission.iter().enumerate() {
+            let named = !self.file.admission.get(i).is_some_and(|s| s.kinds.is_empty());
+            out.extend(rule.kinds.iter().enumerate().map(|(j, g)| {
+                (if named { format!("admission[{i}].kinds[{j}]") } else { format!("admission[{i}]") }, g)
+            }));
+        }
         out
+    }
+
+    /// The kinds the plugin's `[[admission]]` sections admit.
+    pub fn admitted_kinds(&self) -> Vec<&Gvk> {
+        let mut kinds: Vec<&Gvk> = self.admission.iter().flat_map(|r| &r.kinds).collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
     }
 
     /// The kinds the plugin watches or may read: each needs an informer.
@@ -303,6 +323,45 @@ impl PluginConfig {
         errors.into_result(())
     }
 
+    /// Checks the `[[admission]]` sections against the component's exports: a validating
+    /// webhook needs `validator`, a mutating one `mutator`.
+    pub fn check_admission_exports(&self, exports: AdmissionExports) -> Result<(), ConfigErrors> {
+        let mut errors = ConfigErrors::default();
+        for (i, rule) in self.admission.iter().enumerate() {
+            let (exported, interface, what) = match rule.webhook_type {
+                WebhookType::Validating => (exports.validate, "validator", "validates"),
+                WebhookType::Mutating => (exports.mutate, "mutator", "mutates"),
+            };
+            if !exported {
+                errors.push(
+                    self.field_error(
+                        &format!("admission[{i}]"),
+                        format!(
+                            "webhook `{}` needs the plugin to export `{interface}` (wasmctrl:controller@0.2.1), and it does not",
+                            rule.name
+                        ),
+                    )
+                    .with_hint(format!(
+                        "build a plugin that {what} (Rust SDK: implement `{}` and list it in `export_plugin!(.., admission = [..])`), or remove this section",
+                        if rule.webhook_type == WebhookType::Validating { "Validate" } else { "Mutate" }
+                    )),
+                );
+            }
+        }
+        errors.into_result(())
+    }
+
+    /// Checks that the host serves admission webhooks when the plugin asks for one.
+    pub fn check_admission_served(&self, served: bool) -> Result<(), ConfigErrors> {
+        if self.admission.is_empty() || served {
+            return Ok(());
+        }
+        Err(self
+            .field_error("admission[0]", "the plugin answers admission webhooks, but this host serves none")
+            .with_hint("add an `[admission]` table to the host TOML (see docs/admission.md)")
+            .into())
+    }
+
     /// The values the host TOML's `[defaults]` may have filled in: two configs read from
     /// the same file differ only here when the defaults changed.
     fn resolved_limits(&self) -> ResolvedLimits<'_> {
@@ -331,7 +390,8 @@ impl PluginConfig {
                 ..SandboxLimits::default()
             },
             permissions: {
-                let p = Permissions::new(watched, self.read.iter().cloned(), self.write.iter().cloned());
+                let p = Permissions::new(watched, self.read.iter().cloned(), self.write.iter().cloned())
+                    .admitting(self.admitted_kinds().into_iter().cloned());
                 match &self.namespaces {
                     Some(namespaces) => p.with_namespaces(namespaces.iter().cloned()),
                     None => p,

@@ -161,6 +161,14 @@ impl Resolver<'_, '_> {
         self.check_watched_secrets(&for_source, &owns, &watches, &read);
         let namespaces =
             self.namespaces(file.permissions.namespaces.as_deref(), &for_source, &owns, &watches);
+        let admission = super::admission::resolve(
+            self.map,
+            &mut self.errors,
+            &file.admission,
+            &for_source.kind,
+            &read,
+            namespaces.as_deref(),
+        );
         let settings = match toml_to_json(&toml::Value::Table(file.settings.clone())) {
             Ok(v) => v,
             Err((path, message)) => {
@@ -188,6 +196,7 @@ impl Resolver<'_, '_> {
             write,
             namespaces,
             transform,
+            admission,
             settings,
             file,
             source: self.map.text.into(),

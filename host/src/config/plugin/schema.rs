@@ -54,6 +54,9 @@ pub struct PluginToml {
     /// What the caches this plugin reads strip from objects.
     #[serde(default, skip_serializing_if = "TransformToml::is_empty")]
     pub transform: TransformToml,
+    /// Validating and mutating webhooks the plugin answers (see `admission`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admission: Vec<super::admission::AdmissionToml>,
     /// Free-form, handed to `init` as JSON.
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub settings: toml::Table,
