@@ -17,7 +17,7 @@
 // lock file) changed since the stamp next to its .wasm was written.
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -75,6 +75,8 @@ const plugins = [
 ].filter((p) => statSync(p.dir).isDirectory() && existsSync(join(p.dir, "src", "index.ts")));
 
 mkdirSync(out, { recursive: true });
+// Declarations of an earlier WIT or world would otherwise stay beside the new ones.
+rmSync(join(here, "generated"), { recursive: true, force: true });
 run(bin("jco"), ["guest-types", wit, "--world-name", "admitting-plugin", "--out-dir", join(here, "generated"), "--quiet"]);
 
 /** The world a bundle's exports ask for (from esbuild's metafile). */

@@ -10,7 +10,7 @@
 //!   and processed (or once an add/update/delete came before any replace);
 //! - once drained, `items` and `queue` hold no more than 4 × [`RETAINED_SLOTS`] slots:
 //!   a relist of a million keys does not leave their table behind (hash maps never shrink on
-//!   their own; for 1,000,000 keys that table is ~100 MB, 5 % of the objects' JSON).
+//!   their own, and a million keys' table is a sizeable fraction of the objects' JSON).
 //!
 //! `pop` runs the caller's `process` while holding the lock, as client-go does, so a key's
 //! deltas are fully applied before anyone can observe `has_synced` flip.

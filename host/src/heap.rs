@@ -6,12 +6,9 @@
 //!
 //! With the `jemalloc` feature (the binary's global allocator), jemalloc keeps freed pages
 //! resident for `dirty_decay_ms` (10 s) to reuse them, so a host stays that much bigger for
-//! as long after each burst. Measured (`cargo bench --bench many_plugins`, 100 distinct
-//! plugins, warm compile cache): anonymous RSS 77.2 MiB right after the loads with ~14 MiB
-//! of plugin heap live (RSS 221.0 MiB); with a purge after each load 31.3 MiB (RSS
-//! 175.2 MiB); 100 copies of one plugin, 47.2 to 34.8 MiB. Loading the 100 distinct plugins
-//! from the compile cache took 365 ms before and 435 ms after (one run each). After each
-//! burst the calling thread's cache of freed objects is flushed and every arena's unused
+//! as long after each burst (`cargo bench -p wasmctrl --bench many_plugins` measures the
+//! resident memory after loading many plugins, with and without the purge below; figures in
+//! `docs/benchmarks.md`). After each burst the calling thread's cache of freed objects is flushed and every arena's unused
 //! dirty pages are purged (`madvise`).
 //!
 //! Compiles allocate from an arena of their own ([`InCompileArena`]), so that a compile's
@@ -45,12 +42,11 @@ impl MallocConf {
     ///
     /// jemalloc keeps one extent descriptor (~128 B of metadata) per slab, and by default
     /// sizes a slab to the fewest pages with little waste: one page (two regions) for the
-    /// 2,048-byte class that a ~2 KB object's JSON falls in. A cache of 1,000,000 such
-    /// objects then held 500,000 slabs and 68 MiB of descriptors. Measured with
-    /// `cargo bench -p wasmctrl --bench scale` (jemalloc built with statistics for the
-    /// count): after the sync of 1,000,000 ConfigMaps (1,944 MiB of JSON), descriptors 68 →
-    /// 5 MiB, RSS 2,362 → 2,301 MiB (1.22× → 1.18× the JSON), peak 2,575 → 2,511 MiB; the
-    /// 100,000-object stream at 10,000 updates/s for 20 s ended at 287 MiB instead of 295.
+    /// 2,048-byte class that a ~2 KB object's JSON falls in. A cache of such objects
+    /// then holds one descriptor per two objects. Sixteen pages per slab cut
+    /// that metadata by an order of magnitude; `cargo bench -p wasmctrl --bench scale`
+    /// measures the resident memory of a large sync against the JSON it holds (figures in
+    /// `docs/benchmarks.md`).
     pub const HOST: MallocConf = MallocConf(c"slab_sizes:1-4096:16".as_ptr());
 
     /// The options, as jemalloc reads them.

@@ -27,6 +27,7 @@ mod bench;
 mod bench_report;
 mod bench_summary;
 
+mod doc_paths;
 mod guest_langs;
 
 const WASM_TARGET: &str = "wasm32-wasip2";
@@ -48,7 +49,9 @@ fn main() -> Result<()> {
             test(&root, &rest)?;
             test_real(&root, &rest)
         }
+        "check-docs" => doc_paths::check(&root),
         "ci" => {
+            doc_paths::check(&root)?;
             lint(&root)?;
             build_guests(&root)?;
             test(&root, &[])?;
@@ -60,7 +63,9 @@ fn main() -> Result<()> {
             test_real(&root, &rest)
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo|test|test-real|real-cluster|build-guests|ci|bench> [args]");
+            eprintln!(
+                "usage: cargo xtask <demo|test|test-real|real-cluster|build-guests|check-docs|ci|bench> [args]"
+            );
             eprintln!(
                 "  demo          build the example plugins and run the host on the embedded dev cluster"
             );
@@ -74,7 +79,8 @@ fn main() -> Result<()> {
             eprintln!(
                 "  build-guests  build guests/ for {WASM_TARGET} and copy the example plugins into examples/plugins/"
             );
-            eprintln!("  ci            cargo fmt --check, cargo clippy -D warnings, then test");
+            eprintln!("  check-docs    check that every repository path the documentation names exists");
+            eprintln!("  ci            check-docs, cargo fmt --check, cargo clippy -D warnings, then test");
             eprintln!(
                 "  bench         run every benchmark (release) and write docs/benchmarks.md; `bench anchors`: only the tables vs kube-rs, client-go, controller-runtime; `--quick`: a reduced-size smoke run"
             );

@@ -1,7 +1,8 @@
 //! Host bindings generated from `wit/wasmctrl.wit` (world `plugin`), synchronous.
 //!
-//! Synchronous bindings: a call into a guest costs ~0.5 µs against ~1.4 µs through the
-//! async machinery. Calls run on blocking threads, so imports may block on the Kubernetes
+//! Synchronous bindings: a call into a guest costs less than through the async machinery
+//! (`cargo bench -p wasmctrl --bench plugin` measures the call; figures in
+//! `docs/benchmarks.md`). Calls run on blocking threads, so imports may block on the Kubernetes
 //! client without stalling tokio workers. Every import is trappable so the host can stop
 //! a guest whose deadline passed while it waited on the network.
 //!

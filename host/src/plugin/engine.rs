@@ -683,8 +683,8 @@ pub(crate) fn wasm_config(config: &EngineConfig) -> Config {
         // Wasm frames (a debugger, `perf --call-graph=dwarf`); wasmtime's own backtraces
         // and traps do not use it, and a host function's panic is caught before it would
         // unwind into guest frames. Registering it reads every one of its pages at each
-        // load (~100 KiB of a 1.5 MiB artifact, resident for as long as the plugin is
-        // loaded), and it is ~7% of each artifact on disk.
+        // load (resident for as long as the plugin is loaded), and it takes room in every
+        // artifact on disk.
         .native_unwind_info(false);
     if let Some(bytes) = config.tuning.memory_reservation {
         wasm.memory_reservation(bytes);

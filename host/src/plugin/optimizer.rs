@@ -19,8 +19,8 @@
 //! - Compiles here run in an engine of their own ([`Compilers`]), which exists only while
 //!   some compile runs; what they produce is loaded into the runtime engine. Cranelift keeps its
 //!   per-thread compile contexts (the buffers of the largest function it compiled) for as
-//!   long as their engine lives: 4.4 MiB of heap after compiling configmap-mirror, freed
-//!   when that engine is dropped. In the runtime engine they would stay for good.
+//!   long as their engine lives (megabytes after compiling one example plugin), freed when
+//!   that engine is dropped. In the runtime engine they would stay for good.
 
 use std::path::PathBuf;
 use std::sync::Arc;

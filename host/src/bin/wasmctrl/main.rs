@@ -13,13 +13,10 @@ mod test;
 
 /// jemalloc rather than glibc's malloc (feature `jemalloc`, on by default). The host keeps a
 /// large, long-lived cache of many small allocations and replaces them from several threads;
-/// glibc's per-thread arenas fragment under that and keep the freed memory. Measured by
-/// `cargo bench -p wasmctrl --bench scale` (100,000 ~2 KB ConfigMaps, 10,000 updates/s for
-/// 120 s through a no-op plugin, live heap flat at 282 MiB): RSS grew 654 → 686 MiB on glibc,
-/// stayed at 350–362 MiB on jemalloc (mimalloc: 403–500 MiB, p99 latency 1.7× higher), with
-/// the same CPU and latency; after a sync of 1,000,000 objects RSS was 1.47× their JSON on
-/// jemalloc vs 1.59× on glibc, and the sync 17 % faster. Capping glibc's arenas
-/// (`M_ARENA_MAX`) also lowered RSS but made hot reloads ~40 % slower.
+/// glibc's per-thread arenas fragment under that and keep the freed memory (capping them
+/// with `M_ARENA_MAX` trades it for slower hot reloads). `cargo bench -p wasmctrl --bench
+/// scale` measures the resident memory of a large cache under a stream of updates; figures
+/// in `docs/benchmarks.md`.
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
