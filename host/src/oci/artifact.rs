@@ -125,8 +125,13 @@ pub fn config_for(wasm: &[u8], created: chrono::DateTime<chrono::Utc>) -> Result
     })
 }
 
-/// The manifest of an artifact whose config blob is `config` and whose layer is `wasm`.
-pub fn manifest_for(config: &[u8], wasm: &[u8]) -> OciImageManifest {
+/// The annotation naming a layer's file: `oras pull` writes layers by it, and skips
+/// layers without one.
+pub const TITLE_ANNOTATION: &str = "org.opencontainers.image.title";
+
+/// The manifest of an artifact whose config blob is `config` and whose layer is `wasm`,
+/// titled `title` (its file name).
+pub fn manifest_for(config: &[u8], wasm: &[u8], title: &str) -> OciImageManifest {
     let descriptor = |media_type: &str, bytes: &[u8]| OciDescriptor {
         media_type: media_type.to_owned(),
         digest: Digest::of(bytes).to_string(),
@@ -139,7 +144,10 @@ pub fn manifest_for(config: &[u8], wasm: &[u8]) -> OciImageManifest {
         schema_version: 2,
         media_type: Some(MANIFEST_MEDIA_TYPE.to_owned()),
         config: descriptor(WASM_CONFIG_MEDIA_TYPE, config),
-        layers: vec![descriptor(WASM_LAYER_MEDIA_TYPE, wasm)],
+        layers: vec![OciDescriptor {
+            annotations: Some([(TITLE_ANNOTATION.to_owned(), title.to_owned())].into_iter().collect()),
+            ..descriptor(WASM_LAYER_MEDIA_TYPE, wasm)
+        }],
         subject: None,
         artifact_type: None,
         annotations: None,
@@ -210,12 +218,13 @@ mod tests {
             })
         );
         let config_bytes = serde_json::to_vec(&config).unwrap();
-        let manifest = manifest_for(&config_bytes, EMPTY_COMPONENT);
+        let manifest = manifest_for(&config_bytes, EMPTY_COMPONENT, "p.wasm");
         let json = serde_json::to_value(&manifest).unwrap();
         assert_eq!(json["mediaType"], MANIFEST_MEDIA_TYPE);
         assert_eq!(json["config"]["mediaType"], "application/vnd.wasm.config.v0+json");
         assert_eq!(json["layers"][0]["mediaType"], "application/wasm");
         assert_eq!(json["layers"][0]["size"], EMPTY_COMPONENT.len());
+        assert_eq!(json["layers"][0]["annotations"][TITLE_ANNOTATION], "p.wasm");
         let back = parse_manifest(&serde_json::to_vec(&manifest).unwrap()).unwrap();
         assert_eq!(wasm_layer(&back, 1 << 20).unwrap(), (Digest::of(EMPTY_COMPONENT), 8));
     }
@@ -240,15 +249,15 @@ mod tests {
         assert!(matches!(summarize_component(b"hello"), Err(ArtifactError::NotAComponent(_))));
 
         let config = b"{}";
-        let mut m = manifest_for(config, EMPTY_COMPONENT);
+        let mut m = manifest_for(config, EMPTY_COMPONENT, "p.wasm");
         assert!(matches!(wasm_layer(&m, 4), Err(ArtifactError::TooLarge { size: 8, max: 4 })));
         m.config.media_type = "application/vnd.oci.image.config.v1+json".into();
         assert!(matches!(wasm_layer(&m, 1 << 20), Err(ArtifactError::NotWasm(_))));
-        let mut two = manifest_for(config, EMPTY_COMPONENT);
+        let mut two = manifest_for(config, EMPTY_COMPONENT, "p.wasm");
         two.layers.push(two.layers[0].clone());
         assert!(matches!(wasm_layer(&two, 1 << 20), Err(ArtifactError::LayerCount(2))));
         // wasm-to-oci's layout (Kubewarden) is read too.
-        let mut legacy = manifest_for(config, EMPTY_COMPONENT);
+        let mut legacy = manifest_for(config, EMPTY_COMPONENT, "p.wasm");
         legacy.config.media_type = "application/vnd.wasm.config.v1+json".into();
         legacy.layers[0].media_type = "application/vnd.wasm.content.layer.v1+wasm".into();
         assert!(wasm_layer(&legacy, 1 << 20).is_ok());

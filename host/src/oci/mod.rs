@@ -35,4 +35,4 @@ pub use digest::Digest;
 pub use keys::{KeyError, SigningKey, VerifyKey};
 pub use push::{PushOutcome, push_plugin};
 pub use reference::OciReference;
-pub use source::{OciOptions, OciSource, PullError, PulledCode};
+pub use source::{OciOptions, OciSource, PullError, PulledCode, SourceChange};

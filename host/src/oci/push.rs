@@ -4,8 +4,8 @@
 //!
 //! Invariants: only a component is pushed; the blobs are uploaded before the manifest that
 //! names them, and the tag is moved last, so a puller never sees a tag naming missing
-//! content; the signature is added to the signatures already there (another key's stay;
-//! a signature of the same payload is replaced), so artifacts can carry several.
+//! content; a signature is added to the signatures already there (other keys' stay; the
+//! same key signing again adds nothing), so an artifact can carry several, as with cosign.
 
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 
@@ -40,10 +40,12 @@ pub enum PushError {
     Signatures { tag: String, why: String },
 }
 
-/// Publishes the component `wasm` at `reference` (a tag), signed with `key` when given.
+/// Publishes the component `wasm` (its file named `title`) at `reference` (a tag), signed
+/// with `key` when given.
 pub async fn push_plugin(
     client: &RegistryClient,
     wasm: Vec<u8>,
+    title: &str,
     reference: &OciReference,
     key: Option<&SigningKey>,
 ) -> Result<PushOutcome, PushError> {
@@ -52,7 +54,7 @@ pub async fn push_plugin(
     }
     let config = artifact::config_for(&wasm, chrono::Utc::now())?;
     let config = serde_json::to_vec(&config).map_err(|e| ArtifactError::NotAComponent(e.to_string()))?;
-    let manifest = artifact::manifest_for(&config, &wasm);
+    let manifest = artifact::manifest_for(&config, &wasm, title);
     let manifest = serde_json::to_vec(&manifest).map_err(|e| ArtifactError::NotAManifest(e.to_string()))?;
     let layer = client.push_blob(reference, wasm).await?;
     client.push_blob(reference, config).await?;
@@ -88,7 +90,13 @@ pub async fn sign_artifact(
         Some((bytes, _)) => {
             let existing: OciImageManifest = serde_json::from_slice(&bytes)
                 .map_err(|e| PushError::Signatures { tag: tag.to_string(), why: e.to_string() })?;
-            existing.layers.into_iter().filter(|l| l.digest != layer.digest).collect()
+            // Every key signs the same payload, so layers share a digest and differ in their
+            // signature; only this very signature (ECDSA here is deterministic) is not added twice.
+            existing
+                .layers
+                .into_iter()
+                .filter(|l| !(l.digest == layer.digest && l.annotations == layer.annotations))
+                .collect()
         }
         None => Vec::new(),
     };

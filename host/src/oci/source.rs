@@ -6,8 +6,8 @@
 //! component's bytes, the file they are kept in and the digest that names them; every
 //! plugin pulled is then followed, and when the tag it names moves to another digest (or a
 //! pull that failed for a reason that may pass, such as an unreachable registry, may now
-//! succeed), its TOML's path is sent to the listeners ([`OciSource::notify`]) — the manager
-//! treats that as a change of the file, with the same hand-off rules.
+//! succeed), its listeners hear of it ([`OciSource::on_change`], with the TOML's path) —
+//! the manager treats that as a change of the file, with the same hand-off rules.
 //!
 //! Pulling, step by step: the tag is resolved to a manifest digest (a pinned reference is
 //! not); the manifest is taken from the store or pulled by digest and checked against it;
@@ -21,8 +21,8 @@
 //! Invariants: the code returned is exactly the layer the (verified) manifest names; a
 //! plugin with keys never gets code whose manifest digest has no valid signature by each
 //! key; a moved tag is reported to the manager once per new digest — a digest that was
-//! loaded or refused for good is not reported again, one whose pull failed for a passing
-//! reason is, every poll; a pull never blocks another plugin's (no lock is held across a
+//! loaded or refused for good is not reported again, one whose pull failed for a reason
+//! that may pass (an unreachable registry, a signature not pushed yet) is, every poll; a pull never blocks another plugin's (no lock is held across a
 //! request); the store keeps the blobs of every followed plugin's current digest.
 
 use std::collections::{BTreeMap, HashSet};
@@ -31,7 +31,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
+use tokio::sync::watch;
 
 use super::artifact::{self, ArtifactError};
 use super::client::{MAX_MANIFEST_BYTES, RegistryClient, RegistryError, RegistryOptions};
@@ -122,12 +122,15 @@ pub enum PullError {
 }
 
 impl PullError {
-    /// Whether pulling the same reference again may succeed without a change here.
+    /// Whether pulling the same reference again may succeed without a change here: the
+    /// registry may come back, credentials be rotated, a tag be pushed — or a signature be
+    /// added (`cosign sign` runs after the push), so a signature failure is tried again at
+    /// every poll too. Content that is not a plugin is refused for good (until the tag moves).
     pub fn is_transient(&self) -> bool {
         match self {
             PullError::Registry(e) => e.is_transient(),
-            PullError::Store(_) => true,
-            _ => false,
+            PullError::Store(_) | PullError::Signature(_) => true,
+            PullError::Artifact { .. } | PullError::SizeMismatch { .. } => false,
         }
     }
 
@@ -136,6 +139,20 @@ impl PullError {
         matches!(self, PullError::Registry(RegistryError::NotFound { .. }))
     }
 }
+
+/// A followed plugin's source changed: its tag names another digest, or a pull that failed
+/// for a passing reason is worth trying again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceChange {
+    /// The plugin TOML that names the reference.
+    pub toml: PathBuf,
+    pub reference: OciReference,
+    /// The digest the reference names now.
+    pub digest: Digest,
+}
+
+/// What hears of source changes.
+type Listener = Box<dyn Fn(&SourceChange) + Send + Sync>;
 
 /// One followed plugin.
 struct Watch {
@@ -153,7 +170,9 @@ struct Inner {
     store: Mutex<Option<OciStore>>,
     /// TOML path → what it follows.
     watches: Mutex<BTreeMap<PathBuf, Watch>>,
-    listeners: Mutex<Vec<mpsc::UnboundedSender<PathBuf>>>,
+    listeners: Mutex<Vec<Listener>>,
+    /// Poll rounds completed (each after its changes were reported).
+    rounds: watch::Sender<u64>,
     /// References whose last resolution failed (their failures log once, not every poll).
     failing: Mutex<HashSet<OciReference>>,
     poller: OnceLock<tokio::task::JoinHandle<()>>,
@@ -191,6 +210,7 @@ impl OciSource {
                 store: Mutex::default(),
                 watches: Mutex::default(),
                 listeners: Mutex::default(),
+                rounds: watch::Sender::new(0),
                 failing: Mutex::default(),
                 poller: OnceLock::new(),
             }),
@@ -202,9 +222,16 @@ impl OciSource {
         &self.inner.client
     }
 
-    /// Sends the TOML path of each plugin whose source changed to `tx`.
-    pub fn notify(&self, tx: mpsc::UnboundedSender<PathBuf>) {
-        self.inner.listeners.lock().push(tx);
+    /// Calls `listener` for each change of a followed plugin's source (from the poller's
+    /// task: it must not block).
+    pub fn on_change(&self, listener: impl Fn(&SourceChange) + Send + Sync + 'static) {
+        self.inner.listeners.lock().push(Box::new(listener));
+    }
+
+    /// The number of poll rounds completed, as it grows: a round's changes were reported
+    /// before it counts.
+    pub fn poll_rounds(&self) -> watch::Receiver<u64> {
+        self.inner.rounds.subscribe()
     }
 
     /// Stops following the plugin of `toml` (removed, or no longer from a registry).
@@ -478,7 +505,7 @@ async fn poll_once(inner: &Inner) {
     let watches: Vec<(PathBuf, OciReference, Option<Digest>)> =
         inner.watches.lock().iter().map(|(p, w)| (p.clone(), w.reference.clone(), w.settled)).collect();
     let mut resolved: BTreeMap<OciReference, Option<Digest>> = BTreeMap::new();
-    let mut changed = Vec::new();
+    let mut changes = Vec::new();
     for (toml, reference, settled) in watches {
         let now = match reference.digest() {
             Some(d) => Some(d),
@@ -491,20 +518,24 @@ async fn poll_once(inner: &Inner) {
                 }
             },
         };
-        if let Some(now) = now
-            && settled != Some(now)
+        if let Some(digest) = now
+            && settled != Some(digest)
         {
-            tracing::info!(plugin_toml = %toml.display(), reference = %reference, digest = %now,
+            tracing::info!(plugin_toml = %toml.display(), reference = %reference, digest = %digest,
                 previous = %settled.map_or_else(|| "none".to_owned(), |d| d.to_string()),
                 "plugin source changed in the registry");
-            changed.push(toml);
+            changes.push(SourceChange { toml, reference, digest });
         }
     }
-    if changed.is_empty() {
-        return;
+    {
+        let listeners = inner.listeners.lock();
+        for change in &changes {
+            for listener in listeners.iter() {
+                listener(change);
+            }
+        }
     }
-    let mut listeners = inner.listeners.lock();
-    listeners.retain(|tx| changed.iter().all(|toml| tx.send(toml.clone()).is_ok()));
+    inner.rounds.send_modify(|n| *n += 1);
 }
 
 /// Resolves `reference`, logging a failure once until it resolves again.
