@@ -157,7 +157,16 @@ fn describe_plugin(p: &CheckedPlugin) -> String {
         }
         None => ", component not validated".to_owned(),
     };
-    let _ = writeln!(out, "  wasm     {} version {}{component}", c.wasm_path.display(), p.version);
+    match &c.wasm_registry {
+        Some(r) => {
+            let signed =
+                r.verify_key.as_ref().map_or(String::new(), |k| format!(", signed with {}", k.display()));
+            let _ = writeln!(out, "  wasm     {} (pulled when the host loads it{signed})", r.reference);
+        }
+        None => {
+            let _ = writeln!(out, "  wasm     {} version {}{component}", c.wasm_path.display(), p.version);
+        }
+    }
     let _ = writeln!(out, "  for      {}", describe_source(&c.for_source));
     for s in &c.owns {
         let _ = writeln!(out, "  owns     {}", describe_source(s));
@@ -365,6 +374,15 @@ pub fn validate_plugin(
 ) -> Result<CheckedPlugin, ConfigErrors> {
     let config = PluginConfig::load(toml, defaults)?;
     config.check_kinds(kinds)?;
+    if let Some(registry) = &config.wasm_registry {
+        // Offline: the component is pulled (and validated) when the host loads the plugin;
+        // its key, if any, is checked here.
+        if let Some(key) = &registry.verify_key {
+            crate::oci::VerifyKey::load(key).map_err(|e| config.field_error("verify-key", e.to_string()))?;
+        }
+        let version = registry.reference.digest().map_or_else(|| "(tag)".to_owned(), |d| d.short());
+        return Ok(CheckedPlugin { config, component: None, version });
+    }
     let bytes = match read_settled(&config.wasm_path) {
         Ok((b, _)) => b,
         Err(e) => {

@@ -61,13 +61,14 @@ use super::scan::{is_plugin_file, plugin_tomls, read_settled};
 use super::status::{PluginState, StatusBoard};
 use super::wiring::{Generation, InformerLeases, Leases, PluginSlot, kube_gvk};
 use crate::config::{
-    ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, ResolvedKind,
+    ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, RegistryWasm, ResolvedKind,
 };
 use crate::controller::{
     Controller, ControllerError, EventRegistration, EventSource, Reconciler, Request, source::SourceError,
 };
 use crate::informer::ResourceEventHandler;
 use crate::metrics::Metrics;
+use crate::oci::{OciSource, VerifyKey};
 use crate::plugin::{Gvk, KubeServices, Plugin, PluginEngine, PluginEnv, PluginReconciler};
 use crate::queue::{Priority, RateLimiter, RateLimitingQueue};
 
@@ -83,6 +84,9 @@ pub struct ManagerOptions {
     pub debounce: Duration,
     /// Follow the directory (file events and SIGHUP). Off: load once.
     pub watch: bool,
+    /// Where plugins whose TOML says `wasm = "oci://..."` are pulled from (`None`: such
+    /// plugins are refused). A moved tag reloads its plugin as a changed file does.
+    pub registry: Option<OciSource>,
 }
 
 impl ManagerOptions {
@@ -94,6 +98,7 @@ impl ManagerOptions {
             cache_sync_timeout: Duration::from_secs(120),
             debounce: Duration::from_millis(200),
             watch: true,
+            registry: None,
         }
     }
 }
@@ -164,6 +169,13 @@ impl PluginManager {
         let (events_tx, events_rx) = mpsc::unbounded_channel::<PathBuf>();
         // Watch before the first scan, so a change made during it is not missed.
         let watcher = if options.watch { Some(watch_dir(&dir, events_tx.clone())?) } else { None };
+        // A plugin whose tag moved in its registry reloads as if its TOML had changed.
+        if let Some(registry) = &options.registry {
+            let tx = events_tx.clone();
+            registry.on_change(move |change| {
+                let _ = tx.send(change.toml.clone());
+            });
+        }
         let shared = Arc::new(Shared {
             options,
             deps,
@@ -353,6 +365,16 @@ impl KindResolver for ResolvedKinds {
     }
 }
 
+/// A plugin's component as read or pulled.
+struct Code {
+    bytes: Vec<u8>,
+    /// The file holding exactly these bytes (the `.wasm`, or the blob in the registry store):
+    /// read again if the compiled code was dropped and the compile cache lost it.
+    path: PathBuf,
+    /// The registry reference, pinned to its digest, when pulled.
+    source: Option<String>,
+}
+
 /// A new version that passed every check, ready to be handed the plugin.
 struct Candidate {
     config: PluginConfig,
@@ -467,6 +489,9 @@ impl Shared {
     }
 
     fn forget_stem(&self, stem: &str) {
+        if let Some(registry) = &self.options.registry {
+            registry.forget(&self.toml_of(stem));
+        }
         self.names.lock().retain(|_, s| s != stem);
         for users in self.wasm_users.lock().values_mut() {
             users.remove(stem);
@@ -491,7 +516,15 @@ impl Shared {
         let started = Instant::now();
         let config = self.read_config(stem, toml, running.is_none())?;
         self.resolve_kinds(&config).await?;
-        let Some(bytes) = self.read_wasm(stem, toml, &config, running.is_none())? else {
+        let code = match &config.wasm_registry {
+            Some(registry) => self.pull_wasm(stem, toml, &config, registry, running.is_none()).await?,
+            None => self.read_wasm(stem, toml, &config, running.is_none())?.map(|bytes| Code {
+                bytes,
+                path: config.wasm_path.clone(),
+                source: None,
+            }),
+        };
+        let Some(Code { bytes, path: code_path, source }) = code else {
             return Ok(());
         };
         let version = version_of(&bytes);
@@ -500,7 +533,12 @@ impl Shared {
             && r.generation.version == version
         {
             // The files are back to what runs: an earlier rejection no longer applies.
-            self.status.update(stem, toml.to_owned(), |s| s.last_error = None);
+            self.status.update(stem, toml.to_owned(), |s| {
+                s.last_error = None;
+                if source.is_some() {
+                    s.source = source.clone();
+                }
+            });
             return Ok(());
         }
 
@@ -508,7 +546,7 @@ impl Shared {
         let Some(leases) = self.sync_leases(&config).await? else {
             return Ok(());
         };
-        let plugin = self.compile(&config, &leases, bytes).await?;
+        let plugin = self.compile(&config, &leases, bytes, code_path.clone()).await?;
         let reconciler = check_component(&config, &leases, plugin)?;
 
         let name = config.name.clone();
@@ -522,6 +560,10 @@ impl Shared {
             None => self.first_start(stem, running, candidate)?,
         }
         self.record_loaded(stem, toml, running, &name, &version, previous.as_deref(), started);
+        self.status.update(stem, toml.to_owned(), |s| {
+            s.wasm = Some(code_path);
+            s.source = source;
+        });
         Ok(())
     }
 
@@ -535,7 +577,14 @@ impl Shared {
             for u in users.values_mut() {
                 u.remove(stem);
             }
-            users.entry(config.wasm_path.clone()).or_default().insert(stem.to_owned());
+            if config.wasm_registry.is_none() {
+                users.entry(config.wasm_path.clone()).or_default().insert(stem.to_owned());
+            }
+        }
+        if config.wasm_registry.is_none()
+            && let Some(registry) = &self.options.registry
+        {
+            registry.forget(toml);
         }
         if let Some(other) = self.names.lock().get(&config.name).filter(|s| *s != stem) {
             return Err(Rejection(
@@ -601,6 +650,48 @@ impl Shared {
         }
     }
 
+    /// Step 3, for a component in a registry: pulls it (by digest, verified, from the local
+    /// store when there). `None`: nothing to load yet — the tag does not exist (a first load
+    /// shows as waiting for it; the registry is polled and the plugin loads once it is pushed).
+    async fn pull_wasm(
+        &self,
+        stem: &str,
+        toml: &Path,
+        config: &PluginConfig,
+        registry: &RegistryWasm,
+        first: bool,
+    ) -> Result<Option<Code>, Rejection> {
+        let Some(source) = &self.options.registry else {
+            return Err(Rejection(
+                config.field_error("wasm", "this host pulls no plugins from registries").to_string(),
+            ));
+        };
+        let keys = match &registry.verify_key {
+            Some(path) => vec![
+                VerifyKey::load(path)
+                    .map_err(|e| Rejection(config.field_error("verify-key", e.to_string()).to_string()))?,
+            ],
+            None => Vec::new(),
+        };
+        match source.pull(toml, &registry.reference, &keys).await {
+            Ok(code) => Ok(Some(Code {
+                bytes: code.bytes,
+                path: code.path,
+                source: Some(code.reference.to_string()),
+            })),
+            Err(e) if e.is_not_found() && first => {
+                tracing::info!(plugin = %config.name, reference = %registry.reference, "waiting for the plugin's tag to be pushed");
+                self.status.update(stem, toml.to_owned(), |s| {
+                    s.state = PluginState::WaitingForWasm;
+                    s.source = Some(registry.reference.to_string());
+                    s.last_error = Some(e.to_string());
+                });
+                Ok(None)
+            }
+            Err(e) => Err(Rejection(format!("{}: `wasm`: {e}", toml.display()))),
+        }
+    }
+
     /// Step 4: takes leases on the plugin's informers and waits (bounded by the sync timeout)
     /// until all have synced. `None`: the manager is shutting down.
     async fn sync_leases(&self, config: &PluginConfig) -> Result<Option<Leases>, Rejection> {
@@ -635,11 +726,11 @@ impl Shared {
         config: &PluginConfig,
         leases: &Leases,
         bytes: Vec<u8>,
+        path: PathBuf,
     ) -> Result<Plugin, Rejection> {
         let spec = config.to_plugin_spec();
         let env = PluginEnv { caches: leases.caches(), kube: self.deps.kube.clone() };
         let engine = self.deps.engine.clone();
-        let path = config.wasm_path.clone();
         // Many plugins starting together take turns (a few threads load them all).
         let _slot = engine.load_slot().await;
         tokio::task::spawn_blocking(move || Plugin::load_file(&engine, spec, &path, &bytes, env))

@@ -48,6 +48,10 @@ pub struct PluginStatus {
     pub toml: PathBuf,
     /// The component.
     pub wasm: Option<PathBuf>,
+    /// The registry reference the component was pulled from, pinned to its manifest digest
+    /// (`oci://registry/repository:tag@sha256:...`), for a plugin whose `wasm` names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// Short content hash of the running `.wasm`, when one runs.
     pub version: Option<String>,
     pub state: PluginState,
@@ -69,6 +73,7 @@ impl PluginStatus {
             name: name.to_owned(),
             toml,
             wasm: None,
+            source: None,
             version: None,
             state: PluginState::Starting,
             ready: false,
