@@ -860,3 +860,81 @@ async fn a_plugin_from_a_registry_waits_for_its_tag_runs_and_hot_reloads_when_th
     until_stamped(&api, &["src-1", "src-2"], "b").await;
     host.stop().await;
 }
+
+/// Kills the host process when the test ends, however it ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `wasmctrl run` as a user runs it: `[oci]` in the host TOML, a plugin TOML naming a signed
+/// component in a registry; the plugin reconciles, then reloads when its tag moves.
+#[tokio::test]
+async fn wasmctrl_run_pulls_a_signed_plugin_and_follows_its_tag() {
+    let Some(reg) = registry("wasmctrl_run_pulls_a_signed_plugin_and_follows_its_tag") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let key = SigningKey::generate();
+    std::fs::write(dir.join("cosign.pub"), key.verify_key("cosign.pub").to_pem()).unwrap();
+    std::fs::create_dir_all(dir.join("plugins")).unwrap();
+    std::fs::write(
+        dir.join("seed.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: src-1, namespace: default, labels: {role: src}}\ndata: {value: one}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("wasmctrl.toml"),
+        format!(
+            "plugins-dir = \"plugins\"\ncache-dir = \"cache\"\n\n[cluster]\nmode = \"embedded\"\nseed = [\"seed.yaml\"]\n\n\
+             [server]\naddress = \"127.0.0.1:0\"\n\n[oci]\npoll-interval = \"1s\"\ninsecure-registries = [\"{}\"]\n\
+             verify-key = \"cosign.pub\"\n",
+            reg.address()
+        ),
+    )
+    .unwrap();
+    let tag = at(reg.address(), "plugins/stamp:v1");
+    std::fs::write(dir.join("plugins/stamp.toml"), stamp_toml("default", &tag.to_string())).unwrap();
+    let (a, b) = (wasm("reload-stamp-a"), wasm("reload-stamp-b"));
+    push(reg.address(), &a, "plugins/stamp:v1", Some(&key)).await;
+
+    let kubeconfig = dir.join("kubeconfig");
+    let _host = Child(
+        Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+            .arg("run")
+            .arg("--config")
+            .arg(dir.join("wasmctrl.toml"))
+            .arg("--kubeconfig-out")
+            .arg(&kubeconfig)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("wasmctrl run starts"),
+    );
+    tokio::time::timeout(PATIENCE, async {
+        while !kubeconfig.is_file() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the host wrote its kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+    until_stamped(&api, &["src-1"], "a").await;
+    // What it pulled is in cache-dir/oci, as the host wrote it.
+    let blob = dir.join("cache/oci/blobs/sha256").join(Digest::of(&a).hex());
+    assert_eq!(std::fs::read(&blob).unwrap(), a);
+    assert_eq!(mode(&blob), 0o600);
+    assert_eq!(mode(&dir.join("cache/oci")), 0o700);
+
+    push(reg.address(), &b, "plugins/stamp:v1", Some(&key)).await;
+    until_stamped(&api, &["src-1"], "b").await;
+}

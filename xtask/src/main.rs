@@ -276,8 +276,9 @@ fn lint(root: &Path) -> Result<()> {
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
 /// `differential` compares the dev cluster with the real server, request by request;
 /// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size).
+/// `oci` runs a plugin pulled from a registry, hot-reloaded as its tag moves.
 const BACKEND_AWARE_SUITES: &[&str] =
-    &["informer", "controller", "plugin", "examples", "differential", "reload", "semantics", "chaos"];
+    &["informer", "controller", "plugin", "examples", "differential", "reload", "semantics", "chaos", "oci"];
 
 /// Builds the real API server, timing the build.
 fn build_real_server() -> Result<PathBuf> {
