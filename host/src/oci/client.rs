@@ -182,11 +182,11 @@ impl RegistryClient {
             inner: Arc::new(Inner { options, roots, credentials, current: Mutex::new(None) }),
         };
         // Build once now, so a bad CA file or TLS setup fails at start, not at first pull.
-        client.build(None)?;
+        client.build()?;
         Ok(client)
     }
 
-    fn build(&self, _for: Option<&Arc<RegistryCredentials>>) -> Result<oci_client::Client, RegistryError> {
+    fn build(&self) -> Result<oci_client::Client, RegistryError> {
         let config = ClientConfig {
             protocol: ClientProtocol::HttpsExcept(self.inner.options.insecure_registries.clone()),
             extra_root_certificates: self.inner.roots.clone(),
@@ -221,7 +221,7 @@ impl RegistryClient {
         {
             return Ok((client.clone(), auth));
         }
-        let client = self.build(creds.as_ref())?;
+        let client = self.build()?;
         *current = Some((creds, client.clone()));
         Ok((client, auth))
     }

@@ -47,6 +47,8 @@ use super::store::{OciStore, StoreError, StorePutError};
 const MAX_PAYLOAD_BYTES: u64 = 1 << 20;
 /// At most this many signature layers are looked at.
 const MAX_SIGNATURES: usize = 64;
+/// Tags resolved at once in a poll round.
+const POLL_CONCURRENCY: usize = 8;
 
 /// How plugins are pulled and followed (the host TOML's `[oci]`).
 #[derive(Clone, Debug)]
@@ -320,7 +322,9 @@ impl OciSource {
             Some(d) => d,
             None => match client.resolve(reference).await {
                 Ok(d) => {
-                    if let Err(e) = store.record(&tag_record(reference), &d) {
+                    if store.recorded(&tag_record(reference)) != Some(d)
+                        && let Err(e) = store.record(&tag_record(reference), &d)
+                    {
                         tracing::warn!(reference = %shown, error = %e, "cannot record the digest of a tag");
                     }
                     d
@@ -408,8 +412,10 @@ impl OciSource {
         let mut offline = false;
         let sig_manifest = match client.manifest_if_any(&tag).await {
             Ok(Some((bytes, sig_digest))) => {
-                put(store, &sig_digest, &bytes)?;
-                store.record(&signature_record(digest), &sig_digest)?;
+                if store.recorded(&signature_record(digest)) != Some(sig_digest) {
+                    put(store, &sig_digest, &bytes)?;
+                    store.record(&signature_record(digest), &sig_digest)?;
+                }
                 bytes
             }
             Ok(None) => {
@@ -502,28 +508,32 @@ async fn poll_loop(source: Weak<Inner>, interval: Duration) {
 }
 
 async fn poll_once(inner: &Inner) {
+    use futures::StreamExt;
     let watches: Vec<(PathBuf, OciReference, Option<Digest>)> =
         inner.watches.lock().iter().map(|(p, w)| (p.clone(), w.reference.clone(), w.settled)).collect();
-    let mut resolved: BTreeMap<OciReference, Option<Digest>> = BTreeMap::new();
+    // Each distinct tag once, a few at a time.
+    let tags: HashSet<OciReference> =
+        watches.iter().filter(|w| w.1.digest().is_none()).map(|w| w.1.clone()).collect();
+    let resolved: BTreeMap<OciReference, Option<Digest>> = futures::stream::iter(tags)
+        .map(|reference| async move {
+            let digest = resolve_logged(inner, &reference).await;
+            (reference, digest)
+        })
+        .buffer_unordered(POLL_CONCURRENCY)
+        .collect()
+        .await;
     let mut changes = Vec::new();
     for (toml, reference, settled) in watches {
-        let now = match reference.digest() {
-            Some(d) => Some(d),
-            None => match resolved.get(&reference) {
-                Some(d) => *d,
-                None => {
-                    let d = resolve_logged(inner, &reference).await;
-                    resolved.insert(reference.clone(), d);
-                    d
-                }
-            },
-        };
+        let now = reference.digest().or_else(|| resolved.get(&reference).copied().flatten());
         if let Some(digest) = now
             && settled != Some(digest)
         {
-            tracing::info!(plugin_toml = %toml.display(), reference = %reference, digest = %digest,
-                previous = %settled.map_or_else(|| "none".to_owned(), |d| d.to_string()),
-                "plugin source changed in the registry");
+            match settled {
+                Some(previous) => tracing::info!(plugin_toml = %toml.display(), reference = %reference,
+                    digest = %digest, previous = %previous, "the plugin's tag moved in the registry"),
+                None => tracing::debug!(plugin_toml = %toml.display(), reference = %reference,
+                    digest = %digest, "trying the plugin's last pull again"),
+            }
             changes.push(SourceChange { toml, reference, digest });
         }
     }
