@@ -22,8 +22,9 @@
 //! plugin with keys never gets code whose manifest digest has no valid signature by each
 //! key; a moved tag is reported to the manager once per new digest — a digest that was
 //! loaded or refused for good is not reported again, one whose pull failed for a reason
-//! that may pass (an unreachable registry, a signature not pushed yet) is, every poll; a pull never blocks another plugin's (no lock is held across a
-//! request); the store keeps the blobs of every followed plugin's current digest.
+//! that may pass (an unreachable registry, a signature not pushed yet) is, every poll; a
+//! pull never blocks another plugin's (no lock is held across a request); the store keeps
+//! the blobs of every followed plugin's current digest.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -219,11 +220,6 @@ impl OciSource {
         })
     }
 
-    /// The registry client (for `wasmctrl push`).
-    pub fn client(&self) -> &RegistryClient {
-        &self.inner.client
-    }
-
     /// Calls `listener` for each change of a followed plugin's source (from the poller's
     /// task: it must not block).
     pub fn on_change(&self, listener: impl Fn(&SourceChange) + Send + Sync + 'static) {
@@ -239,11 +235,6 @@ impl OciSource {
     /// Stops following the plugin of `toml` (removed, or no longer from a registry).
     pub fn forget(&self, toml: &Path) {
         self.inner.watches.lock().remove(toml);
-    }
-
-    /// The references followed, by TOML (for status and tests).
-    pub fn followed(&self) -> Vec<(PathBuf, OciReference, Option<Digest>)> {
-        self.inner.watches.lock().iter().map(|(p, w)| (p.clone(), w.reference.clone(), w.settled)).collect()
     }
 
     /// The store, opened on first use (and again after a failure: the directory may have
