@@ -37,6 +37,7 @@ use wasmctrl::reload::{
     CheckOptions, FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, PluginState, check_paths,
     version_of,
 };
+use wasmctrl::server::StatusSource;
 use wasmctrl_testkit::guests::wasm;
 use wasmctrl_testkit::{RegistryConfig, TestCluster, TestRegistry, tools};
 
@@ -667,6 +668,29 @@ fn check_reports_a_registry_plugin_without_pulling_it_and_checks_its_key() {
     assert!(report.render().contains("`verify-key`: key"), "{}", report.render());
 }
 
+#[test]
+fn check_reads_the_files_the_oci_section_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("plugins")).unwrap();
+    let host = tmp.path().join("wasmctrl.toml");
+    std::fs::write(
+        &host,
+        "[oci]\nverify-key = \"cosign.pub\"\ncredentials = \"config.json\"\nca-certificates = [\"ca.pem\"]\n",
+    )
+    .unwrap();
+    let report = check_paths(std::slice::from_ref(&host), &CheckOptions::default());
+    let text = report.render();
+    assert!(!report.ok(), "{text}");
+    for field in ["`oci.verify-key`", "`oci.credentials`", "`oci.ca-certificates`"] {
+        assert!(text.contains(field), "{field} in {text}");
+    }
+    std::fs::write(tmp.path().join("cosign.pub"), SigningKey::generate().verify_key("k").to_pem()).unwrap();
+    std::fs::write(tmp.path().join("config.json"), docker_config("ghcr.io", "u", "p")).unwrap();
+    std::fs::write(tmp.path().join("ca.pem"), "").unwrap();
+    let report = check_paths(&[host], &CheckOptions::default());
+    assert!(report.ok(), "{}", report.render());
+}
+
 /// The deploy variant whose plugin TOMLs come from a ConfigMap and whose components come
 /// from a registry: its host and plugin TOMLs pass the host's checks.
 #[test]
@@ -829,6 +853,12 @@ async fn a_plugin_from_a_registry_waits_for_its_tag_runs_and_hot_reloads_when_th
     let s = host.status().unwrap();
     assert_eq!(s.source.as_deref(), Some(tag.to_string().as_str()));
     assert!(s.last_error.as_deref().is_some_and(|e| e.contains("not found")), "{s:?}");
+    let readiness = host.manager.status().readiness();
+    assert!(!readiness.ready);
+    assert!(
+        readiness.details.iter().any(|d| d.contains(&format!("waiting for its .wasm ({tag})"))),
+        "{readiness:?}"
+    );
 
     // Pushed (signed): the poll sees it and the plugin starts.
     let (a, b) = (wasm("reload-stamp-a"), wasm("reload-stamp-b"));

@@ -252,6 +252,7 @@ fn check_one(path: &Path, options: &CheckOptions<'_>, report: &mut CheckReport) 
             } else {
                 match HostConfig::parse(path, &text) {
                     Ok(host) => {
+                        check_oci_files(path, &host, report);
                         let dir = host.plugins_dir.clone();
                         let defaults = host.plugin_defaults.clone();
                         report.hosts.push(host);
@@ -279,6 +280,35 @@ fn check_one(path: &Path, options: &CheckOptions<'_>, report: &mut CheckReport) 
                 "no such file or directory".to_owned()
             },
         )),
+    }
+}
+
+/// The files `[oci]` names: the key parses, the credentials are a Docker config.json, the
+/// CAs can be read (what `wasmctrl run` would otherwise fail on at start or at a pull).
+fn check_oci_files(path: &Path, host: &HostConfig, report: &mut CheckReport) {
+    let o = &host.oci;
+    if let Some(key) = &o.verify_key
+        && let Err(e) = crate::oci::VerifyKey::load(key)
+    {
+        report.errors.push(ConfigError::file_level(path, e.to_string()).with_field("oci.verify-key"));
+    }
+    if let Some(creds) = &o.credentials {
+        let parsed = std::fs::read(creds)
+            .map_err(|e| format!("registry credentials {}: {e}", creds.display()))
+            .and_then(|text| {
+                crate::oci::credentials::RegistryCredentials::parse(creds, &text).map_err(|e| e.to_string())
+            });
+        if let Err(e) = parsed {
+            report.errors.push(ConfigError::file_level(path, e).with_field("oci.credentials"));
+        }
+    }
+    for ca in &o.ca_certificates {
+        if let Err(e) = std::fs::read(ca) {
+            report.errors.push(
+                ConfigError::file_level(path, format!("CA certificates {}: {e}", ca.display()))
+                    .with_field("oci.ca-certificates"),
+            );
+        }
     }
 }
 

@@ -225,7 +225,10 @@ impl StatusSource for StatusBoard {
                 }
                 PluginState::WaitingForWasm => Some(format!(
                     "waiting for its .wasm ({})",
-                    s.wasm.as_ref().map_or_else(|| "?".to_owned(), |w| w.display().to_string())
+                    // A registry reference (its tag not pushed yet), or the file.
+                    s.source.clone().unwrap_or_else(|| {
+                        s.wasm.as_ref().map_or_else(|| "?".to_owned(), |w| w.display().to_string())
+                    })
                 )),
                 PluginState::Failed => {
                     Some(format!("failed: {}", s.last_error.as_deref().unwrap_or("unknown error")))
