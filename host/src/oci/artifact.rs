@@ -241,6 +241,19 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Bytes behind a component header, and any manifest text: an answer, never a panic.
+        #[test]
+        fn arbitrary_components_and_manifests_never_panic(body in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            let mut wasm = EMPTY_COMPONENT.to_vec();
+            wasm.extend_from_slice(&body);
+            let _ = summarize_component(&wasm);
+            if let Ok(m) = parse_manifest(&body) {
+                let _ = wasm_layer(&m, 1 << 20);
+            }
+        }
+    }
+
     #[test]
     fn refuses_what_is_not_a_single_component_artifact() {
         assert!(

@@ -221,6 +221,18 @@ mod tests {
         assert!(err.to_string().contains("identity token"), "{err}");
     }
 
+    proptest::proptest! {
+        /// Any file content: credentials or an error, never a panic.
+        #[test]
+        fn any_content_parses_or_is_refused(text in "\\PC{0,200}", auth in "\\PC{0,40}") {
+            let _ = RegistryCredentials::parse(Path::new("c.json"), text.as_bytes());
+            let doc = serde_json::json!({"auths": {"r.example.com": {"auth": auth}}}).to_string();
+            if let Ok(c) = RegistryCredentials::parse(Path::new("c.json"), doc.as_bytes()) {
+                let _ = c.for_registry("r.example.com");
+            }
+        }
+    }
+
     #[test]
     fn legacy_dockercfg() {
         let text = format!(r#"{{"registry.example.com": {{"auth": "{}", "email": "e"}}}}"#, b64("u:p"));

@@ -264,6 +264,16 @@ mod tests {
         assert!(e.contains("COSIGN_PASSWORD"), "{e}");
     }
 
+    proptest::proptest! {
+        /// Any PEM-looking text: a key or an error, never a panic.
+        #[test]
+        fn any_pem_is_read_or_refused(label in "[A-Z ]{0,40}", body in "[A-Za-z0-9+/=]{0,200}") {
+            let pem = format!("-----BEGIN {label}-----\n{body}\n-----END {label}-----\n");
+            let _ = SigningKey::from_pem(&pem, Some(b"pw"));
+            let _ = VerifyKey::from_pem(&pem, "k");
+        }
+    }
+
     #[test]
     fn unencrypted_pkcs8_and_sec1() {
         let key = SigningKey::generate();

@@ -231,6 +231,20 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any text is refused or parsed, never a panic; what parses prints back to itself.
+        #[test]
+        fn any_text_parses_or_is_refused(text in "\\PC{0,80}", tail in "[a-z0-9./:@_-]{0,60}") {
+            for value in [format!("oci://{text}"), format!("oci://registry.example.com/{tail}"), text.clone()] {
+                if let Ok(r) = value.parse::<OciReference>() {
+                    proptest::prop_assert_eq!(r.to_string().parse::<OciReference>().ok(), Some(r.clone()));
+                    let _ = is_loopback_registry(r.registry());
+                }
+            }
+            let _ = is_loopback_registry(&text);
+        }
+    }
+
     #[test]
     fn loopback_registries() {
         for yes in ["localhost:5000", "127.0.0.1:5000", "127.1.2.3", "[::1]:5000", "LOCALHOST"] {
