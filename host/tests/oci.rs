@@ -176,8 +176,17 @@ async fn a_restart_without_the_registry_runs_from_the_store() {
     let pushed = push(&address, &component, "plugins/mirror:v1", Some(&key)).await;
     let mut opts = options(&address, &store);
     opts.verify_keys = vec![key.verify_key("host.pub")];
+    // A budget nothing fits in: only what a followed plugin uses stays.
+    opts.store_max_bytes = 1;
     let toml = tmp.path().join("mirror.toml");
-    OciSource::new(opts.clone()).unwrap().pull(&toml, &at(&address, "plugins/mirror:v1"), &[]).await.unwrap();
+    let first = OciSource::new(opts.clone()).unwrap();
+    let stamp = wasm("reload-stamp-a");
+    push(&address, &stamp, "plugins/stamp:v1", Some(&key)).await;
+    let gone =
+        first.pull(&tmp.path().join("stamp.toml"), &at(&address, "plugins/stamp:v1"), &[]).await.unwrap();
+    first.forget(&tmp.path().join("stamp.toml"));
+    first.pull(&toml, &at(&address, "plugins/mirror:v1"), &[]).await.unwrap();
+    assert!(!gone.path.exists(), "a plugin no longer followed is pruned beyond the budget");
 
     reg.stop();
     // A new source on the same store: the host restarted while the registry is down.

@@ -262,9 +262,9 @@ impl OciSource {
         let mut watches = self.inner.watches.lock();
         if let Some(w) = watches.get_mut(toml).filter(|w| w.reference == *reference) {
             match &result {
-                Ok((code, manifest)) => {
+                Ok((code, in_use)) => {
                     w.settled = code.reference.digest();
-                    w.in_use = vec![*manifest, code.layer];
+                    w.in_use = in_use.clone();
                 }
                 Err((e, digest)) if !e.is_transient() => w.settled = *digest,
                 Err(_) => w.settled = None,
@@ -298,12 +298,13 @@ impl OciSource {
         });
     }
 
-    /// The pull; on failure, also the manifest digest it concerned (if known).
+    /// The pull, with the blobs the code needs (manifest, layer, signatures); on failure,
+    /// also the manifest digest it concerned (if known).
     async fn pull_inner(
         &self,
         reference: &OciReference,
         plugin_keys: &[VerifyKey],
-    ) -> Result<(PulledCode, Digest), (PullError, Option<Digest>)> {
+    ) -> Result<(PulledCode, Vec<Digest>), (PullError, Option<Digest>)> {
         let store = &self.store().map_err(|e| (e, None))?;
         let client = &self.inner.client;
         let shown = reference.to_string();
@@ -350,8 +351,12 @@ impl OciSource {
 
         let keys: Vec<VerifyKey> =
             self.inner.options.verify_keys.iter().chain(plugin_keys).cloned().collect();
+        let mut in_use = vec![digest, layer];
         if !keys.is_empty() {
-            offline |= self.check_signatures(store, reference, &digest, &keys).await.map_err(fail)?;
+            let (from_store, signatures) =
+                self.check_signatures(store, reference, &digest, &keys).await.map_err(fail)?;
+            offline |= from_store;
+            in_use.extend(signatures);
         }
 
         let bytes = match store.get(&layer, self.inner.options.max_wasm_bytes) {
@@ -384,30 +389,34 @@ impl OciSource {
                 verified_by,
                 offline,
             },
-            digest,
+            in_use,
         ))
     }
 
-    /// Checks the cosign signatures of manifest `digest` against `keys`. `Ok(true)`: the
-    /// registry was unavailable and the signatures last fetched were used.
+    /// Checks the cosign signatures of manifest `digest` against `keys`. Returns whether the
+    /// registry was unavailable and the signatures last fetched were used, and the blobs
+    /// read (the signature manifest and its payloads: kept for a restart without the
+    /// registry).
     async fn check_signatures(
         &self,
         store: &OciStore,
         reference: &OciReference,
         digest: &Digest,
         keys: &[VerifyKey],
-    ) -> Result<bool, PullError> {
+    ) -> Result<(bool, Vec<Digest>), PullError> {
         let client = &self.inner.client;
         let tag = reference.with_tag(&signature::signature_tag(digest));
         let artifact = reference.with_digest(*digest).to_string();
         let mut offline = false;
-        let sig_manifest = match client.manifest_if_any(&tag).await {
+        let (sig_manifest, sig_digest) = match client.manifest_if_any(&tag).await {
             Ok(Some((bytes, sig_digest))) => {
-                if store.recorded(&signature_record(digest)) != Some(sig_digest) {
+                if !store.blob_path(&sig_digest).is_file() {
                     put(store, &sig_digest, &bytes)?;
+                }
+                if store.recorded(&signature_record(digest)) != Some(sig_digest) {
                     store.record(&signature_record(digest), &sig_digest)?;
                 }
-                bytes
+                (bytes, sig_digest)
             }
             Ok(None) => {
                 return Err(SignatureError::Unsigned { artifact, tag: tag.to_string() }.into());
@@ -415,13 +424,13 @@ impl OciSource {
             Err(e @ RegistryError::Unavailable { .. }) => {
                 match store
                     .recorded(&signature_record(digest))
-                    .and_then(|d| store.get(&d, MAX_MANIFEST_BYTES))
+                    .and_then(|d| store.get(&d, MAX_MANIFEST_BYTES).map(|bytes| (bytes, d)))
                 {
-                    Some(bytes) => {
+                    Some(found) => {
                         tracing::warn!(reference = %artifact, error = %e,
                             "registry unavailable: checking the signatures fetched last for this digest");
                         offline = true;
-                        bytes
+                        found
                     }
                     None => return Err(e.into()),
                 }
@@ -434,6 +443,7 @@ impl OciSource {
                 source: ArtifactError::NotAManifest(e.to_string()),
             })?;
         let mut signed = Vec::new();
+        let mut read = vec![sig_digest];
         for layer in
             manifest.layers.iter().filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE).take(MAX_SIGNATURES)
         {
@@ -448,16 +458,16 @@ impl OciSource {
                 }
             };
             let signature = layer.annotations.as_ref().and_then(|a| a.get(SIGNATURE_ANNOTATION)).cloned();
+            read.push(d);
             signed.push(SignedPayload { digest: d, payload, signature });
         }
         signature::verify(&artifact, digest, &signed, keys)?;
-        Ok(offline)
+        Ok((offline, read))
     }
 
     /// Keeps the store within its budget, sparing what followed plugins use.
     fn prune(&self) {
         let Ok(store) = self.store() else { return };
-
         let keep: HashSet<Digest> =
             self.inner.watches.lock().values().flat_map(|w| w.in_use.iter().copied()).collect();
         let removed = store.prune(self.inner.options.store_max_bytes, &keep);
