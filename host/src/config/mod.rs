@@ -33,12 +33,12 @@ mod units;
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
 pub use host::{
     ClusterConfig, ClusterMode, ClusterToml, DefaultsToml, HostConfig, HostToml, LeaderElectionConfig,
-    LeaderElectionToml, ServerToml,
+    LeaderElectionToml, OciConfig, OciToml, ServerToml,
 };
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{
     IndexToml, OwnerIndex, PermissionsToml, PluginConfig, PluginDefaults, PluginToml, Predicates,
-    PredicatesToml, SourceToml, TransformToml, WatchSource,
+    PredicatesToml, RegistryWasm, SourceToml, TransformToml, WatchSource,
 };
 pub use units::{ByteSize, DurationValue, UnitError};
 

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use schema::{ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, ServerToml};
+pub use schema::{ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, OciToml, ServerToml};
 
 use super::decode::decode;
 use super::error::{ConfigError, ConfigErrors};
@@ -47,6 +47,35 @@ pub struct LeaderElectionConfig {
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
     pub retry_period: Duration,
+}
+
+/// `[oci]`, checked: how plugins are pulled from registries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OciConfig {
+    pub poll_interval: Duration,
+    pub credentials: Option<PathBuf>,
+    /// Loopback registries (`host:port`) reached over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    pub ca_certificates: Vec<PathBuf>,
+    /// The cosign public key every pulled plugin must be signed with.
+    pub verify_key: Option<PathBuf>,
+    /// Byte budget of the pulled plugins kept under `cache-dir`.
+    pub cache_max_bytes: u64,
+    pub max_wasm_bytes: u64,
+}
+
+impl Default for OciConfig {
+    fn default() -> Self {
+        OciConfig {
+            poll_interval: crate::oci::source::DEFAULT_POLL_INTERVAL,
+            credentials: None,
+            insecure_registries: Vec::new(),
+            ca_certificates: Vec::new(),
+            verify_key: None,
+            cache_max_bytes: crate::oci::source::DEFAULT_STORE_MAX_BYTES,
+            max_wasm_bytes: crate::oci::source::DEFAULT_MAX_WASM_BYTES,
+        }
+    }
 }
 
 /// A checked host TOML with defaults applied and paths resolved.
@@ -81,6 +110,8 @@ pub struct HostConfig {
     pub plugin_defaults: PluginDefaults,
     /// How long a controller waits for its informers to sync before failing.
     pub cache_sync_timeout: Duration,
+    /// `[oci]`: plugins from registries.
+    pub oci: OciConfig,
     /// The file as written.
     pub file: HostToml,
 }
@@ -122,6 +153,7 @@ impl HostConfig {
             leader_election: None,
             plugin_defaults: PluginDefaults::default(),
             cache_sync_timeout: Duration::from_secs(120),
+            oci: OciConfig::default(),
             file: HostToml::default(),
         }
     }
