@@ -367,7 +367,7 @@ enum Prefetch {
     /// The plugin's code is not from a registry (or its TOML is refused): fetched, if at
     /// all, under the lock.
     NotNeeded,
-    Pulled(Prefetched),
+    Pulled(Box<Prefetched>),
     /// The manager is shutting down.
     Cancelled,
 }
@@ -709,7 +709,7 @@ impl Shared {
         }
         tokio::select! {
             _ = self.shutdown.cancelled() => Prefetch::Cancelled,
-            fetched = source.fetch() => Prefetch::Pulled(Prefetched { toml, id, fetched }),
+            fetched = source.fetch() => Prefetch::Pulled(Box::new(Prefetched { toml, id, fetched })),
         }
     }
 
