@@ -298,6 +298,7 @@ pub(super) fn resolve(
         cache_max_bytes: oci_cache_max_bytes,
         max_wasm_bytes,
     };
+    let admission = file.admission.as_ref().map(|a| super::admission::resolve(map, &mut errors, a, base));
 
     let config = HostConfig {
         path,
@@ -324,6 +325,7 @@ pub(super) fn resolve(
             max_instances: max_instances_per_plugin as usize,
         },
         cache_sync_timeout,
+        admission,
         oci,
         file,
     };

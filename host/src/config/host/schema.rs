@@ -62,6 +62,9 @@ pub struct HostToml {
     pub leader_election: LeaderElectionToml,
     #[serde(default)]
     pub defaults: DefaultsToml,
+    /// The admission webhook server; none runs without this table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<super::admission::AdmissionServerToml>,
     #[serde(default, skip_serializing_if = "OciToml::is_empty")]
     pub oci: OciToml,
 }
