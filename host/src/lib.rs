@@ -5,7 +5,8 @@
 //! [`cache`] (store + indexes) and are fanned out by the [`informer`] to listeners, whose
 //! keys wait in a [`queue`] until a [`controller`] worker hands them to a [`plugin`];
 //! [`admission`] serves the plugins' validating and mutating webhooks.
-//! [`config`] and [`reload`] turn a plugins directory into running controllers;
+//! [`config`] and [`reload`] turn a plugins directory into running controllers, whose
+//! code comes from files or, through [`oci`], from OCI registries;
 //! `fixture` runs one plugin against fixture files on the embedded dev cluster (`wasmctrl
 //! test`; with the default-on `embedded` feature);
 //! [`metrics`] and [`server`] make the whole visible. `heap` hands the allocator's free
@@ -31,6 +32,7 @@ pub mod controller;
 pub mod plugin;
 
 pub mod admission;
+pub mod oci;
 
 pub mod config;
 

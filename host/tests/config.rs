@@ -119,7 +119,7 @@ kind = "ConfigMap"
 1 | frobnicate = 1
   | ^^^^^^^^^^
   |
-  = hint: allowed keys: name, wasm, concurrency, resync, deadline, memory, max-output, field-manager, for, owns, watches, permissions, transform, admission, settings"#
+  = hint: allowed keys: name, wasm, verify-key, concurrency, resync, deadline, memory, max-output, field-manager, for, owns, watches, permissions, transform, admission, settings"#
     );
 }
 
@@ -801,7 +801,7 @@ fn documented_examples_round_trip() {
             assert_eq!(a, b, "{text}");
         }
     }
-    assert_eq!((hosts, plugins), (2, 1));
+    assert_eq!((hosts, plugins), (2, 2));
 }
 
 /// The documented plugin example resolves as documented.

@@ -285,7 +285,8 @@ fn lint(root: &Path) -> Result<()> {
 /// `differential` compares the dev cluster with the real server, request by request;
 /// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size);
 /// `sandbox_runtime` ends a sleeping plugin call on the loss of a real Lease; `sandbox` runs
-/// the adversarial plugins.
+/// the adversarial plugins; `oci` runs a plugin pulled from a registry, hot-reloaded as its
+/// tag moves.
 const BACKEND_AWARE_SUITES: &[&str] = &[
     "informer",
     "controller",
@@ -298,6 +299,7 @@ const BACKEND_AWARE_SUITES: &[&str] = &[
     "sandbox_runtime",
     "sandbox",
     "admission",
+    "oci",
 ];
 
 /// Builds the real API server, timing the build.

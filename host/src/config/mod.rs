@@ -33,13 +33,13 @@ mod units;
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
 pub use host::{
     AdmissionServerToml, ClusterConfig, ClusterMode, ClusterToml, DefaultsToml, HostConfig, HostToml,
-    LeaderElectionConfig, LeaderElectionToml, ServerToml, ServiceToml,
+    LeaderElectionConfig, LeaderElectionToml, OciConfig, OciToml, ServerToml, ServiceToml,
 };
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{
     AdmissionToml, FailurePolicyToml, IndexToml, OperationToml, OwnerIndex, PermissionsToml, PluginConfig,
-    PluginDefaults, PluginToml, Predicates, PredicatesToml, ReinvocationToml, SideEffectsToml, SourceToml,
-    TransformToml, WatchSource,
+    PluginDefaults, PluginToml, Predicates, PredicatesToml, RegistryWasm, ReinvocationToml, SideEffectsToml,
+    SourceToml, TransformToml, WatchSource,
 };
 pub use units::{ByteSize, DurationValue, UnitError};
 

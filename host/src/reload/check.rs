@@ -161,7 +161,16 @@ fn describe_plugin(p: &CheckedPlugin) -> String {
         }
         None => ", component not validated".to_owned(),
     };
-    let _ = writeln!(out, "  wasm     {} version {}{component}", c.wasm_path.display(), p.version);
+    match &c.wasm_registry {
+        Some(r) => {
+            let signed =
+                r.verify_key.as_ref().map_or(String::new(), |k| format!(", signed with {}", k.display()));
+            let _ = writeln!(out, "  wasm     {} (pulled when the host loads it{signed})", r.reference);
+        }
+        None => {
+            let _ = writeln!(out, "  wasm     {} version {}{component}", c.wasm_path.display(), p.version);
+        }
+    }
     let _ = writeln!(out, "  for      {}", describe_source(&c.for_source));
     for s in &c.owns {
         let _ = writeln!(out, "  owns     {}", describe_source(s));
@@ -271,6 +280,7 @@ fn check_one(path: &Path, options: &CheckOptions<'_>, report: &mut CheckReport) 
             } else {
                 match HostConfig::parse(path, &text) {
                     Ok(host) => {
+                        check_oci_files(path, &host, report);
                         let dir = host.plugins_dir.clone();
                         let defaults = host.plugin_defaults.clone();
                         report.hosts.push(host);
@@ -298,6 +308,35 @@ fn check_one(path: &Path, options: &CheckOptions<'_>, report: &mut CheckReport) 
                 "no such file or directory".to_owned()
             },
         )),
+    }
+}
+
+/// The files `[oci]` names: the key parses, the credentials are a Docker config.json, the
+/// CAs can be read (what `wasmctrl run` would otherwise fail on at start or at a pull).
+fn check_oci_files(path: &Path, host: &HostConfig, report: &mut CheckReport) {
+    let o = &host.oci;
+    if let Some(key) = &o.verify_key
+        && let Err(e) = crate::oci::VerifyKey::load(key)
+    {
+        report.errors.push(ConfigError::file_level(path, e.to_string()).with_field("oci.verify-key"));
+    }
+    if let Some(creds) = &o.credentials {
+        let parsed = std::fs::read(creds)
+            .map_err(|e| format!("registry credentials {}: {e}", creds.display()))
+            .and_then(|text| {
+                crate::oci::credentials::RegistryCredentials::parse(creds, &text).map_err(|e| e.to_string())
+            });
+        if let Err(e) = parsed {
+            report.errors.push(ConfigError::file_level(path, e).with_field("oci.credentials"));
+        }
+    }
+    for ca in &o.ca_certificates {
+        if let Err(e) = std::fs::read(ca) {
+            report.errors.push(
+                ConfigError::file_level(path, format!("CA certificates {}: {e}", ca.display()))
+                    .with_field("oci.ca-certificates"),
+            );
+        }
     }
 }
 
@@ -418,6 +457,15 @@ pub fn validate_plugin(
 ) -> Result<CheckedPlugin, ConfigErrors> {
     let config = PluginConfig::load(toml, defaults)?;
     config.check_kinds(kinds)?;
+    if let Some(registry) = &config.wasm_registry {
+        // Offline: the component is pulled (and validated) when the host loads the plugin;
+        // its key, if any, is checked here.
+        if let Some(key) = &registry.verify_key {
+            crate::oci::VerifyKey::load(key).map_err(|e| config.field_error("verify-key", e.to_string()))?;
+        }
+        let version = registry.reference.digest().map_or_else(|| "(tag)".to_owned(), |d| d.short());
+        return Ok(CheckedPlugin { config, component: None, version });
+    }
     let bytes = match read_settled(&config.wasm_path) {
         Ok((b, _)) => b,
         Err(e) => {

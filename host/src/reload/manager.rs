@@ -21,8 +21,9 @@
 //!   `parked`).
 //!
 //! Loading one version: the checked TOML from the snapshot, its kinds resolved against
-//! discovery, its code fetched ([`CodeSource`]: the one seam between a TOML and its bytes),
-//! the TOML checked unchanged since the snapshot (so code and TOML are of one moment),
+//! discovery, its code fetched ([`CodeSource`]: the one seam between a TOML and its bytes,
+//! a `.wasm` file or a component pulled from an OCI registry), the TOML checked unchanged
+//! since the snapshot (so code and TOML are of one moment),
 //! leases on its informers synced, the component compiled and its `init` run — all before
 //! anything running is touched. Any failure rejects this version: logged, counted in
 //! `wasmctrl_plugin_reloads_total{result="rejected"}`, shown in `/plugins` and `/readyz`;
@@ -34,13 +35,19 @@
 //! first. A version whose sections need exports its component lacks, or a host without an
 //! admission server, is rejected like any broken version.
 //!
-//! A running version whose code file is gone keeps running (its compiled code is kept
-//! loaded from then on) and says so in `/plugins` and `/readyz`; a TOML edit meanwhile is
-//! applied with the running version's compiled code, or refused saying why.
+//! A running version whose code is gone (its file removed, its registry tag deleted) keeps
+//! running (its compiled code is kept loaded from then on) and says so in `/plugins` and
+//! `/readyz`; a TOML edit meanwhile is applied with the running version's compiled code, or
+//! refused saying why. A registry version that had to be taken from the local store (the
+//! registry could not be reached) runs and says so the same way, until a round reaches the
+//! registry again.
 //!
 //! Changes are seen through directory watches that follow symlinks (`watcher`), debounced,
-//! through SIGHUP, and through a periodic full rescan, the safety net for whatever a watch
-//! cannot see (a network file system, say).
+//! through SIGHUP, through a periodic full rescan, the safety net for whatever a watch
+//! cannot see (a network file system, say), and — for plugins from a registry — through the
+//! registry source's tag polls: a moved tag asks for a round as a file event does, so it is
+//! a reload with the same hand-off rules. A registry pull runs outside a plugin's lock and
+//! never in the plan, so a slow registry holds up no stop, shutdown or other plugin.
 //!
 //! Field managers are unique like names: no plugin's manager is another's, or another's
 //! followed by `/` (no plugin writes as another). The plan decides it as it decides names:
@@ -68,6 +75,7 @@ use crate::config::{
     ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, PluginToml, ResolvedKind,
 };
 use crate::metrics::Metrics;
+use crate::oci::OciSource;
 use crate::plugin::spec::field_managers_overlap;
 use crate::plugin::{Gvk, KubeServices, Plugin, PluginEngine, PluginEnv, PluginReconciler};
 
@@ -91,6 +99,9 @@ pub struct ManagerOptions {
     /// Where admitting plugins' versions are installed (the host's admission server);
     /// `None`: the host serves no admission, and a plugin with `[[admission]]` is refused.
     pub admission: Option<AdmissionRouter>,
+    /// Where plugins whose TOML says `wasm = "oci://..."` are pulled from (`None`: such
+    /// plugins are refused). A moved tag reloads its plugin as a changed file does.
+    pub registry: Option<OciSource>,
 }
 
 /// Default of [`ManagerOptions::rescan_interval`].
@@ -111,6 +122,7 @@ impl ManagerOptions {
             rescan_interval: Some(DEFAULT_RESCAN_INTERVAL),
             parked_keys_ttl: DEFAULT_PARKED_KEYS_TTL,
             admission: None,
+            registry: None,
         }
     }
 }
@@ -182,12 +194,22 @@ impl PluginManager {
         // Watch before the first scan, so a change made during it is not missed.
         let watcher = if options.watch {
             Some(
-                DirWatcher::new(&dir, events_tx.clone())
+                DirWatcher::new(&dir, events_tx)
                     .map_err(|source| ManagerError::Watch { dir: dir.clone(), source })?,
             )
         } else {
             None
         };
+        // Rounds asked for by the manager itself (a file still being written) and by the
+        // registry source (a plugin's tag moved, or a pull that failed may now succeed):
+        // not file events, so never filtered by what the watches cover.
+        let (wake_tx, wake_rx) = mpsc::unbounded_channel::<()>();
+        if let Some(registry) = &options.registry {
+            let tx = wake_tx.clone();
+            registry.on_change(move |_| {
+                let _ = tx.send(());
+            });
+        }
         let parked = ParkedQueues::new(options.parked_keys_ttl, deps.metrics.clone());
         let shared = Arc::new(Shared {
             options,
@@ -201,12 +223,12 @@ impl PluginManager {
             watch_dirs: Mutex::default(),
             rename_wait: Mutex::default(),
             shutdown: shutdown.clone(),
-            retry: events_tx,
+            wake: wake_tx,
         });
         shared.rescan().await;
         status.mark_started();
         let (commands, commands_rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run_loop(shared, events_rx, commands_rx, watcher));
+        let task = tokio::spawn(run_loop(shared, events_rx, wake_rx, commands_rx, watcher));
         Ok(PluginManager { status, commands, task })
     }
 
@@ -267,13 +289,14 @@ pub(super) struct Shared {
     /// Since when a rename has waited for its code to follow (see [`RENAME_GRACE`]).
     rename_wait: Mutex<Option<Instant>>,
     pub(super) shutdown: CancellationToken,
-    /// Feeds a path back into the debouncer (a file that was still being written).
-    retry: mpsc::UnboundedSender<PathBuf>,
+    /// Asks for a round after the next quiet period (a file that was still being written).
+    wake: mpsc::UnboundedSender<()>,
 }
 
 async fn run_loop(
     shared: Arc<Shared>,
     mut events: mpsc::UnboundedReceiver<PathBuf>,
+    mut wakes: mpsc::UnboundedReceiver<()>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     mut watcher: Option<DirWatcher>,
 ) {
@@ -305,6 +328,7 @@ async fn run_loop(
                     pending = Some(Instant::now());
                 }
             }
+            Some(()) = wakes.recv() => pending = Some(Instant::now()),
             Some(cmd) = commands.recv() => match cmd {
                 Command::Rescan(done) => {
                     pending = None;
@@ -372,12 +396,40 @@ impl KindResolver for ResolvedKinds {
     }
 }
 
+/// A registry pull made before a plugin's lock was taken.
+enum Prefetch {
+    /// The plugin's code is not from a registry (or its TOML is refused): fetched, if at
+    /// all, under the lock.
+    NotNeeded,
+    Pulled(Box<Prefetched>),
+    /// The manager is shutting down.
+    Cancelled,
+}
+
+/// What was pulled, and for which TOML (as the plan read it).
+struct Prefetched {
+    toml: PathBuf,
+    id: FileId,
+    fetched: Result<Fetched, String>,
+}
+
 /// The code a candidate version is built from.
 enum CodeInput {
     /// Bytes just fetched.
     Bytes(Code),
-    /// The running version's compiled code (its file is gone): its full content hash.
-    Loaded { full: String, short: String },
+    /// The running version's compiled code (its code is gone from its source): its full
+    /// content hash, and what the status shows of it.
+    Loaded { full: String, short: String, shown: ShownCode },
+}
+
+/// What `/plugins` shows of a version's code: `wasm`, `source` and `note`.
+#[derive(Clone, Debug, Default)]
+struct ShownCode {
+    /// The file the code was read from (the `.wasm`, or the blob in the registry store).
+    file: Option<PathBuf>,
+    /// Where it came from when that is not just the file (a pinned registry reference).
+    origin: Option<String>,
+    note: Option<String>,
 }
 
 impl CodeInput {
@@ -385,6 +437,15 @@ impl CodeInput {
         match self {
             CodeInput::Bytes(c) => &c.version,
             CodeInput::Loaded { short, .. } => short,
+        }
+    }
+
+    fn shown(&self) -> ShownCode {
+        match self {
+            CodeInput::Bytes(c) => {
+                ShownCode { file: Some(c.file.clone()), origin: c.origin.clone(), note: c.note.clone() }
+            }
+            CodeInput::Loaded { shown, .. } => shown.clone(),
         }
     }
 }
@@ -407,13 +468,18 @@ fn check_component(
 }
 
 impl Shared {
+    /// Where the code of the plugin `config` describes comes from.
+    fn code_source(&self, config: &PluginConfig) -> CodeSource {
+        CodeSource::of(config, self.options.registry.as_ref())
+    }
+
     fn slot(&self, name: &str) -> Slot {
         self.slots.lock().entry(name.to_owned()).or_default().clone()
     }
 
     /// Asks for another round after the next quiet period.
     fn retry_later(&self) {
-        let _ = self.retry.send(self.options.plugins_dir.clone());
+        let _ = self.wake.send(());
     }
 
     /// Points the watches at what the latest plan needs.
@@ -499,15 +565,24 @@ impl Shared {
         }
         self.record_refused(refused, &desired);
         let mut dirs: BTreeSet<PathBuf> = snapshot.real_dir.into_iter().collect();
+        let mut from_registry = BTreeSet::new();
         for claim in desired.values() {
-            if let Ok(config) = &claim.config
-                && let Some(d) = CodeSource::of(config).watch_dir()
+            let Ok(config) = &claim.config else { continue };
+            let source = self.code_source(config);
+            if let Some(d) = source.watch_dir()
                 && let Ok(d) = std::fs::canonicalize(d)
             {
                 dirs.insert(d);
             }
+            if config.wasm_registry.is_some() {
+                from_registry.insert(claim.toml.clone());
+            }
         }
         *self.watch_dirs.lock() = dirs;
+        // Tags are followed for the TOMLs that name them now, and no others.
+        if let Some(registry) = &self.options.registry {
+            registry.follow_only(&from_registry);
+        }
         let mut names: BTreeSet<String> = desired.keys().cloned().collect();
         names.extend(self.slots.lock().keys().cloned());
         *self.desired.lock() = desired;
@@ -542,18 +617,24 @@ impl Shared {
             else {
                 continue;
             };
-            match CodeSource::of(config).fetch().await {
-                Ok(Fetched::Ready(code)) if code.version == info.version => {}
-                Ok(Fetched::Missing) => {
-                    let old_code = CodeSource::File(info.wasm.clone()).fetch().await;
-                    if matches!(old_code, Ok(Fetched::Ready(code)) if code.version == info.version) {
-                        tracing::debug!(plugin = %name, previous_name = %old,
-                            "a plugin's TOML was renamed and its code not yet: waiting for the code to follow");
-                        waiting.extend([name.clone(), old.clone()]);
+            // The same code too. A registry component is not pulled here (the plan never
+            // waits on a registry): the same TOML names the same reference, and a tag
+            // that moved meanwhile makes the restart under the new name a reload as well.
+            let source = self.code_source(config);
+            if !source.is_registry() {
+                match source.fetch().await {
+                    Ok(Fetched::Ready(code)) if code.version == info.version => {}
+                    Ok(Fetched::Missing) => {
+                        let old_code = CodeSource::File(info.wasm.clone()).fetch().await;
+                        if matches!(old_code, Ok(Fetched::Ready(code)) if code.version == info.version) {
+                            tracing::debug!(plugin = %name, previous_name = %old,
+                                "a plugin's TOML was renamed and its code not yet: waiting for the code to follow");
+                            waiting.extend([name.clone(), old.clone()]);
+                        }
+                        continue;
                     }
-                    continue;
+                    _ => continue,
                 }
-                _ => continue,
             }
             taken.insert(old.clone());
             tracing::info!(plugin = %name, previous_name = %old, file = %claim.toml.display(),
@@ -726,6 +807,14 @@ impl Shared {
 
     /// Brings the plugin `name` in line with the latest plan.
     async fn sync_name(self: &Arc<Self>, name: &str) {
+        // A registry pull may take long (a slow or unreachable registry): it runs before the
+        // plugin's lock is taken, so a stop, a shutdown or a load of the same plugin never
+        // waits behind it.
+        let prefetched = match self.prefetch(name).await {
+            Prefetch::Pulled(p) => Some(p),
+            Prefetch::NotNeeded => None,
+            Prefetch::Cancelled => return,
+        };
         let (slot, mut running) = loop {
             let slot = self.slot(name);
             let guard = slot.clone().lock_owned().await;
@@ -750,7 +839,15 @@ impl Shared {
             }
             return;
         };
-        if let Err(Rejection(error)) = self.load(name, &claim, &mut running).await {
+        let fetched = match prefetched {
+            // Pulled for this very TOML: used as it is.
+            Some(p) if p.toml == claim.toml && p.id == claim.id => Some(p.fetched),
+            // The plan changed while pulling: the round that changed it syncs this plugin
+            // again, with a pull of its own.
+            Some(_) => return,
+            None => None,
+        };
+        if let Err(Rejection(error)) = self.load(name, &claim, fetched, &mut running).await {
             let keeps = running.as_ref().map(|r| r.generation.version.clone());
             tracing::warn!(
                 plugin = %name,
@@ -772,16 +869,40 @@ impl Shared {
         }
     }
 
+    /// Pulls the code of the plugin `name` when it comes from a registry, for the TOML the
+    /// latest plan gives it, without holding any lock (see [`Self::sync_name`]).
+    async fn prefetch(&self, name: &str) -> Prefetch {
+        let claim = self.desired.lock().get(name).cloned();
+        let Some(Claim { toml, id, config: Ok(config) }) = claim else { return Prefetch::NotNeeded };
+        let source = self.code_source(&config);
+        if !source.is_registry() {
+            return Prefetch::NotNeeded;
+        }
+        // A plugin new to the manager is starting while its code is pulled.
+        if self.status.get(name).is_none() {
+            self.status.update(name, toml.clone(), |s| {
+                s.name = name.to_owned();
+                s.state = PluginState::Starting;
+            });
+        }
+        tokio::select! {
+            _ = self.shutdown.cancelled() => Prefetch::Cancelled,
+            fetched = source.fetch() => Prefetch::Pulled(Box::new(Prefetched { toml, id, fetched })),
+        }
+    }
+
     /// Loads the version `claim` describes and starts, swaps or restarts the plugin.
     /// Nothing running changes unless every check passed.
     ///
     /// The steps, in this order: the TOML as read by the plan, its kinds resolved
-    /// ([`Self::resolve_kinds`]), its code fetched ([`CodeSource::fetch`]) and the TOML
-    /// checked unchanged since, then [`Self::apply`].
+    /// ([`Self::resolve_kinds`]), its code fetched ([`CodeSource::fetch`]; `fetched` when
+    /// it was pulled before the lock was taken) and the TOML checked unchanged since, then
+    /// [`Self::apply`].
     async fn load(
         self: &Arc<Self>,
         name: &str,
         claim: &Claim,
+        fetched: Option<Result<Fetched, String>>,
         running: &mut Option<Running>,
     ) -> Result<(), Rejection> {
         let started = Instant::now();
@@ -793,8 +914,12 @@ impl Shared {
             });
         }
         self.resolve_kinds(&config).await?;
-        let source = CodeSource::of(&config);
-        let code = match source.fetch().await.map_err(Rejection)? {
+        let source = self.code_source(&config);
+        let fetched = match fetched {
+            Some(fetched) => fetched,
+            None => source.fetch().await,
+        };
+        let code = match fetched.map_err(Rejection)? {
             Fetched::Ready(code) => code,
             Fetched::Unsettled => {
                 self.retry_later();
@@ -809,7 +934,7 @@ impl Shared {
             self.retry_later();
             return Ok(());
         }
-        self.apply(name, claim, config, CodeInput::Bytes(code), &source, running, started).await
+        self.apply(name, claim, config, CodeInput::Bytes(code), running, started).await
     }
 
     /// The plugin's code is missing. With no running version, the plugin waits for it; a
@@ -828,15 +953,13 @@ impl Shared {
             tracing::info!(plugin = %name, code = %source, "waiting for the plugin's code");
             self.status.update(name, claim.toml.clone(), |s| {
                 s.state = PluginState::WaitingForWasm;
-                s.wasm = Some(config.wasm_path.clone());
+                s.wasm = source.file().map(Path::to_path_buf);
+                s.source = source.origin();
             });
             return Ok(());
         };
         let plugin = r.generation.plugin.plugin().clone();
-        let mut note = format!(
-            "running version {} keeps running without its file: {} is gone (restore it to reload the code)",
-            r.generation.version, source
-        );
+        let mut note = format!("running version {} keeps running {}", r.generation.version, source.gone());
         if let Err(e) = plugin.keep_code() {
             note.push_str(&format!("; its compiled code can no longer be loaded: {e}"));
         }
@@ -845,9 +968,19 @@ impl Shared {
         }
         tracing::warn!(plugin = %name, version = %r.generation.version, code = %source, "{note}");
         self.status.update(name, claim.toml.clone(), |s| s.note = Some(note.clone()));
-        let input =
-            CodeInput::Loaded { full: plugin.version().to_owned(), short: r.generation.version.clone() };
-        self.apply(name, claim, config, input, source, running, started).await
+        // Shown as it was loaded (a file: as the TOML names it now).
+        let (file, origin) = self.status.get(name).map(|s| (s.wasm, s.source)).unwrap_or_default();
+        let shown = ShownCode {
+            file: source.file().map(Path::to_path_buf).or(file),
+            origin: source.origin().map(|now| origin.unwrap_or(now)),
+            note: Some(note),
+        };
+        let input = CodeInput::Loaded {
+            full: plugin.version().to_owned(),
+            short: r.generation.version.clone(),
+            shown,
+        };
+        self.apply(name, claim, config, input, running, started).await
     }
 
     /// Takes the informer leases and waits for them to sync, compiles the component, checks
@@ -860,7 +993,6 @@ impl Shared {
         claim: &Claim,
         config: PluginConfig,
         code: CodeInput,
-        source: &CodeSource,
         running: &mut Option<Running>,
         started: Instant,
     ) -> Result<(), Rejection> {
@@ -871,13 +1003,14 @@ impl Shared {
             && r.name() == name
             && r.alive()
         {
-            // The files are back to what runs: an earlier rejection no longer applies.
-            let has_file = matches!(code, CodeInput::Bytes(_));
+            // The files are back to what runs: an earlier rejection no longer applies (and
+            // the code is shown as fetched now: its file back, its registry reachable again).
+            let shown = code.shown();
             self.status.update(name, claim.toml.clone(), |s| {
                 s.last_error = None;
-                if has_file {
-                    s.note = None;
-                }
+                s.wasm = shown.file;
+                s.source = shown.origin;
+                s.note = shown.note;
             });
             return Ok(());
         }
@@ -887,7 +1020,8 @@ impl Shared {
         let Some(leases) = self.sync_leases(&config).await? else {
             return Ok(());
         };
-        let plugin = self.compile(&config, &leases, code, source).await?;
+        let shown = code.shown();
+        let plugin = self.compile(&config, &leases, code).await?;
         config.check_admission_served(self.options.admission.is_some())?;
         config.check_admission_exports(plugin.admission_exports())?;
         let admitting = (plugin.clone(), config.admission.clone());
@@ -914,7 +1048,7 @@ impl Shared {
             name.to_owned(),
             RunInfo { toml: claim.toml.clone(), file, version: version.clone(), field_manager, wasm },
         );
-        self.record_loaded(name, &claim.toml, running, &version, previous.as_deref(), started);
+        self.record_loaded(name, &claim.toml, running, &version, previous.as_deref(), shown, started);
         Ok(())
     }
 
@@ -964,12 +1098,13 @@ impl Shared {
         config: &PluginConfig,
         leases: &Leases,
         code: CodeInput,
-        source: &CodeSource,
     ) -> Result<Plugin, Rejection> {
         let spec = config.to_plugin_spec();
         let env = PluginEnv { caches: leases.caches(), kube: self.deps.kube.clone() };
         let engine = self.deps.engine.clone();
-        let path = source.file().map_or_else(|| config.wasm_path.clone(), Path::to_path_buf);
+        // The file holding exactly this code, read again should the compile cache lose it
+        // (the code of a `Loaded` version is kept loaded: its file is not read again).
+        let path = code.shown().file.unwrap_or_else(|| config.wasm_path.clone());
         // Many plugins starting together take turns (a few threads load them all).
         let _slot = engine.load_slot().await;
         tokio::task::spawn_blocking(move || match code {
@@ -986,6 +1121,7 @@ impl Shared {
     }
 
     /// Records a loaded version: readiness probe, status and metrics.
+    #[allow(clippy::too_many_arguments)]
     fn record_loaded(
         &self,
         name: &str,
@@ -993,11 +1129,11 @@ impl Shared {
         running: &Option<Running>,
         version: &str,
         previous: Option<&str>,
+        shown: ShownCode,
         started: Instant,
     ) {
         if let Some(r) = running.as_ref() {
             let controller = r.controller.clone();
-            let wasm = r.generation.config.wasm_path.clone();
             self.status.set_probe(
                 name,
                 Some(Arc::new(move || {
@@ -1008,7 +1144,9 @@ impl Shared {
             self.status.update(name, toml.to_owned(), |s| {
                 s.name = name.to_owned();
                 s.toml = toml.to_owned();
-                s.wasm = Some(wasm);
+                s.wasm = shown.file;
+                s.source = shown.origin;
+                s.note = shown.note;
                 s.version = Some(version.to_owned());
                 s.last_error = None;
                 s.reloads += 1;

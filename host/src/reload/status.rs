@@ -11,8 +11,11 @@
 //! or failed (no version runs) makes the host not ready, and is named in the details. A
 //! rejected reload is reported but does not: the running version keeps serving. A reload
 //! in progress (a swap, or a controller restart handing its queue over) keeps a plugin
-//! `running`; a plugin being removed no longer counts. A running version whose `.wasm` is
-//! gone keeps running and says so (`note`), without making the host unready.
+//! `running`; a plugin being removed no longer counts. A running version whose code is
+//! gone (its `.wasm` removed, its registry tag deleted), or that was taken from the local
+//! store because its registry could not be reached, keeps running and says so (`note`),
+//! without making the host unready. A plugin waiting for its code is named with what it
+//! waits for: its `.wasm`, or its registry reference.
 //!
 //! Entries are keyed by plugin name; a TOML refused because another file claims its name
 //! has an entry of its own, keyed by its path.
@@ -50,8 +53,14 @@ pub struct PluginStatus {
     pub name: String,
     /// The plugin TOML.
     pub toml: PathBuf,
-    /// The component.
+    /// The component's file: the `.wasm`, or for a component from a registry, its blob in
+    /// the local store.
     pub wasm: Option<PathBuf>,
+    /// The registry reference the component was pulled from, pinned to its manifest digest
+    /// (`oci://registry/repository:tag@sha256:...`), for a plugin whose `wasm` names one
+    /// (while it waits for its tag: the reference as its TOML names it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// Short content hash of the running `.wasm`, when one runs.
     pub version: Option<String>,
     pub state: PluginState,
@@ -59,7 +68,8 @@ pub struct PluginStatus {
     pub ready: bool,
     /// The last load or reload error (cleared by the next successful load).
     pub last_error: Option<String>,
-    /// Something about the running version worth knowing (e.g. it runs without its file).
+    /// Something about the running version worth knowing (it runs without its file, or
+    /// from the local store while its registry cannot be reached).
     pub note: Option<String>,
     /// Successful loads and reloads.
     pub reloads: u64,
@@ -75,6 +85,7 @@ impl PluginStatus {
             name: name.to_owned(),
             toml,
             wasm: None,
+            source: None,
             version: None,
             state: PluginState::Starting,
             ready: false,
@@ -240,7 +251,10 @@ impl StatusSource for StatusBoard {
                 }
                 PluginState::WaitingForWasm => Some(format!(
                     "waiting for its .wasm ({})",
-                    s.wasm.as_ref().map_or_else(|| "?".to_owned(), |w| w.display().to_string())
+                    // A registry reference (its tag not pushed yet), or the file.
+                    s.source.clone().unwrap_or_else(|| {
+                        s.wasm.as_ref().map_or_else(|| "?".to_owned(), |w| w.display().to_string())
+                    })
                 )),
                 PluginState::Failed => {
                     Some(format!("failed: {}", s.last_error.as_deref().unwrap_or("unknown error")))

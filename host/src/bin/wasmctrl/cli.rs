@@ -12,6 +12,7 @@ use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig};
 use wasmctrl::controller::leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 use wasmctrl::informer::{FactoryOptions, InformerFactory};
 use wasmctrl::metrics::Metrics;
+use wasmctrl::oci::{OciOptions, OciSource, RegistryOptions, VerifyKey};
 use wasmctrl::plugin::{CompileLimits, EngineConfig, KubeServices, PluginEngine, PoolingLimits};
 use wasmctrl::reload::scan::plugin_tomls;
 use wasmctrl::reload::{
@@ -200,6 +201,7 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
     options.rescan_interval = host.rescan_interval;
     options.parked_keys_ttl = host.parked_keys_ttl;
     options.admission = admission.as_ref().map(|a| a.router.clone());
+    options.registry = Some(oci_source(&host)?);
 
     let signal = {
         let shutdown = shutdown.clone();
@@ -260,6 +262,29 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         cluster.shutdown().await;
     }
     outcome.map(|()| ExitCode::SUCCESS)
+}
+
+/// Where plugins whose TOML names `wasm = "oci://..."` come from, as `[oci]` configures it;
+/// pulled plugins are kept under `cache-dir/oci`.
+fn oci_source(host: &HostConfig) -> Result<OciSource> {
+    let o = &host.oci;
+    let mut verify_keys = Vec::new();
+    if let Some(path) = &o.verify_key {
+        verify_keys.push(VerifyKey::load(path).context("`[oci] verify-key`")?);
+    }
+    let options = OciOptions {
+        registry: RegistryOptions {
+            insecure_registries: o.insecure_registries.clone(),
+            ca_certificates: o.ca_certificates.clone(),
+            credentials: o.credentials.clone(),
+        },
+        store_dir: host.cache_dir.join("oci"),
+        store_max_bytes: o.cache_max_bytes,
+        max_wasm_bytes: o.max_wasm_bytes,
+        poll_interval: o.poll_interval,
+        verify_keys,
+    };
+    OciSource::new(options).context("setting up the registry client (`[oci]`)")
 }
 
 /// Runs the plugins directory until `stop` is cancelled, then drains every plugin.

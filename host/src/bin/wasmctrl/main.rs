@@ -1,6 +1,6 @@
 //! The `wasmctrl` command line: run the host, check a setup offline, test a plugin against
-//! fixtures, scaffold a plugin, print the RBAC or the webhook configurations the plugins
-//! need, or run the embedded dev cluster alone.
+//! fixtures, scaffold a plugin, publish one to a registry, print the RBAC or the webhook
+//! configurations the plugins need, or run the embedded dev cluster alone.
 
 use std::path::PathBuf;
 
@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod cli;
 mod new;
+mod push;
 mod test;
 
 /// jemalloc rather than glibc's malloc (feature `jemalloc`, on by default). The host keeps a
@@ -65,6 +66,10 @@ enum Command {
     /// Scaffold a plugin crate (Cargo.toml, src/lib.rs, NAME.toml, a fixture) that builds
     /// with `cargo build --release --target wasm32-wasip2`.
     New(new::NewArgs),
+    /// Publish a plugin's component to an OCI registry as a Wasm OCI artifact (config
+    /// `application/vnd.wasm.config.v0+json`, layer `application/wasm`), optionally signed
+    /// as `cosign sign --key` does. Plugin TOMLs then name it as `wasm = "oci://..."`.
+    Push(push::PushArgs),
     /// Print the RBAC (ClusterRole or Role, and its binding) that the host's service
     /// account needs for the configured plugins, as YAML.
     Rbac(cli::RbacArgs),
@@ -106,6 +111,7 @@ fn main() -> std::process::ExitCode {
         Command::Check { paths } => cli::check(&paths),
         Command::Test(args) => test::test(args),
         Command::New(args) => new::new(args),
+        Command::Push(args) => push::push(args),
         Command::Rbac(args) => cli::rbac(args),
         Command::WebhookConfig(args) => cli::webhook_config(args),
         Command::DevCluster(args) => cli::dev_cluster(args),

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use admission::{AdmissionServerToml, ServiceToml};
-pub use schema::{ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, ServerToml};
+pub use schema::{ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, OciToml, ServerToml};
 
 use super::decode::decode;
 use super::error::{ConfigError, ConfigErrors};
@@ -50,6 +50,35 @@ pub struct LeaderElectionConfig {
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
     pub retry_period: Duration,
+}
+
+/// `[oci]`, checked: how plugins are pulled from registries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OciConfig {
+    pub poll_interval: Duration,
+    pub credentials: Option<PathBuf>,
+    /// Loopback registries (`host:port`) reached over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    pub ca_certificates: Vec<PathBuf>,
+    /// The cosign public key every pulled plugin must be signed with.
+    pub verify_key: Option<PathBuf>,
+    /// Byte budget of the pulled plugins kept under `cache-dir`.
+    pub cache_max_bytes: u64,
+    pub max_wasm_bytes: u64,
+}
+
+impl Default for OciConfig {
+    fn default() -> Self {
+        OciConfig {
+            poll_interval: crate::oci::source::DEFAULT_POLL_INTERVAL,
+            credentials: None,
+            insecure_registries: Vec::new(),
+            ca_certificates: Vec::new(),
+            verify_key: None,
+            cache_max_bytes: crate::oci::source::DEFAULT_STORE_MAX_BYTES,
+            max_wasm_bytes: crate::oci::source::DEFAULT_MAX_WASM_BYTES,
+        }
+    }
 }
 
 /// A checked host TOML with defaults applied and paths resolved.
@@ -86,6 +115,8 @@ pub struct HostConfig {
     pub cache_sync_timeout: Duration,
     /// `[admission]`: the admission webhook server, when the table is there.
     pub admission: Option<crate::admission::AdmissionSettings>,
+    /// `[oci]`: plugins from registries.
+    pub oci: OciConfig,
     /// The file as written.
     pub file: HostToml,
 }
@@ -128,6 +159,7 @@ impl HostConfig {
             plugin_defaults: PluginDefaults::default(),
             cache_sync_timeout: Duration::from_secs(120),
             admission: None,
+            oci: OciConfig::default(),
             file: HostToml::default(),
         }
     }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::schema::{ClusterMode, HostToml};
-use super::{ClusterConfig, HostConfig, LeaderElectionConfig};
+use super::{ClusterConfig, HostConfig, LeaderElectionConfig, OciConfig};
 use crate::config::error::ConfigErrors;
 use crate::config::names::{is_dns_label, is_dns_subdomain};
 use crate::config::plugin::PluginDefaults;
@@ -263,6 +263,41 @@ pub(super) fn resolve(
         err(&dp("cache-sync-timeout"), false, "cache-sync-timeout must be more than 0".into(), None);
     }
 
+    let o = &file.oci;
+    let op = |k: &str| [key("oci"), key(k)];
+    let defaults = OciConfig::default();
+    let poll_interval = o.poll_interval.map_or(defaults.poll_interval, |d| d.0);
+    if poll_interval < Duration::from_secs(1) {
+        err(
+            &op("poll-interval"),
+            false,
+            format!("poll-interval `{}` is below the minimum, 1s", DurationValue(poll_interval)),
+            Some("pin a plugin by digest (`oci://...@sha256:...`) to never follow its tag"),
+        );
+    }
+    for (i, registry) in o.insecure_registries.iter().enumerate() {
+        if let Err(why) = crate::oci::client::check_insecure_registry(registry) {
+            err(&[key("oci"), key("insecure-registries"), PathSeg::Index(i)], false, why, None);
+        }
+    }
+    let oci_cache_max_bytes = o.cache_max_size.map_or(defaults.cache_max_bytes, ByteSize::bytes);
+    let max_wasm_bytes = match o.max_wasm_size {
+        Some(m) if m.0 < 1024 => {
+            err(&op("max-wasm-size"), false, format!("max-wasm-size `{m}` is below the minimum, 1KiB"), None);
+            defaults.max_wasm_bytes
+        }
+        Some(m) => m.0,
+        None => defaults.max_wasm_bytes,
+    };
+    let oci = OciConfig {
+        poll_interval,
+        credentials: o.credentials.as_deref().map(|p| expand_home(p, base)),
+        insecure_registries: o.insecure_registries.clone(),
+        ca_certificates: o.ca_certificates.iter().map(|p| expand_home(p, base)).collect(),
+        verify_key: o.verify_key.as_deref().map(|p| expand_home(p, base)),
+        cache_max_bytes: oci_cache_max_bytes,
+        max_wasm_bytes,
+    };
     let admission = file.admission.as_ref().map(|a| super::admission::resolve(map, &mut errors, a, base));
 
     let config = HostConfig {
@@ -291,6 +326,7 @@ pub(super) fn resolve(
         },
         cache_sync_timeout,
         admission,
+        oci,
         file,
     };
     errors.into_result(config)

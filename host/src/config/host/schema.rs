@@ -65,6 +65,8 @@ pub struct HostToml {
     /// The admission webhook server; none runs without this table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<super::admission::AdmissionServerToml>,
+    #[serde(default, skip_serializing_if = "OciToml::is_empty")]
+    pub oci: OciToml,
 }
 
 /// How the host reaches a cluster.
@@ -139,4 +141,38 @@ pub struct DefaultsToml {
     pub resync: Option<DurationValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_sync_timeout: Option<DurationValue>,
+}
+
+/// `[oci]`: plugins whose TOML names an `oci://` registry reference.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct OciToml {
+    /// How often the tags plugins name are resolved again. Default `1m`, at least `1s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval: Option<DurationValue>,
+    /// A Docker `config.json` (or a mounted imagePullSecret's `.dockerconfigjson`),
+    /// relative to this file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
+    /// Registries (`host:port`) reached over plain HTTP; loopback hosts only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub insecure_registries: Vec<String>,
+    /// PEM files of CAs trusted besides the system's, relative to this file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ca_certificates: Vec<String>,
+    /// A cosign public key every pulled plugin must be signed with, relative to this file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_key: Option<String>,
+    /// Byte budget of the pulled plugins kept in `cache-dir`. Default `512MiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_max_size: Option<ByteSize>,
+    /// The largest component pulled. Default `256MiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wasm_size: Option<ByteSize>,
+}
+
+impl OciToml {
+    fn is_empty(&self) -> bool {
+        *self == OciToml::default()
+    }
 }

@@ -97,8 +97,11 @@ pub struct PluginConfig {
     pub name: String,
     /// The TOML this came from.
     pub toml_path: PathBuf,
-    /// The component to run.
+    /// The component's file; empty when the component comes from a registry
+    /// ([`Self::wasm_registry`]).
     pub wasm_path: PathBuf,
+    /// Where the component comes from when `wasm` names a registry (`oci://...`).
+    pub wasm_registry: Option<RegistryWasm>,
     pub concurrency: usize,
     pub resync: Option<Duration>,
     pub deadline: Duration,
@@ -125,6 +128,14 @@ pub struct PluginConfig {
     /// The file as written.
     pub file: PluginToml,
     source: Arc<str>,
+}
+
+/// A component in an OCI registry, as a plugin TOML names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegistryWasm {
+    pub reference: crate::oci::OciReference,
+    /// The plugin's own cosign public key (`verify-key`), resolved against the TOML's directory.
+    pub verify_key: Option<PathBuf>,
 }
 
 /// The defaulted limits of a [`PluginConfig`], compared by its `PartialEq`.

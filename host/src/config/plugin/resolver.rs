@@ -7,17 +7,18 @@
 //! defaults it is given (no cluster, no component), so `wasmctrl check` and the host agree.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::schema::{IndexToml, OwnerIndex, PluginToml, SourceToml};
-use super::{PluginConfig, PluginDefaults, Predicates, WatchSource};
+use super::{PluginConfig, PluginDefaults, Predicates, RegistryWasm, WatchSource};
 use crate::cache::{IndexFunc, IndexSpec, LabelSelector, OwnerIndex as CacheOwnerIndex};
 use crate::config::error::{ConfigError, ConfigErrors};
 use crate::config::kinds::{BuiltinKinds, check_api_version, check_kind_name};
 use crate::config::names::{check_field_selector, check_label_key, is_dns_label};
 use crate::config::source::{PathSeg, SourceMap};
 use crate::object::Transform;
+use crate::oci::OciReference;
 use crate::plugin::spec::Gvk;
 
 /// Checks `file` (parsed from `map`) and applies `defaults`.
@@ -67,10 +68,33 @@ impl Resolver<'_, '_> {
         }
         let dir = toml_path.parent().unwrap_or(Path::new(""));
         let wasm_rel = file.wasm.clone().unwrap_or_else(|| format!("{stem}.wasm"));
-        if file.wasm.is_some() && !wasm_rel.ends_with(".wasm") {
-            self.err(&[key("wasm")], format!("`{wasm_rel}` does not end in `.wasm`"), None);
-        }
-        let wasm_path = dir.join(&wasm_rel);
+        let (wasm_path, wasm_registry) = if OciReference::is_registry_value(&wasm_rel) {
+            let reference = match wasm_rel.parse::<OciReference>() {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    self.err(&[key("wasm")], e.to_string(), None);
+                    None
+                }
+            };
+            let verify_key = file.verify_key.as_deref().map(|k| dir.join(k));
+            (PathBuf::new(), reference.map(|reference| RegistryWasm { reference, verify_key }))
+        } else {
+            if file.wasm.is_some() && !wasm_rel.ends_with(".wasm") {
+                self.err(
+                    &[key("wasm")],
+                    format!("`{wasm_rel}` does not end in `.wasm`"),
+                    Some("name a `.wasm` file, or a registry: `oci://registry/repository:tag`".into()),
+                );
+            }
+            if file.verify_key.is_some() {
+                self.err(
+                    &[key("verify-key")],
+                    "`verify-key` applies to a component from a registry (`wasm = \"oci://...\"`)",
+                    None,
+                );
+            }
+            (dir.join(&wasm_rel), None)
+        };
 
         let concurrency = match file.concurrency {
             Some(0) => {
@@ -183,6 +207,7 @@ impl Resolver<'_, '_> {
             name,
             toml_path: toml_path.to_path_buf(),
             wasm_path,
+            wasm_registry,
             concurrency,
             resync,
             deadline,

@@ -19,9 +19,14 @@ pub struct PluginToml {
     /// Defaults to the TOML's file stem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// The component, relative to the TOML's directory. Defaults to `<stem>.wasm`.
+    /// The component, relative to the TOML's directory, or a registry reference
+    /// (`oci://registry/repository:tag` or `...@sha256:...`). Defaults to `<stem>.wasm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wasm: Option<String>,
+    /// With a registry `wasm`: a cosign public key (PEM) the artifact must be signed with,
+    /// relative to the TOML's directory (in addition to the host's `[oci] verify-key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_key: Option<String>,
     /// Maximum concurrent reconciles (and instances).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
