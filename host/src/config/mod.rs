@@ -32,8 +32,8 @@ mod units;
 
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
 pub use host::{
-    ClusterConfig, ClusterMode, ClusterToml, DefaultsToml, HostConfig, HostToml, LeaderElectionConfig,
-    LeaderElectionToml, ServerToml,
+    ClusterConfig, ClusterMode, ClusterToml, DEFAULT_VIRTUAL_NODES, DefaultsToml, HostConfig, HostToml,
+    LeaderElectionConfig, LeaderElectionToml, ServerToml, ShardingConfig, ShardingMode, ShardingToml,
 };
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{
