@@ -31,6 +31,8 @@ pub mod plugin;
 
 pub mod config;
 
+pub mod shard;
+
 pub mod reload;
 
 #[cfg(feature = "embedded")]

@@ -1,0 +1,423 @@
+//! The ownership gate: what the controllers of this replica may queue and reconcile, from
+//! the hand-over state ([`HandOver`]), and the bookkeeping that keeps a hand-over from losing
+//! work.
+//!
+//! - [`Gate`] (one per replica) holds the hand-over state and every key being reconciled,
+//!   of any plugin. A reconcile claims its key under the state's read lock, and a new epoch
+//!   is taken under its write lock, so once [`Gate::publish`] returns no new claim can be
+//!   granted on a key lost in that epoch, and [`Gate::released`] waits for the claims
+//!   granted before.
+//! - [`PluginGate`] (one per controller) is the controller's [`Ownership`]: a request is
+//!   admitted and claimed only if this replica owns its key and (label mode) the object is in
+//!   its cache or gone from its scope altogether. A request refused for a key owned elsewhere
+//!   whose object is absent (a delete, or a request for an object that does not exist) is
+//!   *retained* for [`RETENTION`](crate::shard) lease durations: if this replica gains the
+//!   key meanwhile, it queues it again. On a gain it also queues every object of its scope
+//!   it gained, so the new owner reconciles each once (as a restarted controller would).
+//!
+//! Invariants: a claim is granted only for a key [`HandOver::owns`] says this replica owns;
+//! after [`Gate::close`] (fenced, or stopping) none is granted.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::directory::{Departures, Directory};
+use super::handover::{Assignment, Completion, HandOver, Peer};
+use super::metrics::{PluginLabels, ShardMetrics};
+use super::protocol::LabelScope;
+use super::scopes::Scopes;
+use crate::config::WatchSource;
+use crate::controller::{Claim, Ownership, Request};
+use crate::queue::{Priority, RateLimitingQueue};
+
+/// The plugin's `for` cache as it is now (provided by the plugin manager; it follows hot
+/// reloads).
+pub trait KeySource: Send + Sync + 'static {
+    /// Keys of every object the plugin's `for` cache holds now.
+    fn keys(&self) -> Vec<String>;
+    /// Whether the plugin's `for` cache holds `key`.
+    fn cached(&self, key: &str) -> bool;
+    /// The `for` source the cache follows (label mode: narrowed to this shard).
+    fn source(&self) -> Option<WatchSource>;
+}
+
+/// How long a request that is not decidable yet (label mode, its scope's directory still
+/// listing) waits before it is tried again.
+const UNDECIDED_RETRY: Duration = Duration::from_millis(200);
+
+/// One replica's hand-over state and the keys in flight.
+pub struct Gate {
+    handover: RwLock<HandOver>,
+    /// Key → reconciles of it in flight (any plugin).
+    in_flight: Mutex<HashMap<String, usize>>,
+    /// Notified when a claim ends.
+    claim_ended: Notify,
+    closed: AtomicBool,
+    plugins: Mutex<Vec<Weak<PluginGate>>>,
+    retention: Duration,
+    metrics: ShardMetrics,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = self.handover.read();
+        f.debug_struct("Gate")
+            .field("me", &h.me())
+            .field("completed", &h.completed())
+            .field("acked", &h.acked())
+            .field("releasing", &h.releasing())
+            .field("closed", &self.closed.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A granted claim: the key is in flight until dropped.
+struct KeyClaim {
+    gate: Arc<Gate>,
+    key: String,
+}
+
+impl Drop for KeyClaim {
+    fn drop(&mut self) {
+        let mut in_flight = self.gate.in_flight.lock();
+        if let Some(n) = in_flight.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.key);
+            }
+        }
+        drop(in_flight);
+        self.gate.claim_ended.notify_waiters();
+    }
+}
+
+impl Gate {
+    pub fn new(me: &str, virtual_nodes: u32, retention: Duration, metrics: ShardMetrics) -> Arc<Gate> {
+        Arc::new(Gate {
+            handover: RwLock::new(HandOver::new(me, virtual_nodes)),
+            in_flight: Mutex::new(HashMap::new()),
+            claim_ended: Notify::new(),
+            closed: AtomicBool::new(false),
+            plugins: Mutex::new(Vec::new()),
+            retention,
+            metrics,
+        })
+    }
+
+    pub fn me(&self) -> String {
+        self.handover.read().me().to_owned()
+    }
+
+    /// Whether this replica may work on `key` now.
+    pub fn owns(&self, key: &str) -> bool {
+        !self.closed.load(Ordering::Acquire) && self.handover.read().owns(key)
+    }
+
+    fn claim(self: &Arc<Self>, key: &str) -> Option<KeyClaim> {
+        let handover = self.handover.read();
+        if self.closed.load(Ordering::Acquire) || !handover.owns(key) {
+            return None;
+        }
+        // Under the read lock: a publish (write lock) either happened before, and `owns`
+        // saw it, or happens after, and `released` sees this claim.
+        *self.in_flight.lock().entry(key.to_owned()).or_default() += 1;
+        Some(KeyClaim { gate: self.clone(), key: key.to_owned() })
+    }
+
+    /// Takes a published assignment; if it is newer than anything held, returns its epoch
+    /// (release it: wait for [`released`](Self::released), then acknowledge).
+    pub fn publish(&self, assignment: Assignment) -> Option<u64> {
+        self.handover.write().publish(assignment)
+    }
+
+    /// Resolves once no key in flight is one this replica no longer owns.
+    pub async fn released(&self) {
+        loop {
+            let notified = self.claim_ended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let keys: Vec<String> = self.in_flight.lock().keys().cloned().collect();
+            let pending = {
+                let handover = self.handover.read();
+                keys.iter().filter(|k| !handover.owns(k)).count()
+            };
+            if pending == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks `epoch` acknowledged (its release done); `false` if it is no longer the one
+    /// being released.
+    pub fn acknowledged(&self, epoch: u64) -> bool {
+        self.handover.write().acknowledged(epoch)
+    }
+
+    pub fn releasing(&self) -> Option<u64> {
+        self.handover.read().releasing()
+    }
+
+    pub fn completed(&self) -> Option<u64> {
+        self.handover.read().completed()
+    }
+
+    /// Completes the acknowledged epoch if every replica involved is done with it, and
+    /// queues what each plugin gained.
+    pub fn try_complete(&self, peer: &dyn Fn(&str) -> Peer) -> Option<Completion> {
+        let completion = self.handover.write().try_complete(peer)?;
+        let me = self.me();
+        for plugin in self.plugins() {
+            plugin.gained(&completion, &me);
+        }
+        if let Some(members) = completion.after.completed.as_ref().map(|v| v.assignment.members.len()) {
+            self.metrics.members.set(i64::try_from(members).unwrap_or(i64::MAX));
+        }
+        self.metrics.epoch.set(i64::try_from(completion.epoch()).unwrap_or(i64::MAX));
+        self.metrics.handovers.inc();
+        Some(completion)
+    }
+
+    /// Stops every claim from now on (fenced, or leaving). Reconciles in flight are not
+    /// waited for here.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn plugins(&self) -> Vec<Arc<PluginGate>> {
+        let mut list = self.plugins.lock();
+        list.retain(|w| w.strong_count() > 0);
+        list.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Forgets retained keys older than the retention, and refreshes `wasmctrl_shard_keys`.
+    pub fn tidy(&self) {
+        let horizon = Instant::now().checked_sub(self.retention);
+        for plugin in self.plugins() {
+            if let Some(horizon) = horizon {
+                plugin.retained.lock().retain(|_, at| *at >= horizon);
+            }
+            let owned = plugin.all_keys().iter().filter(|k| self.owns(k)).count();
+            self.metrics
+                .keys
+                .get_or_create(&PluginLabels { plugin: plugin.plugin.clone() })
+                .set(i64::try_from(owned).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The gate of one plugin's controller; with `scopes` (label mode) its scope's directory
+    /// is looked up on use, so a reload that changes the plugin's `for` source is followed.
+    pub fn plugin(
+        self: &Arc<Self>,
+        plugin: &str,
+        keys: Arc<dyn KeySource>,
+        scopes: Option<Arc<Scopes>>,
+    ) -> Arc<PluginGate> {
+        let gate = Arc::new(PluginGate {
+            gate: self.clone(),
+            plugin: plugin.to_owned(),
+            keys,
+            scopes,
+            current: Mutex::new(None),
+            token: Arc::new(()),
+            queue: Mutex::new(None),
+            retained: Mutex::new(HashMap::new()),
+        });
+        self.plugins.lock().push(Arc::downgrade(&gate));
+        gate.directory();
+        gate
+    }
+}
+
+/// Is the object of an owned key there to reconcile?
+enum Presence {
+    /// In this replica's cache, or gone from the scope: reconcile.
+    Ready,
+    /// Exists, but not (yet) in this replica's cache (label mode): its arrival queues it.
+    Elsewhere,
+    /// The scope's directory is still listing.
+    Undecided,
+}
+
+/// One controller's [`Ownership`].
+pub struct PluginGate {
+    gate: Arc<Gate>,
+    plugin: String,
+    keys: Arc<dyn KeySource>,
+    scopes: Option<Arc<Scopes>>,
+    /// The scope in use and its directory (label mode).
+    current: Mutex<Option<(LabelScope, Arc<Directory>)>>,
+    /// Alive as long as this gate: marks its scope as in use.
+    token: Arc<()>,
+    queue: Mutex<Option<RateLimitingQueue<Request>>>,
+    /// Keys refused while owned elsewhere and absent here, with when.
+    retained: Mutex<HashMap<String, Instant>>,
+}
+
+impl std::fmt::Debug for PluginGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginGate")
+            .field("plugin", &self.plugin)
+            .field("retained", &self.retained.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginGate {
+    /// The directory of the plugin's current scope (label mode).
+    fn directory(self: &Arc<Self>) -> Option<Arc<Directory>> {
+        let scopes = self.scopes.as_ref()?;
+        let scope = scopes.scope_of(&self.keys.source()?);
+        let mut current = self.current.lock();
+        if let Some((s, d)) = current.as_ref()
+            && *s == scope
+        {
+            return Some(d.clone());
+        }
+        let dir = scopes.directory(&scope);
+        let me: Arc<dyn Departures> = self.clone();
+        dir.listen(Arc::downgrade(&me));
+        *current = Some((scope.clone(), dir.clone()));
+        drop(current);
+        scopes.use_scope(&self.token, scope);
+        Some(dir)
+    }
+
+    fn presence(self: &Arc<Self>, key: &str) -> Presence {
+        if self.scopes.is_none() || self.keys.cached(key) {
+            return Presence::Ready;
+        }
+        match self.directory().and_then(|d| d.exists(key)) {
+            Some(true) => Presence::Elsewhere,
+            Some(false) => Presence::Ready,
+            None => Presence::Undecided,
+        }
+    }
+
+    /// Whether the object of `key` is absent from the plugin's scope (as far as known; an
+    /// undecided directory counts as absent, so the key is kept rather than lost).
+    fn absent(self: &Arc<Self>, key: &str) -> bool {
+        match &self.scopes {
+            None => !self.keys.cached(key),
+            Some(_) => self.directory().and_then(|d| d.exists(key)) != Some(true),
+        }
+    }
+
+    fn retain_if_absent(self: &Arc<Self>, key: &str) {
+        if self.absent(key) {
+            self.retained.lock().insert(key.to_owned(), Instant::now());
+        }
+    }
+
+    fn retry_later(&self, request: &Request) {
+        if let Some(q) = self.queue.lock().clone() {
+            q.add_after(request.clone(), UNDECIDED_RETRY);
+        }
+    }
+
+    /// Keys of every object of the scope this replica knows of.
+    fn all_keys(self: &Arc<Self>) -> Vec<String> {
+        match self.directory() {
+            Some(d) => d.keys(),
+            None => self.keys.keys(),
+        }
+    }
+
+    /// Queues what `completion` gave this replica: every object of the scope it gained (low
+    /// priority, like an initial list), and the retained keys it gained.
+    fn gained(self: &Arc<Self>, completion: &Completion, me: &str) {
+        let Some(queue) = self.queue.lock().clone() else { return };
+        let mut n = 0u64;
+        for key in self.all_keys() {
+            if completion.gained(me, &key) {
+                queue.add_with_priority(Request::from_key(&key), Priority::Low);
+                n += 1;
+            }
+        }
+        let retained: Vec<String> = {
+            let mut r = self.retained.lock();
+            let gained: Vec<String> = r.keys().filter(|k| completion.gained(me, k)).cloned().collect();
+            for k in &gained {
+                r.remove(k);
+            }
+            gained
+        };
+        for key in retained {
+            queue.add(Request::from_key(&key));
+            n += 1;
+        }
+        self.gate.metrics.keys_gained.get_or_create(&PluginLabels { plugin: self.plugin.clone() }).inc_by(n);
+        tracing::info!(plugin = %self.plugin, epoch = completion.epoch(), keys = n, "keys gained in a hand-over queued");
+    }
+}
+
+/// A plugin gate as its controller's [`Ownership`].
+pub struct PluginOwnership(pub Arc<PluginGate>);
+
+impl Ownership for PluginOwnership {
+    fn admits(&self, request: &Request) -> bool {
+        let this = &self.0;
+        let key = request.key();
+        if !this.gate.owns(&key) {
+            this.retain_if_absent(&key);
+            return false;
+        }
+        match this.presence(&key) {
+            Presence::Ready => true,
+            Presence::Elsewhere => false,
+            Presence::Undecided => {
+                this.retry_later(request);
+                false
+            }
+        }
+    }
+
+    fn claim(&self, request: &Request) -> Option<Claim> {
+        let this = &self.0;
+        let key = request.key();
+        let Some(claim) = this.gate.claim(&key) else {
+            if !this.gate.is_closed() {
+                this.retain_if_absent(&key);
+            }
+            return None;
+        };
+        match this.presence(&key) {
+            Presence::Ready => Some(Claim::new(claim)),
+            Presence::Elsewhere => None,
+            Presence::Undecided => {
+                drop(claim);
+                this.retry_later(request);
+                None
+            }
+        }
+    }
+
+    fn attach(&self, queue: &RateLimitingQueue<Request>) {
+        *self.0.queue.lock() = Some(queue.clone());
+    }
+}
+
+impl Departures for PluginGate {
+    /// An object left the scope (label mode: deleted, wherever it was cached): reconcile it
+    /// here if this replica owns it (nobody's cache may have it), else keep it in case this
+    /// replica gains it.
+    fn departed(&self, key: &str) {
+        if self.gate.owns(key) {
+            if let Some(q) = self.queue.lock().clone() {
+                q.add(Request::from_key(key));
+            }
+        } else {
+            self.retained.lock().insert(key.to_owned(), Instant::now());
+        }
+    }
+}
