@@ -83,6 +83,8 @@ pub struct ManagerOptions {
     pub debounce: Duration,
     /// Follow the directory (file events and SIGHUP). Off: load once.
     pub watch: bool,
+    /// Share the plugins' keys with the other replicas of a ring (`[sharding]`).
+    pub sharding: Option<crate::shard::Sharding>,
 }
 
 impl ManagerOptions {
@@ -94,6 +96,7 @@ impl ManagerOptions {
             cache_sync_timeout: Duration::from_secs(120),
             debounce: Duration::from_millis(200),
             watch: true,
+            sharding: None,
         }
     }
 }
@@ -529,7 +532,10 @@ impl Shared {
     /// plugin name another TOML already uses. A plugin with no running version shows as
     /// starting from here on.
     fn read_config(&self, stem: &str, toml: &Path, first: bool) -> Result<PluginConfig, Rejection> {
-        let config = PluginConfig::load(toml, &self.options.defaults)?;
+        let mut config = PluginConfig::load(toml, &self.options.defaults)?;
+        if let Some(sharding) = &self.options.sharding {
+            sharding.scope(&mut config);
+        }
         {
             let mut users = self.wasm_users.lock();
             for u in users.values_mut() {
@@ -855,6 +861,9 @@ impl Shared {
         if let Some(limiter) = limiter {
             builder = builder.rate_limiter(limiter);
         }
+        if let Some(sharding) = &self.options.sharding {
+            builder = builder.ownership(sharding.ownership(&config.name, Arc::new(ForKeys(current.clone()))));
+        }
         let controller = builder.build().map_err(|e| e.to_string())?;
         if let Some(old) = predecessor {
             let (ready, delayed, in_flight) = old.hand_over_to(controller.queue());
@@ -946,6 +955,23 @@ impl Shared {
             });
         }
         while set.join_next().await.is_some() {}
+    }
+}
+
+/// The `for` cache of a controller's current generation, for sharding.
+struct ForKeys(Arc<Mutex<Weak<Generation>>>);
+
+impl crate::shard::KeySource for ForKeys {
+    fn keys(&self) -> Vec<String> {
+        self.0.lock().upgrade().map(|g| g.for_keys()).unwrap_or_default()
+    }
+
+    fn cached(&self, key: &str) -> bool {
+        self.0.lock().upgrade().is_some_and(|g| g.for_cached(key))
+    }
+
+    fn source(&self) -> Option<crate::config::WatchSource> {
+        self.0.lock().upgrade().map(|g| g.config.for_source.clone())
     }
 }
 

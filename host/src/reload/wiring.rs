@@ -598,6 +598,16 @@ impl Generation {
         }
     }
 
+    /// Keys of every object the `for` source's informer caches.
+    pub fn for_keys(&self) -> Vec<String> {
+        self.leases.for_keys(&self.config)
+    }
+
+    /// Whether the `for` source's informer caches `key`.
+    pub fn for_cached(&self, key: &str) -> bool {
+        self.leases.get(&self.config.for_source).is_some_and(|i| i.cache().get(key).is_some())
+    }
+
     /// Whether every handler has received its informer's initial contents.
     pub fn has_synced(&self) -> bool {
         self.enqueuers.lock().iter().all(|(_, r)| r.has_synced())

@@ -19,6 +19,7 @@ use wasmctrl::reload::{
     StatusBoard, check_paths, rbac_for,
 };
 use wasmctrl::server::{Readiness, StatusSource};
+use wasmctrl::shard::Sharding;
 #[cfg(feature = "embedded")]
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 
@@ -54,12 +55,16 @@ pub struct RunArgs {
     /// Override the `[server] address` for /metrics, /healthz and /readyz.
     #[arg(long)]
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// With `[sharding]`: this replica's shard name, unique in the ring (default: the pod
+    /// name from $POD_NAME, else the host name).
+    #[arg(long, env = "WASMCTRL_SHARD_NAME")]
+    pub shard_name: Option<String>,
 }
 
 /// `wasmctrl rbac`.
 #[derive(Args, Debug)]
 pub struct RbacArgs {
-    /// The host TOML whose plugins directory (and leader election) is read.
+    /// The host TOML whose plugins directory (and leader election, sharding) is read.
     #[arg(long, short, default_value = "wasmctrl.toml")]
     pub config: PathBuf,
     /// The host's ServiceAccount.
@@ -123,12 +128,16 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(address) = args.metrics_address {
         host.server_address = address;
     }
-    runtime()?.block_on(run_host(host, args.kubeconfig_out))
+    runtime()?.block_on(run_host(host, args.kubeconfig_out, args.shard_name))
 }
 
 /// The host's life: cluster access, metrics endpoint, plugins (under leader election when
 /// configured), until a signal; then drain and stop.
-async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<ExitCode> {
+async fn run_host(
+    host: HostConfig,
+    kubeconfig_out: Option<PathBuf>,
+    shard_name: Option<String>,
+) -> Result<ExitCode> {
     let shutdown = CancellationToken::new();
     let (client, dev_cluster) = connect(&host.cluster, kubeconfig_out.as_deref()).await?;
     let metrics = Metrics::new();
@@ -164,6 +173,27 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         identity.clone(),
         factory.discovery().clone(),
     );
+    let sharding = match &host.sharding {
+        None => None,
+        Some(config) => {
+            let shard = shard_name.unwrap_or_else(default_shard_name);
+            // Unique to this process: a restarted replica takes its Lease over only once the
+            // previous holder's has run out (or was released).
+            let holder = format!("{shard}_{}_{:08x}", std::process::id(), rand::random::<u32>());
+            let revoke = kube.clone();
+            let sharding = Sharding::start(
+                client.clone(),
+                factory.discovery().clone(),
+                config.clone(),
+                &shard,
+                &holder,
+                &metrics,
+                move || revoke.revoke(),
+            )
+            .context("starting sharding")?;
+            Some(sharding)
+        }
+    };
     let deps = ManagerDeps {
         engine,
         informers: Arc::new(FactoryLeases(factory)),
@@ -173,6 +203,7 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
     let mut options = ManagerOptions::new(&host.plugins_dir);
     options.defaults = host.plugin_defaults.clone();
     options.cache_sync_timeout = host.cache_sync_timeout;
+    options.sharding = sharding.clone();
 
     let signal = {
         let shutdown = shutdown.clone();
@@ -182,9 +213,10 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         })
     };
 
-    let outcome = match &host.leader_election {
-        None => run_plugins(options, deps, status, shutdown.clone()).await,
-        Some(le) => {
+    let outcome = match (&host.leader_election, sharding) {
+        (_, Some(sharding)) => run_sharded(options, deps, status, shutdown.clone(), sharding).await,
+        (None, None) => run_plugins(options, deps, status, shutdown.clone()).await,
+        (Some(le), None) => {
             let config = LeaderElectionConfig {
                 lease_duration: le.lease_duration,
                 renew_deadline: le.renew_deadline,
@@ -244,6 +276,57 @@ async fn run_plugins(
     tracing::info!("draining plugins");
     manager.stopped().await;
     Ok(())
+}
+
+/// Runs the plugins directory as one shard of a ring until `stop` is cancelled: the
+/// replica joins the ring once its plugins are loaded, and leaves it (releasing its Lease)
+/// only after every plugin drained. A replica whose shard Lease is lost has already stopped
+/// every reconcile and revoked its plugins' cluster access; it exits at once, without
+/// draining (another replica may already own its keys), to be restarted as a new member.
+async fn run_sharded(
+    options: ManagerOptions,
+    deps: ManagerDeps,
+    status: Arc<LateStatus>,
+    stop: CancellationToken,
+    sharding: Sharding,
+) -> Result<()> {
+    let lost = || async {
+        sharding.lost().await;
+        tracing::error!(shard = %sharding.shard(), "shard lease lost: exiting without draining");
+        eprintln!("error: the shard lease of {} was lost", sharding.shard());
+        std::process::exit(1);
+    };
+    let dir = options.plugins_dir.clone();
+    let manager = tokio::select! {
+        manager = PluginManager::start(options, deps, stop.clone()) => manager
+            .with_context(|| format!("loading plugins from {}", dir.display()))?,
+        () = lost() => unreachable!("lost() exits"),
+    };
+    status.set(manager.status());
+    sharding.join();
+    tracing::info!(shard = %sharding.shard(), "plugins loaded; joining the ring");
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        () = lost() => {}
+    }
+    tracing::info!("draining plugins");
+    tokio::select! {
+        () = manager.stopped() => {}
+        () = lost() => {}
+    }
+    sharding.leave().await;
+    Ok(())
+}
+
+/// The shard name when none is given: the pod name, else the host name.
+fn default_shard_name() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
+        .unwrap_or_else(|| "wasmctrl".to_owned())
+        .to_lowercase()
 }
 
 /// A client for the configured cluster; with the embedded one, the running dev cluster too.
@@ -371,6 +454,7 @@ pub fn rbac(args: RbacArgs) -> Result<ExitCode> {
         name: args.name,
         cluster_scope: args.cluster_scope.then_some(true),
         leader_election: host.leader_election.clone(),
+        sharding: host.sharding.clone(),
     };
     let manifests = rbac_for(&plugins, &options, &BuiltinKinds);
     print!("{}", manifests.to_yaml().context("encoding the RBAC as YAML")?);
