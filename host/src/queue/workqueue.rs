@@ -420,6 +420,14 @@ impl<K: QueueKey> WorkQueue<K> {
         self.inner.state.lock().waiting_keys.len()
     }
 
+    /// Whether some key that is waiting to be handed out (ready, or added again while
+    /// processing) or is processing satisfies `f` (one consistent look; delayed adds are not
+    /// looked at). `f` runs under the queue's lock: it must not use the queue.
+    pub fn any_pending(&self, f: impl FnMut(&K) -> bool) -> bool {
+        let s = self.inner.state.lock();
+        s.dirty.keys().chain(s.processing.keys()).any(f)
+    }
+
     /// Whether no key is ready, processing or waiting for a delayed add (one consistent look).
     pub fn is_idle(&self) -> bool {
         let s = self.inner.state.lock();
@@ -759,6 +767,17 @@ mod tests {
         assert_eq!(q.get().await, Some("yes-1"));
         assert_eq!(q.get().await, Some("yes-2"));
         assert!(q.is_empty());
+        // What is pending: ready and processing keys, not delayed ones.
+        q.add("yes-3");
+        q.add_after("yes-4", Duration::from_secs(1));
+        let k = q.get().await.unwrap();
+        assert!(q.any_pending(|p| *p == k), "processing");
+        q.add("yes-5");
+        assert!(q.any_pending(|p| *p == "yes-5"), "ready");
+        assert!(!q.any_pending(|p| *p == "yes-4"), "delayed adds are not pending");
+        q.done(&k);
+        assert_eq!(q.get().await, Some("yes-5"));
+        q.done(&"yes-5");
         // Keys handed over from a queue without the filter are not filtered.
         let old = WorkQueue::new();
         old.add("no-4");

@@ -862,7 +862,8 @@ impl Shared {
             builder = builder.rate_limiter(limiter);
         }
         if let Some(sharding) = &self.options.sharding {
-            builder = builder.ownership(sharding.ownership(&config.name, Arc::new(ForKeys(current.clone()))));
+            let keys = ForKeys { current: current.clone(), informers: self.deps.informers.clone() };
+            builder = builder.ownership(sharding.ownership(&config.name, Arc::new(keys)));
         }
         let controller = builder.build().map_err(|e| e.to_string())?;
         if let Some(old) = predecessor {
@@ -959,19 +960,32 @@ impl Shared {
 }
 
 /// The `for` cache of a controller's current generation, for sharding.
-struct ForKeys(Arc<Mutex<Weak<Generation>>>);
+struct ForKeys {
+    current: Arc<Mutex<Weak<Generation>>>,
+    informers: Arc<dyn InformerLeases>,
+}
 
 impl crate::shard::KeySource for ForKeys {
     fn keys(&self) -> Vec<String> {
-        self.0.lock().upgrade().map(|g| g.for_keys()).unwrap_or_default()
+        self.current.lock().upgrade().map(|g| g.for_keys()).unwrap_or_default()
     }
 
     fn cached(&self, key: &str) -> bool {
-        self.0.lock().upgrade().is_some_and(|g| g.for_cached(key))
+        self.current.lock().upgrade().is_some_and(|g| g.for_cached(key))
     }
 
     fn source(&self) -> Option<crate::config::WatchSource> {
-        self.0.lock().upgrade().map(|g| g.config.for_source.clone())
+        self.current.lock().upgrade().map(|g| g.config.for_source.clone())
+    }
+
+    fn catch_up(&self) -> futures::future::BoxFuture<'static, ()> {
+        let generation = self.current.lock().upgrade();
+        let informers = self.informers.clone();
+        Box::pin(async move {
+            if let Some(g) = generation {
+                g.catch_up_with_server(&*informers).await;
+            }
+        })
     }
 }
 

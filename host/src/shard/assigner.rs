@@ -123,7 +123,7 @@ async fn lead(
         let now = Instant::now();
         if snapshot.synced_at.is_some() {
             let live = snapshot.live(now);
-            let peer = |s: &str| snapshot.peer(s, now);
+            let peer = |s: &str, identity: &str| snapshot.peer(s, identity, now);
             if let Some(next) = next_assignment(current.as_ref(), &live, &peer) {
                 match publish(
                     &leases,
@@ -136,7 +136,8 @@ async fn lead(
                 .await
                 {
                     Ok(()) => {
-                        tracing::info!(epoch = next.epoch, members = ?next.members, "published a ring epoch");
+                        let members: Vec<&String> = next.members.keys().collect();
+                        tracing::info!(epoch = next.epoch, ?members, "published a ring epoch");
                         current = Some(next);
                         published_tx.send_replace(current.clone());
                     }
@@ -216,11 +217,12 @@ async fn remove_orphans(
     now: Instant,
 ) {
     let involved: BTreeMap<&String, ()> =
-        current.into_iter().flat_map(|c| c.involved()).map(|s| (s, ())).collect();
+        current.into_iter().flat_map(|c| c.involved()).map(|(s, _)| (s, ())).collect();
     for (shard, seen) in &snapshot.shards {
+        let stopped = seen.holder.is_none() || !seen.is_live(now);
         let orphaned = seen.present
             && !involved.contains_key(shard)
-            && snapshot.peer(shard, now).stopped
+            && stopped
             && now >= seen.expires_at().max(seen.changed_at) + ORPHANED_AFTER;
         if !orphaned {
             continue;

@@ -9,21 +9,23 @@
 //!
 //! Invariants: an entry exists for exactly the objects of the last list plus the watch
 //! events since (kube's watcher relists on expiry; objects missing from a relist count as
-//! deleted); every removal is reported once to each listener, outside the directory's locks;
-//! until the first list is in ([`Directory::is_synced`]) nothing is claimed absent. An entry
-//! costs its key and label value, not the object.
+//! deleted); every removal is reported to each listener, outside the directory's locks;
+//! until the first list is in ([`Directory::is_synced`]) nothing is claimed absent;
+//! [`Directory::sweep`] brings it up to a consistent read of the server (an entry missing
+//! there, and not seen after the read, is removed). An entry costs its key, its label value
+//! and a resourceVersion, not the object.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
+use kube::api::ListParams;
 use kube::api::{Api, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::protocol::LabelScope;
@@ -66,12 +68,22 @@ pub trait Departures: Send + Sync {
     fn departed(&self, key: &str);
 }
 
+/// What the directory keeps of an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    label: Option<String>,
+    /// Its resourceVersion as last seen (0 if it is not an integer).
+    rv: u64,
+}
+
 /// One scope's objects: key → shard label.
 pub struct Directory {
     scope: LabelScope,
     label_key: String,
-    objects: RwLock<HashMap<String, Option<String>>>,
-    synced: AtomicBool,
+    objects: RwLock<HashMap<String, Entry>>,
+    synced: watch::Sender<bool>,
+    /// The scope's API, once its kind resolved.
+    api: std::sync::OnceLock<Api<PartialObjectMeta<DynamicObject>>>,
     /// Keys changed since the assignment role last looked (only while it tracks).
     dirty: Mutex<Option<HashSet<String>>>,
     changed: Notify,
@@ -95,6 +107,10 @@ impl Drop for Directory {
     }
 }
 
+fn rv_of(meta: &kube::core::ObjectMeta) -> u64 {
+    meta.resource_version.as_deref().and_then(|rv| rv.parse().ok()).unwrap_or(0)
+}
+
 impl Directory {
     /// Starts following `scope` with a metadata-only watch (after resolving its kind);
     /// stops when the directory is dropped.
@@ -108,7 +124,8 @@ impl Directory {
             scope: scope.clone(),
             label_key,
             objects: RwLock::new(HashMap::new()),
-            synced: AtomicBool::new(false),
+            synced: watch::Sender::new(false),
+            api: std::sync::OnceLock::new(),
             dirty: Mutex::new(None),
             changed: Notify::new(),
             listeners: Mutex::new(Vec::new()),
@@ -130,9 +147,15 @@ impl Directory {
                 (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
                 _ => Api::all_with(client, &resource),
             };
+            match weak.upgrade() {
+                Some(dir) => {
+                    let _ = dir.api.set(api.clone());
+                }
+                None => return,
+            }
             let stream = watcher::watcher(api, config).default_backoff();
             tokio::pin!(stream);
-            let mut listing: Option<HashMap<String, Option<String>>> = None;
+            let mut listing: Option<HashMap<String, Entry>> = None;
             loop {
                 let event = tokio::select! {
                     _ = stop.cancelled() => return,
@@ -143,8 +166,8 @@ impl Directory {
                     Some(Ok(watcher::Event::Init)) => listing = Some(HashMap::new()),
                     Some(Ok(watcher::Event::InitApply(meta))) => {
                         if let Some(l) = listing.as_mut() {
-                            let (key, label) = dir.entry(&meta.metadata);
-                            l.insert(key, label);
+                            let (key, entry) = dir.entry(&meta.metadata);
+                            l.insert(key, entry);
                         }
                     }
                     Some(Ok(watcher::Event::InitDone)) => {
@@ -153,8 +176,8 @@ impl Directory {
                         }
                     }
                     Some(Ok(watcher::Event::Apply(meta))) => {
-                        let (key, label) = dir.entry(&meta.metadata);
-                        dir.upsert(key, label);
+                        let (key, entry) = dir.entry(&meta.metadata);
+                        dir.upsert(key, entry);
                     }
                     Some(Ok(watcher::Event::Delete(meta))) => {
                         let (key, _) = dir.entry(&meta.metadata);
@@ -176,7 +199,13 @@ impl Directory {
 
     /// Whether the first list is in.
     pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
+        *self.synced.borrow()
+    }
+
+    /// Resolves once the first list is in.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
     }
 
     /// Whether an object of `key` exists (`None` until synced).
@@ -189,11 +218,6 @@ impl Directory {
         self.objects.read().keys().cloned().collect()
     }
 
-    /// Every key with its shard label.
-    pub fn entries(&self) -> Vec<(String, Option<String>)> {
-        self.objects.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-    }
-
     pub fn len(&self) -> usize {
         self.objects.read().len()
     }
@@ -204,7 +228,7 @@ impl Directory {
 
     /// The shard label of `key` as last seen (outer `None`: no such object).
     pub fn label(&self, key: &str) -> Option<Option<String>> {
-        self.objects.read().get(key).cloned()
+        self.objects.read().get(key).map(|e| e.label.clone())
     }
 
     /// Reports every later removal to `listener` (until it is dropped).
@@ -230,11 +254,55 @@ impl Directory {
         self.changed.notified().await;
     }
 
-    fn entry(&self, meta: &kube::core::ObjectMeta) -> (String, Option<String>) {
+    /// Brings the directory up to a consistent read of the server: every object it holds
+    /// that the read does not list, and that it has not seen change since, is removed (and
+    /// reported) now, without waiting for the watch to tell. Fails if the kind is not
+    /// resolved yet or the read fails.
+    pub async fn sweep(&self) -> Result<(), kube::Error> {
+        let Some(api) = self.api.get() else {
+            return Err(kube::Error::Service("the scope's kind is not resolved yet".into()));
+        };
+        let mut params = ListParams::default().limit(500);
+        if let Some(l) = &self.scope.label_selector {
+            params = params.labels(l);
+        }
+        if let Some(f) = &self.scope.field_selector {
+            params = params.fields(f);
+        }
+        let mut listed: HashSet<String> = HashSet::new();
+        let mut read_at: Option<u64> = None;
+        loop {
+            let page = api.list_metadata(&params).await?;
+            if read_at.is_none() {
+                read_at = page.metadata.resource_version.as_deref().and_then(|rv| rv.parse().ok());
+            }
+            for item in &page.items {
+                listed.insert(self.entry(&item.metadata).0);
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params.continue_token = Some(token),
+                None => break,
+            }
+        }
+        let Some(read_at) = read_at else { return Ok(()) };
+        let gone: Vec<String> = self
+            .objects
+            .read()
+            .iter()
+            .filter(|(key, entry)| !listed.contains(*key) && entry.rv <= read_at)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in gone {
+            self.remove(&key);
+        }
+        Ok(())
+    }
+
+    fn entry(&self, meta: &kube::core::ObjectMeta) -> (String, Entry) {
         let name = meta.name.as_deref().unwrap_or_default();
         let key = crate::object::key_of(meta.namespace.as_deref(), name);
         let label = meta.labels.as_ref().and_then(|l| l.get(&self.label_key)).cloned();
-        (key, label)
+        (key, Entry { label, rv: rv_of(meta) })
     }
 
     fn mark(&self, key: &str) {
@@ -243,9 +311,9 @@ impl Directory {
         }
     }
 
-    fn upsert(&self, key: String, label: Option<String>) {
+    fn upsert(&self, key: String, entry: Entry) {
         self.mark(&key);
-        self.objects.write().insert(key, label);
+        self.objects.write().insert(key, entry);
         self.changed.notify_one();
     }
 
@@ -258,7 +326,7 @@ impl Directory {
         self.changed.notify_one();
     }
 
-    fn replace(&self, listed: HashMap<String, Option<String>>) {
+    fn replace(&self, listed: HashMap<String, Entry>) {
         let gone: Vec<String> = {
             let mut objects = self.objects.write();
             let gone: Vec<String> = objects.keys().filter(|k| !listed.contains_key(*k)).cloned().collect();
@@ -270,7 +338,7 @@ impl Directory {
             d.extend(self.objects.read().keys().cloned());
             d.extend(gone.iter().cloned());
         }
-        self.synced.store(true, Ordering::Release);
+        self.synced.send_replace(true);
         self.depart(gone.into_iter());
         self.changed.notify_one();
     }

@@ -11,7 +11,9 @@
 //! correctness.
 //!
 //! Invariants: at most [`IN_FLIGHT`] label writes at once; a key is written again only after
-//! its last write finished; the work queue holds each key once.
+//! its last write finished, and is looked at again then (what changed meanwhile, a newer
+//! epoch included, was skipped while it was being written); the work queue holds each key
+//! once.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
@@ -100,12 +102,8 @@ impl Labeler {
             }
             if let Some(assignment) = &assignment {
                 let view = View::new(assignment.clone(), self.virtual_nodes);
-                let done: BTreeSet<String> = snapshot
-                    .shards
-                    .keys()
-                    .filter(|s| snapshot.peer(s, now).done_with(assignment.epoch))
-                    .cloned()
-                    .collect();
+                let done: BTreeSet<String> =
+                    snapshot.shards.keys().filter(|s| free(s, assignment, &snapshot, now)).cloned().collect();
                 let synced: BTreeSet<LabelScope> =
                     held.iter().filter(|(_, d)| d.is_synced()).map(|(s, _)| s.clone()).collect();
                 let basis = (assignment.epoch, done, synced);
@@ -128,6 +126,8 @@ impl Labeler {
                     }
                 }
                 if full {
+                    tracing::debug!(epoch = assignment.epoch, done = ?basis.1, scopes = basis.2.len(), queued = queue.len(),
+                        "looked at every object to label");
                     looked = Some(basis);
                 }
                 // Start writes, re-checking each job against the latest view.
@@ -137,7 +137,10 @@ impl Labeler {
                     let (Some(dir), Some(resource)) = (held.get(&job.0), resources.get(&job.0)) else {
                         continue;
                     };
-                    let Some(owner) = self.wanted(dir, &job.1, &view, &snapshot, now) else { continue };
+                    let Some(owner) = self.wanted(dir, &job.1, &view, &snapshot, now) else {
+                        tracing::debug!(key = %job.1, label = ?dir.label(&job.1), "no label to write any more");
+                        continue;
+                    };
                     writing.insert(job.clone());
                     let api = object_api(&self.client, resource, &job.1);
                     let label_key = self.label_key.clone();
@@ -163,8 +166,14 @@ impl Labeler {
                 Some(done) = writes.join_next(), if !writes.is_empty() => {
                     if let Ok((job, result)) = done {
                         writing.remove(&job);
+                        // Look at it once more: a change seen while it was being written (or
+                        // a newer epoch) was skipped then.
+                        if queued.insert(job.clone()) {
+                            queue.push_back(job.clone());
+                        }
                         match result {
                             Ok(()) => {
+                                tracing::debug!(key = %job.1, "labelled");
                                 self.metrics.labels_written.inc();
                             }
                             // Gone meanwhile: its directory reports the delete.
@@ -197,10 +206,21 @@ impl Labeler {
         }
         let free = match &label {
             None => true,
-            Some(current) => snapshot.peer(current, now).done_with(view.epoch()),
+            Some(current) => free(current, &view.assignment, snapshot, now),
         };
         free.then(|| owner.to_owned())
     }
+}
+
+/// Whether shard `label` can no longer be working on a key it does not own in
+/// `assignment`: the replica the assignment (or the one before) names for it acknowledged
+/// the epoch or stopped; one it names in neither works on nothing of this ring (the epoch
+/// before was finished before this one was published).
+fn free(label: &str, assignment: &Assignment, snapshot: &Snapshot, now: Instant) -> bool {
+    [assignment.members.get(label), assignment.previous.get(label)]
+        .into_iter()
+        .flatten()
+        .all(|identity| snapshot.peer(label, identity, now).done_with(assignment.epoch))
 }
 
 /// The API of the object of `key` (in its namespace, if it has one).

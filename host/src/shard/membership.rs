@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::handover::{Assignment, Peer};
+use super::handover::{Assignment, Members, Peer};
 use super::protocol::{
     self, LabelScope, RING_LABEL, ROLE_ASSIGNMENT, ROLE_LABEL, ROLE_SHARD, SHARD_ANNOTATION,
 };
@@ -59,6 +59,18 @@ impl ShardSeen {
 
     pub fn is_live(&self, now: Instant) -> bool {
         self.present && self.holder.is_some() && now < self.expires_at()
+    }
+
+    /// Whether the renew time the holder wrote, plus its lease duration, is still ahead of
+    /// this machine's wall clock. Only membership uses it (a replica that started after
+    /// another died must not add it to the ring for a whole lease duration); whether a
+    /// replica has *stopped* never depends on clocks of other machines.
+    fn renewed_recently(&self) -> bool {
+        let Some(renewed) = &self.renew_time else { return true };
+        let Ok(duration) = k8s_openapi::jiff::SignedDuration::try_from(self.lease_duration) else {
+            return true;
+        };
+        renewed.0.checked_add(duration).is_ok_and(|until| until > k8s_openapi::jiff::Timestamp::now())
     }
 
     pub fn is_stopped(&self, now: Instant) -> bool {
@@ -91,13 +103,19 @@ impl Snapshot {
         }
     }
 
-    /// What `shard`'s Lease says about it now (see the module doc).
-    pub fn peer(&self, shard: &str, now: Instant) -> Peer {
+    /// What `shard`'s Lease says now about the replica holding it as `identity` (see the
+    /// module doc). A Lease held by another identity, or released, says that one stopped:
+    /// a new holder takes a Lease only once it was released or ran out.
+    pub fn peer(&self, shard: &str, identity: &str, now: Instant) -> Peer {
         match self.shards.get(shard) {
-            Some(seen) => Peer {
-                acked: if seen.holder.is_some() { seen.acked } else { None },
-                stopped: seen.is_stopped(now),
-            },
+            Some(seen) if seen.holder.as_deref() == Some(identity) => {
+                Peer { acked: seen.acked, stopped: seen.is_stopped(now) }
+            }
+            // Released, or held by another identity (also if deleted since): that holder
+            // took it after `identity` released it or ran out. (One watch carries both the
+            // Leases and the assignment, in order: an assignment naming `identity` comes
+            // after the Lease change that made `identity` its holder.)
+            Some(_) => Peer { acked: None, stopped: true },
             None => Peer {
                 acked: None,
                 stopped: self.synced_at.is_some_and(|s| now >= s + self.default_duration),
@@ -105,9 +123,19 @@ impl Snapshot {
         }
     }
 
-    /// Shards whose Leases are live now.
-    pub fn live(&self, now: Instant) -> BTreeSet<String> {
-        self.shards.iter().filter(|(_, s)| s.is_live(now)).map(|(n, _)| n.clone()).collect()
+    /// The identity holding `shard`'s Lease, as last seen.
+    pub fn holder(&self, shard: &str) -> Option<&str> {
+        self.shards.get(shard).and_then(|s| s.holder.as_deref())
+    }
+
+    /// Shards whose Leases are live now, with their holders: as observed here, and renewed
+    /// within their lease duration by this machine's clock.
+    pub fn live(&self, now: Instant) -> Members {
+        self.shards
+            .iter()
+            .filter(|(_, s)| s.is_live(now) && s.renewed_recently())
+            .filter_map(|(n, s)| Some((n.clone(), s.holder.clone()?)))
+            .collect()
     }
 
     /// The next instant (after `now`) at which some shard's liveness changes by the clock
@@ -304,6 +332,11 @@ mod tests {
 
     use super::*;
 
+    fn base() -> k8s_openapi::jiff::Timestamp {
+        static BASE: std::sync::OnceLock<k8s_openapi::jiff::Timestamp> = std::sync::OnceLock::new();
+        *BASE.get_or_init(k8s_openapi::jiff::Timestamp::now)
+    }
+
     fn lease(shard: &str, holder: Option<&str>, renew: i64, acked: Option<u64>) -> Lease {
         let mut annotations = BTreeMap::from([(SHARD_ANNOTATION.to_owned(), shard.to_owned())]);
         if let Some(a) = acked {
@@ -322,8 +355,11 @@ mod tests {
             spec: Some(LeaseSpec {
                 holder_identity: holder.map(str::to_owned),
                 lease_duration_seconds: Some(15),
+                // `renew - 100` seconds from when the tests first asked (wall clock).
                 renew_time: Some(MicroTime(
-                    k8s_openapi::jiff::Timestamp::from_second(renew).expect("a valid second"),
+                    base()
+                        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(renew - 100))
+                        .expect("a valid time"),
                 )),
                 ..LeaseSpec::default()
             }),
@@ -342,12 +378,22 @@ mod tests {
         s.apply(watcher::Event::InitApply(lease("a", Some("a_1"), 100, Some(3))), t0);
         s.apply(watcher::Event::InitDone, t0);
         let snap = &s.snapshot;
-        assert_eq!(snap.live(t0), BTreeSet::from(["a".to_owned()]));
-        assert_eq!(snap.peer("a", t0), Peer { acked: Some(3), stopped: false });
+        assert_eq!(snap.live(t0), Members::from([("a".to_owned(), "a_1".to_owned())]));
+        assert_eq!(snap.peer("a", "a_1", t0), Peer { acked: Some(3), stopped: false });
+        assert_eq!(
+            snap.peer("a", "a_0", t0),
+            Peer { acked: None, stopped: true },
+            "another incarnation holds it"
+        );
+        // Written too long ago by the writer's clock: not a member, though not stopped.
+        let mut old = state();
+        old.apply(watcher::Event::Apply(lease("z", Some("z_1"), 80, None)), t0);
+        assert!(old.snapshot.live(t0).is_empty());
+        assert!(!old.snapshot.peer("z", "z_1", t0).stopped);
         // Not renewed: live until a lease duration after it was seen, then stopped.
         let later = t0 + Duration::from_secs(15);
-        assert!(snap.live(later - Duration::from_millis(1)).contains("a"));
-        assert!(snap.peer("a", later).stopped);
+        assert!(snap.live(later - Duration::from_millis(1)).contains_key("a"));
+        assert!(snap.peer("a", "a_1", later).stopped);
         assert_eq!(snap.next_change(t0), Some(later));
         // A renewal (new renew time) seen at t1 moves the expiry; a re-delivery of the same
         // record does not.
@@ -355,7 +401,7 @@ mod tests {
         s.apply(watcher::Event::Apply(lease("a", Some("a_1"), 102, Some(3))), t1);
         s.apply(watcher::Event::Apply(lease("a", Some("a_1"), 102, Some(4))), t1 + Duration::from_secs(5));
         assert_eq!(s.snapshot.shards["a"].expires_at(), t1 + Duration::from_secs(15));
-        assert_eq!(s.snapshot.peer("a", t1).acked, Some(4));
+        assert_eq!(s.snapshot.peer("a", "a_1", t1).acked, Some(4));
     }
 
     #[tokio::test(start_paused = true)]
@@ -366,17 +412,17 @@ mod tests {
         s.apply(watcher::Event::InitApply(lease("a", Some("a_1"), 100, Some(1))), t0);
         s.apply(watcher::Event::InitDone, t0);
         // Never seen: stopped only a lease duration after the first list.
-        assert!(!s.snapshot.peer("ghost", t0).stopped);
-        assert!(s.snapshot.peer("ghost", t0 + Duration::from_secs(15)).stopped);
+        assert!(!s.snapshot.peer("ghost", "ghost_1", t0).stopped);
+        assert!(s.snapshot.peer("ghost", "ghost_1", t0 + Duration::from_secs(15)).stopped);
         // Released: stopped at once, and its acknowledgement no longer counts.
         s.apply(watcher::Event::Apply(lease("a", None, 101, Some(1))), t0);
-        assert_eq!(s.snapshot.peer("a", t0), Peer { acked: None, stopped: true });
+        assert_eq!(s.snapshot.peer("a", "a_1", t0), Peer { acked: None, stopped: true });
         assert!(s.snapshot.live(t0).is_empty());
         // Deleted while held: stopped a lease duration after its last change.
         s.apply(watcher::Event::Apply(lease("b", Some("b_1"), 100, None)), t0);
         s.apply(watcher::Event::Delete(lease("b", Some("b_1"), 100, None)), t0 + Duration::from_secs(1));
-        assert!(!s.snapshot.peer("b", t0 + Duration::from_secs(14)).stopped);
-        assert!(s.snapshot.peer("b", t0 + Duration::from_secs(15)).stopped);
+        assert!(!s.snapshot.peer("b", "b_1", t0 + Duration::from_secs(14)).stopped);
+        assert!(s.snapshot.peer("b", "b_1", t0 + Duration::from_secs(15)).stopped);
         // Missing from a relist: deleted.
         s.apply(watcher::Event::Apply(lease("c", Some("c_1"), 100, None)), t0);
         s.apply(watcher::Event::Init, t0);

@@ -68,6 +68,9 @@ pub enum ShardError {
     InvalidShardName(String),
 }
 
+/// What runs when the shard Lease is lost.
+type Fence = Box<dyn FnOnce() + Send>;
+
 /// This replica's membership of a ring. Cheap to clone.
 #[derive(Clone)]
 pub struct Sharding {
@@ -79,8 +82,11 @@ struct Inner {
     shard: String,
     gate: Arc<Gate>,
     scopes: Option<Arc<Scopes>>,
-    keeper: Mutex<Option<(ShardLease, Box<dyn FnOnce() + Send>)>>,
+    /// The shard Lease keeper and the fence hook, until [`Sharding::join`] runs them.
+    keeper: Mutex<Option<(ShardLease, Fence)>>,
     keeper_task: Mutex<Option<JoinHandle<Result<(), LeaseError>>>>,
+    /// The campaign for the assignment role (it releases that Lease when stopped).
+    campaign: Mutex<Option<JoinHandle<()>>>,
     lease: LeaseHandle,
     /// Cancelled to release the Lease (after the plugins drained).
     leave: CancellationToken,
@@ -132,7 +138,7 @@ impl Sharding {
             stop.clone(),
         ));
         let retention = config.lease_duration * RETENTION_LEASES;
-        let gate = Gate::new(shard, config.virtual_nodes, retention, metrics.clone());
+        let gate = Gate::new(shard, identity, config.virtual_nodes, retention, metrics.clone());
         let (keeper, lease) = ShardLease::new(
             client.clone(),
             LeaseSettings {
@@ -155,6 +161,7 @@ impl Sharding {
             membership.clone(),
             lease.clone(),
             scopes.clone(),
+            config.renew_deadline,
             metrics.clone(),
             stop.clone(),
         ));
@@ -169,7 +176,7 @@ impl Sharding {
                 metrics: metrics.clone(),
             }
         });
-        tokio::spawn(assigner::campaign(
+        let campaign = tokio::spawn(assigner::campaign(
             client,
             AssignerSettings {
                 namespace: config.namespace.clone(),
@@ -193,6 +200,7 @@ impl Sharding {
                 scopes,
                 keeper: Mutex::new(Some((keeper, Box::new(fence)))),
                 keeper_task: Mutex::new(None),
+                campaign: Mutex::new(Some(campaign)),
                 lease,
                 leave: CancellationToken::new(),
                 stop,
@@ -230,6 +238,10 @@ impl Sharding {
         let gate = self.inner.gate.clone();
         let (leave, lost) = (self.inner.leave.clone(), self.inner.lost.clone());
         let task = tokio::spawn(async move {
+            tokio::select! {
+                () = gate.synced() => {}
+                _ = leave.cancelled() => return Ok(()),
+            }
             let result = keeper
                 .run(leave, move || {
                     gate.close();
@@ -254,8 +266,9 @@ impl Sharding {
         self.inner.lost.cancelled().await;
     }
 
-    /// Leaves the ring: no claim is granted from now on, and the Lease is released (call it
-    /// after the plugins drained, so nothing is in flight). Stops the background tasks.
+    /// Leaves the ring: no claim is granted from now on, the shard Lease is released (call
+    /// it after the plugins drained, so nothing is in flight), and so is the assignment
+    /// role's if this replica holds it. Stops the background tasks.
     pub async fn leave(&self) {
         self.inner.gate.close();
         self.inner.leave.cancel();
@@ -268,5 +281,11 @@ impl Sharding {
             }
         }
         self.inner.stop.cancel();
+        let campaign = self.inner.campaign.lock().take();
+        if let Some(campaign) = campaign
+            && tokio::time::timeout(self.inner.config.renew_deadline, campaign).await.is_err()
+        {
+            tracing::warn!("the assignment role did not stop in time; its Lease will run out instead");
+        }
     }
 }

@@ -45,11 +45,17 @@ pub trait KeySource: Send + Sync + 'static {
     fn cached(&self, key: &str) -> bool;
     /// The `for` source the cache follows (label mode: narrowed to this shard).
     fn source(&self) -> Option<WatchSource>;
+    /// Resolves once the plugin's informers have handed their handlers every change the
+    /// server had made when this was called (bounded: it gives up after a while).
+    fn catch_up(&self) -> futures::future::BoxFuture<'static, ()>;
 }
 
 /// How long a request that is not decidable yet (label mode, its scope's directory still
 /// listing) waits before it is tried again.
 const UNDECIDED_RETRY: Duration = Duration::from_millis(200);
+
+/// While a release waits for queued deletes, how often it looks again (at most).
+const DRAIN_LOOK: Duration = Duration::from_millis(20);
 
 /// One replica's hand-over state and the keys in flight.
 pub struct Gate {
@@ -98,9 +104,16 @@ impl Drop for KeyClaim {
 }
 
 impl Gate {
-    pub fn new(me: &str, virtual_nodes: u32, retention: Duration, metrics: ShardMetrics) -> Arc<Gate> {
+    /// The gate of shard `me`, its Lease held as `identity`.
+    pub fn new(
+        me: &str,
+        identity: &str,
+        virtual_nodes: u32,
+        retention: Duration,
+        metrics: ShardMetrics,
+    ) -> Arc<Gate> {
         Arc::new(Gate {
-            handover: RwLock::new(HandOver::new(me, virtual_nodes)),
+            handover: RwLock::new(HandOver::new(me, identity, virtual_nodes)),
             in_flight: Mutex::new(HashMap::new()),
             claim_ended: Notify::new(),
             closed: AtomicBool::new(false),
@@ -119,9 +132,13 @@ impl Gate {
         !self.closed.load(Ordering::Acquire) && self.handover.read().owns(key)
     }
 
-    fn claim(self: &Arc<Self>, key: &str) -> Option<KeyClaim> {
+    /// Claims `key` for a reconcile: if this replica owns it, or is releasing it and its
+    /// object is `absent` (a delete this replica was told of must be reconciled before the
+    /// key moves: the new owner may not have seen it).
+    fn claim(self: &Arc<Self>, key: &str, absent: &dyn Fn() -> bool) -> Option<KeyClaim> {
         let handover = self.handover.read();
-        if self.closed.load(Ordering::Acquire) || !handover.owns(key) {
+        if self.closed.load(Ordering::Acquire) || !(handover.owns(key) || (handover.losing(key) && absent()))
+        {
             return None;
         }
         // Under the read lock: a publish (write lock) either happened before, and `owns`
@@ -130,34 +147,67 @@ impl Gate {
         Some(KeyClaim { gate: self.clone(), key: key.to_owned() })
     }
 
+    /// Whether `key` is one this replica is releasing (owned before the epoch it releases,
+    /// not in it).
+    pub fn losing(&self, key: &str) -> bool {
+        !self.closed.load(Ordering::Acquire) && self.handover.read().losing(key)
+    }
+
     /// Takes a published assignment; if it is newer than anything held, returns its epoch
     /// (release it: wait for [`released`](Self::released), then acknowledge).
     pub fn publish(&self, assignment: Assignment) -> Option<u64> {
         self.handover.write().publish(assignment)
     }
 
-    /// Resolves once no key in flight is one this replica no longer owns.
-    pub async fn released(&self) {
+    /// Releases `epoch` and marks it acknowledged: waits until the plugins' informers caught
+    /// up with the server, no reconcile of a key this replica is losing is in flight, and
+    /// none of its queues holds such a key whose object is absent (a delete: reconciled here
+    /// first), then acknowledges under the write lock,
+    /// so no claim of a lost key can start between the last look and the acknowledgement.
+    /// Deletes still queued after `drain_limit` are left (logged). Returns `false` if a newer
+    /// epoch replaced this one meanwhile.
+    pub async fn release(&self, epoch: u64, drain_limit: Duration) -> bool {
+        // First every change the server made before now reaches the handlers: a replica
+        // gaining keys in this epoch has watched since before it was published, so between
+        // the two of them every delete is seen by one (and this one drains it below).
+        let plugins = self.plugins();
+        futures::future::join_all(plugins.iter().map(|p| p.keys.catch_up())).await;
+        // Label mode: deletes of objects never cached here are in the directories.
+        futures::future::join_all(plugins.iter().map(|p| p.sweep())).await;
+        let started = Instant::now();
         loop {
             let notified = self.claim_ended.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let keys: Vec<String> = self.in_flight.lock().keys().cloned().collect();
-            let pending = {
-                let handover = self.handover.read();
-                keys.iter().filter(|k| !handover.owns(k)).count()
-            };
-            if pending == 0 {
-                return;
+            {
+                let mut handover = self.handover.write();
+                if handover.releasing() != Some(epoch) {
+                    return false;
+                }
+                let in_flight = keys.iter().any(|k| handover.losing(k));
+                let queued: Vec<String> = if in_flight {
+                    Vec::new()
+                } else {
+                    self.plugins().iter().flat_map(|p| p.pending_deletes(&handover)).collect()
+                };
+                let overdue = started.elapsed() >= drain_limit;
+                if !in_flight && (queued.is_empty() || overdue) {
+                    if !queued.is_empty() {
+                        tracing::warn!(epoch, keys = ?&queued[..queued.len().min(10)], count = queued.len(),
+                            "deletes of keys this replica hands over were still queued; the new owner may not reconcile them");
+                    }
+                    return handover.acknowledged(epoch);
+                }
             }
-            notified.await;
+            // A claim ending (a reconcile done) is what changes the answer; look again at
+            // most every few milliseconds, and at the drain limit.
+            let limit = started + drain_limit;
+            tokio::select! {
+                _ = notified => tokio::time::sleep(DRAIN_LOOK).await,
+                _ = tokio::time::sleep_until(limit) => {}
+            }
         }
-    }
-
-    /// Marks `epoch` acknowledged (its release done); `false` if it is no longer the one
-    /// being released.
-    pub fn acknowledged(&self, epoch: u64) -> bool {
-        self.handover.write().acknowledged(epoch)
     }
 
     pub fn releasing(&self) -> Option<u64> {
@@ -170,18 +220,25 @@ impl Gate {
 
     /// Completes the acknowledged epoch if every replica involved is done with it, and
     /// queues what each plugin gained.
-    pub fn try_complete(&self, peer: &dyn Fn(&str) -> Peer) -> Option<Completion> {
+    pub fn try_complete(&self, peer: &dyn Fn(&str, &str) -> Peer) -> Option<Completion> {
         let completion = self.handover.write().try_complete(peer)?;
         let me = self.me();
         for plugin in self.plugins() {
             plugin.gained(&completion, &me);
         }
-        if let Some(members) = completion.after.completed.as_ref().map(|v| v.assignment.members.len()) {
+        if let Some(members) = completion.assignment().map(|a| a.members.len()) {
             self.metrics.members.set(i64::try_from(members).unwrap_or(i64::MAX));
         }
         self.metrics.epoch.set(i64::try_from(completion.epoch()).unwrap_or(i64::MAX));
         self.metrics.handovers.inc();
         Some(completion)
+    }
+
+    /// Resolves once every plugin's directory (label mode) has listed its scope: a replica
+    /// joins only then, so it has watched every object of its scopes since before any epoch
+    /// that gives it keys.
+    pub async fn synced(&self) {
+        futures::future::join_all(self.plugins().iter().map(|p| p.synced())).await;
     }
 
     /// Stops every claim from now on (fenced, or leaving). Reconciles in flight are not
@@ -325,6 +382,40 @@ impl PluginGate {
         }
     }
 
+    /// Keys in this plugin's queue (waiting or processing) that `handover` is losing and
+    /// whose objects are absent.
+    fn pending_deletes(self: &Arc<Self>, handover: &HandOver) -> Vec<String> {
+        let Some(queue) = self.queue.lock().clone() else { return Vec::new() };
+        let mut losing = Vec::new();
+        queue.queue().any_pending(|r| {
+            let key = r.key();
+            if handover.losing(&key) {
+                losing.push(key);
+            }
+            false
+        });
+        losing.retain(|k| self.absent(k));
+        losing
+    }
+
+    /// Label mode: brings the scope's directory up to a consistent read (see
+    /// [`Directory::sweep`]); a failure is logged, the release goes on.
+    async fn sweep(self: &Arc<Self>) {
+        if let Some(dir) = self.directory()
+            && let Err(error) = dir.sweep().await
+        {
+            tracing::warn!(plugin = %self.plugin, scope = %dir.scope(), %error,
+                "cannot read the scope to sweep its directory; deletes not seen yet may reach no replica");
+        }
+    }
+
+    /// Resolves once the scope's directory (label mode) has listed the scope.
+    async fn synced(self: &Arc<Self>) {
+        if let Some(dir) = self.directory() {
+            dir.wait_synced().await;
+        }
+    }
+
     /// Keys of every object of the scope this replica knows of.
     fn all_keys(self: &Arc<Self>) -> Vec<String> {
         match self.directory() {
@@ -352,12 +443,14 @@ impl PluginGate {
             }
             gained
         };
+        let kept = retained.len();
         for key in retained {
             queue.add(Request::from_key(&key));
             n += 1;
         }
         self.gate.metrics.keys_gained.get_or_create(&PluginLabels { plugin: self.plugin.clone() }).inc_by(n);
-        tracing::info!(plugin = %self.plugin, epoch = completion.epoch(), keys = n, "keys gained in a hand-over queued");
+        tracing::info!(plugin = %self.plugin, epoch = completion.epoch(), keys = n, absent = kept,
+            "keys gained in a hand-over queued");
     }
 }
 
@@ -369,6 +462,10 @@ impl Ownership for PluginOwnership {
         let this = &self.0;
         let key = request.key();
         if !this.gate.owns(&key) {
+            // A delete of a key being released is reconciled here before it moves.
+            if this.gate.losing(&key) && this.absent(&key) {
+                return true;
+            }
             this.retain_if_absent(&key);
             return false;
         }
@@ -385,7 +482,7 @@ impl Ownership for PluginOwnership {
     fn claim(&self, request: &Request) -> Option<Claim> {
         let this = &self.0;
         let key = request.key();
-        let Some(claim) = this.gate.claim(&key) else {
+        let Some(claim) = this.gate.claim(&key, &|| this.absent(&key)) else {
             if !this.gate.is_closed() {
                 this.retain_if_absent(&key);
             }
@@ -412,11 +509,13 @@ impl Departures for PluginGate {
     /// here if this replica owns it (nobody's cache may have it), else keep it in case this
     /// replica gains it.
     fn departed(&self, key: &str) {
-        if self.gate.owns(key) {
+        if self.gate.owns(key) || self.gate.losing(key) {
+            tracing::debug!(plugin = %self.plugin, key, "an object of this replica left the scope");
             if let Some(q) = self.queue.lock().clone() {
                 q.add(Request::from_key(key));
             }
         } else {
+            tracing::debug!(plugin = %self.plugin, key, "an object of another replica left the scope; kept");
             self.retained.lock().insert(key.to_owned(), Instant::now());
         }
     }

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 
-use super::handover::Assignment;
+use super::handover::{Assignment, Members};
 
 /// Label on every Lease of a ring: its name.
 pub const RING_LABEL: &str = "wasmctrl.dev/ring";
@@ -26,9 +26,9 @@ pub const SCOPES_ANNOTATION: &str = "wasmctrl.dev/label-scopes";
 
 /// Assignment Lease: the epoch published last.
 pub const EPOCH_ANNOTATION: &str = "wasmctrl.dev/epoch";
-/// Assignment Lease: the shards of that epoch, comma-separated, sorted.
+/// Assignment Lease: the shards of that epoch as `name=identity`, comma-separated, sorted.
 pub const MEMBERS_ANNOTATION: &str = "wasmctrl.dev/members";
-/// Assignment Lease: the shards of the epoch before.
+/// Assignment Lease: the shards of the epoch before, likewise.
 pub const PREVIOUS_ANNOTATION: &str = "wasmctrl.dev/previous-members";
 
 /// The label (label mode) naming the shard an object is assigned to.
@@ -61,28 +61,39 @@ pub fn check_shard_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn encode_set(set: &BTreeSet<String>) -> String {
-    set.iter().map(String::as_str).collect::<Vec<_>>().join(",")
+fn encode_members(members: &Members) -> String {
+    members.iter().map(|(name, identity)| format!("{name}={identity}")).collect::<Vec<_>>().join(",")
 }
 
-fn decode_set(text: &str) -> BTreeSet<String> {
-    text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()
+/// `None` if any entry is not `name=identity`.
+fn decode_members(text: &str) -> Option<Members> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|entry| {
+            let (name, identity) = entry.split_once('=')?;
+            (!name.is_empty() && !identity.is_empty()).then(|| (name.to_owned(), identity.to_owned()))
+        })
+        .collect()
 }
 
 /// The annotations publishing `assignment`.
 pub fn encode_assignment(assignment: &Assignment) -> [(&'static str, String); 3] {
     [
         (EPOCH_ANNOTATION, assignment.epoch.to_string()),
-        (MEMBERS_ANNOTATION, encode_set(&assignment.members)),
-        (PREVIOUS_ANNOTATION, encode_set(&assignment.previous)),
+        (MEMBERS_ANNOTATION, encode_members(&assignment.members)),
+        (PREVIOUS_ANNOTATION, encode_members(&assignment.previous)),
     ]
 }
 
 /// The assignment published in `annotations`, if there is a readable one.
 pub fn decode_assignment(annotations: &std::collections::BTreeMap<String, String>) -> Option<Assignment> {
     let epoch: u64 = annotations.get(EPOCH_ANNOTATION)?.trim().parse().ok().filter(|e| *e > 0)?;
-    let members = decode_set(annotations.get(MEMBERS_ANNOTATION)?);
-    let previous = annotations.get(PREVIOUS_ANNOTATION).map(|t| decode_set(t)).unwrap_or_default();
+    let members = decode_members(annotations.get(MEMBERS_ANNOTATION)?)?;
+    let previous = match annotations.get(PREVIOUS_ANNOTATION) {
+        Some(text) => decode_members(text)?,
+        None => Members::new(),
+    };
     Some(Assignment { epoch, members, previous })
 }
 
@@ -140,14 +151,20 @@ mod tests {
     fn assignments_round_trip_and_garbage_reads_as_none() {
         let a = Assignment {
             epoch: 7,
-            members: ["b", "a"].map(String::from).into(),
-            previous: ["a"].map(String::from).into(),
+            members: [("b", "b_2_ff"), ("a", "a_1_0e")].map(|(n, i)| (n.to_owned(), i.to_owned())).into(),
+            previous: [("a", "a_1_0e")].map(|(n, i)| (n.to_owned(), i.to_owned())).into(),
         };
         let annotations: BTreeMap<String, String> =
             encode_assignment(&a).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        assert_eq!(annotations[MEMBERS_ANNOTATION], "a,b");
+        assert_eq!(annotations[MEMBERS_ANNOTATION], "a=a_1_0e,b=b_2_ff");
         assert_eq!(decode_assignment(&annotations), Some(a));
-        for (key, value) in [(EPOCH_ANNOTATION, "x"), (EPOCH_ANNOTATION, "0"), (EPOCH_ANNOTATION, "-1")] {
+        for (key, value) in [
+            (EPOCH_ANNOTATION, "x"),
+            (EPOCH_ANNOTATION, "0"),
+            (EPOCH_ANNOTATION, "-1"),
+            (MEMBERS_ANNOTATION, "a,b"),
+            (PREVIOUS_ANNOTATION, "a="),
+        ] {
             let mut bad = annotations.clone();
             bad.insert(key.into(), value.into());
             assert_eq!(decode_assignment(&bad), None, "{value}");

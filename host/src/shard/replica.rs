@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::handover::Assignment;
 use super::lease::LeaseHandle;
 use super::membership::{Membership, Snapshot};
 use super::metrics::ShardMetrics;
@@ -30,6 +31,7 @@ pub async fn drive(
     membership: Arc<Membership>,
     lease: LeaseHandle,
     scopes: Option<Arc<Scopes>>,
+    drain_limit: Duration,
     metrics: ShardMetrics,
     stop: CancellationToken,
 ) {
@@ -46,23 +48,21 @@ pub async fn drive(
             && let Some(epoch) = gate.publish(assignment.clone())
         {
             seen_at = Some((epoch, now));
+            let members: Vec<&String> = assignment.members.keys().collect();
             tracing::info!(
                 epoch,
-                members = ?assignment.members,
+                ?members,
                 "ring epoch published: releasing the keys this replica no longer owns"
             );
             let (gate, lease, acked) = (gate.clone(), lease.clone(), acked_tx.clone());
             tokio::spawn(async move {
-                gate.released().await;
-                if gate.acknowledged(epoch) {
-                    if lease.ack(epoch).await {
-                        tracing::info!(epoch, "ring epoch acknowledged");
-                        let _ = acked.send(epoch);
-                    }
+                if gate.release(epoch, drain_limit).await && lease.ack(epoch).await {
+                    tracing::info!(epoch, "ring epoch acknowledged");
+                    let _ = acked.send(epoch);
                 }
             });
         }
-        let peer = |shard: &str| snapshot.peer(shard, now);
+        let peer = |shard: &str, identity: &str| snapshot.peer(shard, identity, now);
         if let Some(completion) = gate.try_complete(&peer) {
             let epoch = completion.epoch();
             if let Some((e, at)) = seen_at
@@ -70,20 +70,26 @@ pub async fn drive(
             {
                 metrics.handover_seconds.observe(at.elapsed().as_secs_f64());
             }
+            let assignment = completion.assignment().cloned().unwrap_or_else(|| Assignment {
+                epoch,
+                members: Default::default(),
+                previous: Default::default(),
+            });
             // Stopped replicas whose keys this epoch hands to the others: time since their
             // Lease last changed (for a crash: about when it died).
-            if let Some(view) = &completion.after.completed {
-                for gone in view.assignment.previous.difference(&view.assignment.members) {
-                    if let Some(seen) = snapshot.shards.get(gone)
-                        && snapshot.peer(gone, now).stopped
-                    {
-                        metrics
-                            .takeover_seconds
-                            .observe(now.saturating_duration_since(seen.changed_at).as_secs_f64());
-                    }
+            for (gone, identity) in &assignment.previous {
+                if assignment.members.get(gone) != Some(identity)
+                    && let Some(seen) = snapshot.shards.get(gone)
+                    && snapshot.peer(gone, identity, now).stopped
+                    && seen.holder.as_deref() != assignment.members.get(gone).map(String::as_str)
+                {
+                    metrics
+                        .takeover_seconds
+                        .observe(now.saturating_duration_since(seen.changed_at).as_secs_f64());
                 }
             }
-            tracing::info!(epoch, "ring epoch completed: working on this replica's keys of it");
+            let members: Vec<&String> = assignment.members.keys().collect();
+            tracing::info!(epoch, ?members, "ring epoch completed: working on this replica's keys of it");
         }
         let wake = snapshot.next_change(now);
         tokio::select! {
