@@ -53,8 +53,9 @@ use wasmctrl_testkit::TestCluster;
 /// The label every test object carries (the witness watches only those).
 const TEST_LABEL: &str = "sharding-test";
 const PLUGIN: &str = "witness";
-/// Lease timings of the replicas: short, so the scenario moves quickly.
-const LEASE: (&str, &str, &str) = ("4s", "3s", "1s");
+/// Lease timings of the replicas: short, so the scenario moves quickly, yet with room for a
+/// loaded machine (the defaults are 15 s / 10 s / 2 s).
+const LEASE: (&str, &str, &str) = ("6s", "4s", "1s");
 /// How long the slowest step may take.
 const PATIENCE: Duration = Duration::from_secs(180);
 

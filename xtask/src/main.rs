@@ -275,9 +275,19 @@ fn lint(root: &Path) -> Result<()> {
 
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
 /// `differential` compares the dev cluster with the real server, request by request;
-/// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size).
-const BACKEND_AWARE_SUITES: &[&str] =
-    &["informer", "controller", "plugin", "examples", "differential", "reload", "semantics", "chaos"];
+/// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size);
+/// `sharding` runs `wasmctrl` replicas through kills, joins, restarts and a partition.
+const BACKEND_AWARE_SUITES: &[&str] = &[
+    "informer",
+    "controller",
+    "plugin",
+    "examples",
+    "differential",
+    "reload",
+    "semantics",
+    "chaos",
+    "sharding",
+];
 
 /// Builds the real API server, timing the build.
 fn build_real_server() -> Result<PathBuf> {

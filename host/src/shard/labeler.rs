@@ -11,9 +11,8 @@
 //! correctness.
 //!
 //! Invariants: at most [`IN_FLIGHT`] label writes at once; a key is written again only after
-//! its last write finished, and is looked at again then (what changed meanwhile, a newer
-//! epoch included, was skipped while it was being written); the work queue holds each key
-//! once.
+//! its last write finished, and is looked at again then if it changed meanwhile (a newer
+//! epoch included); the work queue holds each key once.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
@@ -32,7 +31,7 @@ use super::protocol::LabelScope;
 use crate::source::Discovery;
 
 /// Label writes in flight at once.
-pub const IN_FLIGHT: usize = 64;
+pub const IN_FLIGHT: usize = 16;
 
 /// Finds (or starts) the directory of a scope; shared with the replica's own gates.
 pub type DirectoryOf = Arc<dyn Fn(&LabelScope) -> Arc<Directory> + Send + Sync>;
@@ -65,6 +64,10 @@ impl Labeler {
         let mut queue: VecDeque<Job> = VecDeque::new();
         let mut queued: HashSet<Job> = HashSet::new();
         let mut writing: HashSet<Job> = HashSet::new();
+        // Jobs skipped while being written: looked at again once the write returns.
+        let mut recheck: HashSet<Job> = HashSet::new();
+        // The ring of the published assignment, built once per epoch.
+        let mut view: Option<View> = None;
         let mut writes: JoinSet<(Job, Result<(), kube::Error>)> = JoinSet::new();
         let mut snapshots = membership.subscribe();
         loop {
@@ -101,7 +104,10 @@ impl Labeler {
                 }
             }
             if let Some(assignment) = &assignment {
-                let view = View::new(assignment.clone(), self.virtual_nodes);
+                if view.as_ref().is_none_or(|v| v.assignment != *assignment) {
+                    view = Some(View::new(assignment.clone(), self.virtual_nodes));
+                }
+                let Some(view) = view.as_ref() else { continue };
                 let done: BTreeSet<String> =
                     snapshot.shards.keys().filter(|s| free(s, assignment, &snapshot, now)).cloned().collect();
                 let synced: BTreeSet<LabelScope> =
@@ -116,10 +122,14 @@ impl Labeler {
                     let candidates: Vec<String> = if full { dir.keys() } else { changed };
                     for key in candidates {
                         let job = (scope.clone(), key);
-                        if queued.contains(&job) || writing.contains(&job) {
+                        if writing.contains(&job) {
+                            recheck.insert(job);
                             continue;
                         }
-                        if self.wanted(dir, &job.1, &view, &snapshot, now).is_some() {
+                        if queued.contains(&job) {
+                            continue;
+                        }
+                        if self.wanted(dir, &job.1, view, &snapshot, now).is_some() {
                             queued.insert(job.clone());
                             queue.push_back(job);
                         }
@@ -137,7 +147,7 @@ impl Labeler {
                     let (Some(dir), Some(resource)) = (held.get(&job.0), resources.get(&job.0)) else {
                         continue;
                     };
-                    let Some(owner) = self.wanted(dir, &job.1, &view, &snapshot, now) else {
+                    let Some(owner) = self.wanted(dir, &job.1, view, &snapshot, now) else {
                         tracing::debug!(key = %job.1, label = ?dir.label(&job.1), "no label to write any more");
                         continue;
                     };
@@ -166,9 +176,9 @@ impl Labeler {
                 Some(done) = writes.join_next(), if !writes.is_empty() => {
                     if let Ok((job, result)) = done {
                         writing.remove(&job);
-                        // Look at it once more: a change seen while it was being written (or
-                        // a newer epoch) was skipped then.
-                        if queued.insert(job.clone()) {
+                        // A change seen while it was being written (a newer epoch, say) was
+                        // skipped then: look at it again now.
+                        if recheck.remove(&job) && queued.insert(job.clone()) {
                             queue.push_back(job.clone());
                         }
                         match result {

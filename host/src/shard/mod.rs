@@ -116,10 +116,14 @@ impl Drop for Inner {
 impl Sharding {
     /// Starts following the ring (membership, the hand-over, the campaign for the
     /// assignment role) as shard `shard`, holder `identity` (unique to this process). The
-    /// shard Lease is taken by [`join`](Self::join). When the Lease is lost, `fence` runs at
-    /// once (after every claim was stopped): it must cut the plugins' cluster access.
+    /// ring's Leases are read and written through `lease_client` (best a client of its own,
+    /// so other traffic never delays a renewal), objects through `client`. The shard Lease is
+    /// taken by [`join`](Self::join). When the Lease is lost, `fence` runs at once (after
+    /// every claim was stopped): it must cut the plugins' cluster access.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         client: kube::Client,
+        lease_client: kube::Client,
         discovery: Discovery,
         config: ShardingConfig,
         shard: &str,
@@ -131,7 +135,7 @@ impl Sharding {
         let metrics = ShardMetrics::register(metrics);
         let stop = CancellationToken::new();
         let membership = Arc::new(Membership::start(
-            client.clone(),
+            lease_client.clone(),
             &config.namespace,
             &config.ring,
             config.lease_duration,
@@ -140,7 +144,7 @@ impl Sharding {
         let retention = config.lease_duration * RETENTION_LEASES;
         let gate = Gate::new(shard, identity, config.virtual_nodes, retention, metrics.clone());
         let (keeper, lease) = ShardLease::new(
-            client.clone(),
+            lease_client.clone(),
             LeaseSettings {
                 namespace: config.namespace.clone(),
                 name: protocol::shard_lease_name(&config.ring, shard),
@@ -177,7 +181,7 @@ impl Sharding {
             }
         });
         let campaign = tokio::spawn(assigner::campaign(
-            client,
+            lease_client,
             AssignerSettings {
                 namespace: config.namespace.clone(),
                 ring: config.ring.clone(),

@@ -139,7 +139,7 @@ async fn run_host(
     shard_name: Option<String>,
 ) -> Result<ExitCode> {
     let shutdown = CancellationToken::new();
-    let (client, dev_cluster) = connect(&host.cluster, kubeconfig_out.as_deref()).await?;
+    let (client, client_config, dev_cluster) = connect(&host.cluster, kubeconfig_out.as_deref()).await?;
     let metrics = Metrics::new();
 
     // The endpoint comes up first (liveness), reporting not-ready until plugins run.
@@ -181,8 +181,13 @@ async fn run_host(
             // previous holder's has run out (or was released).
             let holder = format!("{shard}_{}_{:08x}", std::process::id(), rand::random::<u32>());
             let revoke = kube.clone();
+            // The ring's Leases go through connections of their own: a burst of the plugins'
+            // (or the labeller's) requests must not hold up a renewal.
+            let lease_client = kube::Client::try_from(client_config.clone())
+                .context("creating the Kubernetes client for Leases")?;
             let sharding = Sharding::start(
                 client.clone(),
+                lease_client,
                 factory.discovery().clone(),
                 config.clone(),
                 &shard,
@@ -329,11 +334,12 @@ fn default_shard_name() -> String {
         .to_lowercase()
 }
 
-/// A client for the configured cluster; with the embedded one, the running dev cluster too.
+/// A client for the configured cluster, and its configuration (for a second client with
+/// connections of its own); with the embedded one, the running dev cluster too.
 async fn connect(
     cluster: &ClusterConfig,
     kubeconfig_out: Option<&std::path::Path>,
-) -> Result<(kube::Client, Option<DevCluster>)> {
+) -> Result<(kube::Client, kube::Config, Option<DevCluster>)> {
     let config = match cluster {
         #[cfg(not(feature = "embedded"))]
         ClusterConfig::Embedded { .. } => {
@@ -355,7 +361,7 @@ async fn connect(
                 tracing::info!(kubeconfig = %path.display(), "kubectl --kubeconfig {} get all -A", path.display());
             }
             let client = dev.client().context("connecting to the embedded dev cluster")?;
-            return Ok((client, Some(dev)));
+            return Ok((client, dev.kube_config(), Some(dev)));
         }
         ClusterConfig::Kubeconfig { path, context } => {
             let options = KubeConfigOptions { context: context.clone(), ..KubeConfigOptions::default() };
@@ -373,8 +379,8 @@ async fn connect(
             kube::Config::incluster().context("loading the in-cluster configuration")?
         }
     };
-    let client = kube::Client::try_from(config).context("creating the Kubernetes client")?;
-    Ok((client, None))
+    let client = kube::Client::try_from(config.clone()).context("creating the Kubernetes client")?;
+    Ok((client, config, None))
 }
 
 /// This replica's name in leases and Events: the pod name in a cluster, else host + pid.
