@@ -12,14 +12,16 @@
 //!   its cache or gone from its scope altogether. A request refused for a key owned elsewhere
 //!   whose object is absent (a delete, or a request for an object that does not exist) is
 //!   *retained* for [`RETENTION`](crate::shard) lease durations: if this replica gains the
-//!   key meanwhile, it queues it again. On a gain it also queues every object of its scope
-//!   it gained, so the new owner reconciles each once (as a restarted controller would).
+//!   key meanwhile, it queues it again — also if it gains the key in an epoch and already
+//!   releases it in a newer one (it *passes through*: the next owner may have started
+//!   after the delete). On a gain it also queues every object of its scope it gained, so
+//!   the new owner reconciles each once (as a restarted controller would).
 //!
 //! Invariants: a claim is granted only for a key [`HandOver::owns`] says this replica owns;
 //! after [`Gate::close`] (fenced, or stopping) none is granted.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -62,8 +64,10 @@ pub struct Gate {
     handover: RwLock<HandOver>,
     /// Key → reconciles of it in flight (any plugin).
     in_flight: Mutex<HashMap<String, usize>>,
-    /// Notified when a claim ends.
+    /// Notified when a claim ends, and when a completion's gains were queued.
     claim_ended: Notify,
+    /// Completions whose gains are being queued (a release waits for them).
+    gaining: AtomicUsize,
     closed: AtomicBool,
     plugins: Mutex<Vec<Weak<PluginGate>>>,
     retention: Duration,
@@ -116,6 +120,7 @@ impl Gate {
             handover: RwLock::new(HandOver::new(me, identity, virtual_nodes)),
             in_flight: Mutex::new(HashMap::new()),
             claim_ended: Notify::new(),
+            gaining: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             plugins: Mutex::new(Vec::new()),
             retention,
@@ -162,10 +167,11 @@ impl Gate {
     /// Releases `epoch` and marks it acknowledged: waits until the plugins' informers caught
     /// up with the server, no reconcile of a key this replica is losing is in flight, and
     /// none of its queues holds such a key whose object is absent (a delete: reconciled here
-    /// first), then acknowledges under the write lock,
+    /// first), and the epoch acknowledged before has completed here (its completion may
+    /// queue such deletes), then acknowledges under the write lock,
     /// so no claim of a lost key can start between the last look and the acknowledgement.
-    /// Deletes still queued after `drain_limit` are left (logged). Returns `false` if a newer
-    /// epoch replaced this one meanwhile.
+    /// Deletes still queued, or an earlier epoch still not completed, after `drain_limit`
+    /// are left (logged). Returns `false` if a newer epoch replaced this one meanwhile.
     pub async fn release(&self, epoch: u64, drain_limit: Duration) -> bool {
         // First every change the server made before now reaches the handlers: a replica
         // gaining keys in this epoch has watched since before it was published, so between
@@ -185,17 +191,27 @@ impl Gate {
                 if handover.releasing() != Some(epoch) {
                     return false;
                 }
-                let in_flight = keys.iter().any(|k| handover.losing(k));
+                let in_flight =
+                    keys.iter().any(|k| handover.losing(k)) || self.gaining.load(Ordering::Acquire) > 0;
+                // An epoch acknowledged before but not completed here yet: its completion
+                // queues the deletes this replica kept for keys it gains there and loses in
+                // this one (see `Completion::passed_through`); acknowledging first would
+                // skip it.
+                let uncompleted = handover.acked() > handover.completed();
                 let queued: Vec<String> = if in_flight {
                     Vec::new()
                 } else {
                     self.plugins().iter().flat_map(|p| p.pending_deletes(&handover)).collect()
                 };
                 let overdue = started.elapsed() >= drain_limit;
-                if !in_flight && (queued.is_empty() || overdue) {
+                if !in_flight && ((queued.is_empty() && !uncompleted) || overdue) {
                     if !queued.is_empty() {
                         tracing::warn!(epoch, keys = ?&queued[..queued.len().min(10)], count = queued.len(),
                             "deletes of keys this replica hands over were still queued; the new owner may not reconcile them");
+                    }
+                    if uncompleted {
+                        tracing::warn!(epoch, acked = ?handover.acked(), completed = ?handover.completed(),
+                            "an earlier epoch did not complete here in time; deletes kept for its keys may reach no replica");
                     }
                     return handover.acknowledged(epoch);
                 }
@@ -221,11 +237,19 @@ impl Gate {
     /// Completes the acknowledged epoch if every replica involved is done with it, and
     /// queues what each plugin gained.
     pub fn try_complete(&self, peer: &dyn Fn(&str, &str) -> Peer) -> Option<Completion> {
-        let completion = self.handover.write().try_complete(peer)?;
+        let completion = {
+            let mut handover = self.handover.write();
+            let completion = handover.try_complete(peer)?;
+            // Under the write lock: a release that looks after this sees the gains coming.
+            self.gaining.fetch_add(1, Ordering::AcqRel);
+            completion
+        };
         let me = self.me();
         for plugin in self.plugins() {
             plugin.gained(&completion, &me);
         }
+        self.gaining.fetch_sub(1, Ordering::AcqRel);
+        self.claim_ended.notify_waiters();
         if let Some(members) = completion.assignment().map(|a| a.members.len()) {
             self.metrics.members.set(i64::try_from(members).unwrap_or(i64::MAX));
         }
@@ -425,7 +449,8 @@ impl PluginGate {
     }
 
     /// Queues what `completion` gave this replica: every object of the scope it gained (low
-    /// priority, like an initial list), and the retained keys it gained.
+    /// priority, like an initial list), and the retained keys it gained or passes through
+    /// (those are reconciled here before the newer epoch's release is acknowledged).
     fn gained(self: &Arc<Self>, completion: &Completion, me: &str) {
         let Some(queue) = self.queue.lock().clone() else { return };
         let mut n = 0u64;
@@ -437,7 +462,11 @@ impl PluginGate {
         }
         let retained: Vec<String> = {
             let mut r = self.retained.lock();
-            let gained: Vec<String> = r.keys().filter(|k| completion.gained(me, k)).cloned().collect();
+            let gained: Vec<String> = r
+                .keys()
+                .filter(|k| completion.gained(me, k) || completion.passed_through(me, k))
+                .cloned()
+                .collect();
             for k in &gained {
                 r.remove(k);
             }
@@ -518,5 +547,93 @@ impl Departures for PluginGate {
             tracing::debug!(plugin = %self.plugin, key, "an object of another replica left the scope; kept");
             self.retained.lock().insert(key.to_owned(), Instant::now());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::queue::ItemExponential;
+    use crate::shard::handover::Members;
+    use crate::shard::ring::Ring;
+
+    /// A plugin whose cache holds nothing (every request is for an absent object).
+    struct NoObjects;
+
+    impl KeySource for NoObjects {
+        fn keys(&self) -> Vec<String> {
+            Vec::new()
+        }
+
+        fn cached(&self, _: &str) -> bool {
+            false
+        }
+
+        fn source(&self) -> Option<WatchSource> {
+            None
+        }
+
+        fn catch_up(&self) -> futures::future::BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    fn members(list: &[(&str, &str)]) -> Members {
+        list.iter().map(|(n, i)| ((*n).to_owned(), (*i).to_owned())).collect()
+    }
+
+    fn assignment(epoch: u64, now: &[(&str, &str)], previous: &[(&str, &str)]) -> Assignment {
+        Assignment { epoch, members: members(now), previous: members(previous) }
+    }
+
+    /// A rolling restart of `a` seen from `b`: a delete of one of a's keys reaches only `b`
+    /// (kept: a owns it); epoch 2 gives a's keys to b, epoch 3 hands them to a's new
+    /// incarnation (which started after the delete), and b sees 3 before completing 2. b must
+    /// not acknowledge 3 before 2 completed here, and then reconciles the delete it kept
+    /// before it does.
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_kept_for_a_key_passing_through_is_reconciled_before_the_next_release() {
+        let metrics = ShardMetrics::register(&Metrics::new());
+        let gate = Gate::new("b", "b@0", 16, Duration::from_secs(60), metrics);
+        let ownership = PluginOwnership(gate.plugin("p", Arc::new(NoObjects), None));
+        let queue = RateLimitingQueue::new(Arc::new(ItemExponential::new(
+            Duration::from_millis(5),
+            Duration::from_secs(1),
+        )));
+        ownership.attach(&queue);
+        let ring = Ring::new(["a", "b"], 16);
+        let key = (0..).map(|i| format!("ns/k{i}")).find(|k| ring.is_owner(k, "a")).expect("a key of a");
+        let request = Request::from_key(&key);
+        let limit = Duration::from_secs(10);
+
+        assert_eq!(gate.publish(assignment(1, &[("a", "a@0"), ("b", "b@0")], &[])), Some(1));
+        assert!(gate.release(1, limit).await);
+        assert!(gate.try_complete(&|_, _| Peer { acked: Some(1), stopped: false }).is_some());
+        assert!(!ownership.admits(&request), "a's key: kept, not queued");
+
+        assert_eq!(gate.publish(assignment(2, &[("b", "b@0")], &[("a", "a@0"), ("b", "b@0")])), Some(2));
+        assert!(gate.release(2, limit).await);
+        assert_eq!(gate.publish(assignment(3, &[("a", "a@1"), ("b", "b@0")], &[("b", "b@0")])), Some(3));
+        let release = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.release(3, limit).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!release.is_finished(), "epoch 3 is not acknowledged before 2 completed here");
+        assert_eq!(queue.len(), 0);
+
+        let a_stopped = |n: &str, _: &str| Peer { acked: None, stopped: n == "a" };
+        let completion = gate.try_complete(&a_stopped).expect("epoch 2 completes");
+        assert!(!completion.gained("b", &key) && completion.passed_through("b", &key));
+        assert_eq!(queue.get().await, Some(request.clone()), "the kept delete is queued");
+        let claim = ownership.claim(&request).expect("a delete of a key b is losing is b's to reconcile");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!release.is_finished(), "epoch 3 waits for the delete's reconcile");
+        drop(claim);
+        queue.done(&request);
+        let acked = tokio::time::timeout(Duration::from_secs(1), release).await;
+        assert!(acked.expect("released once the delete was reconciled").unwrap());
+        assert!(ownership.claim(&request).is_none(), "epoch 3 acknowledged: the key is a's");
     }
 }
