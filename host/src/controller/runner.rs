@@ -525,6 +525,8 @@ impl Controller {
             workers.spawn(worker(self.shared.clone(), stop.clone(), slot));
         }
         tokio::select! {
+            // Stop first: workers end on it too, and one that already did is no surprise.
+            biased;
             _ = stop.cancelled() => {}
             Some(ended) = workers.join_next() => {
                 // Workers only end on shutdown; anything else is a bug worth a loud log.
