@@ -12,8 +12,9 @@
 //!   plugins next to their TOMLs in `examples/plugins/`; then the TypeScript and Python
 //!   guests (`guests/ts`, `guests/python`) when Node and Python are installed.
 //! - `cargo xtask ci`    — what `.ci/run` checks: formatting, clippy, then `test`.
-//! - `cargo xtask bench [anchors]` — every benchmark, or only the table next to kube-rs,
-//!   client-go and controller-runtime (see `bench.rs`).
+//! - `cargo xtask bench [--quick] [anchors]` — every benchmark, writing `docs/benchmarks.md`,
+//!   or only the tables next to kube-rs, client-go and controller-runtime; `--quick` is a
+//!   reduced-size smoke run (see `bench.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,6 +24,7 @@ use anyhow::{Context, Result, bail};
 use wasmctrl_testkit::realserver::{self, BACKEND_ENV, KUBECONFIG_ENV, RealServer};
 
 mod bench;
+mod bench_report;
 mod bench_summary;
 
 mod guest_langs;
@@ -74,7 +76,7 @@ fn main() -> Result<()> {
             );
             eprintln!("  ci            cargo fmt --check, cargo clippy -D warnings, then test");
             eprintln!(
-                "  bench         run every benchmark (release); `bench anchors`: only the table vs kube-rs, client-go, controller-runtime"
+                "  bench         run every benchmark (release) and write docs/benchmarks.md; `bench anchors`: only the tables vs kube-rs, client-go, controller-runtime; `--quick`: a reduced-size smoke run"
             );
             if task.is_empty() || task == "help" || task == "--help" {
                 Ok(())
@@ -276,7 +278,9 @@ fn lint(root: &Path) -> Result<()> {
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
 /// `differential` compares the dev cluster with the real server, request by request;
 /// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size);
-/// `sharding` runs `wasmctrl` replicas through kills, joins, restarts and a partition.
+/// `sandbox_runtime` ends a sleeping plugin call on the loss of a real Lease; `sandbox` runs
+/// the adversarial plugins; `sharding` runs `wasmctrl` replicas through kills, joins,
+/// restarts and a partition.
 const BACKEND_AWARE_SUITES: &[&str] = &[
     "informer",
     "controller",
@@ -286,6 +290,9 @@ const BACKEND_AWARE_SUITES: &[&str] = &[
     "reload",
     "semantics",
     "chaos",
+    "sandbox_runtime",
+    "sandbox",
+    "admission",
     "sharding",
 ];
 

@@ -32,13 +32,15 @@ mod units;
 
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
 pub use host::{
-    ClusterConfig, ClusterMode, ClusterToml, DEFAULT_VIRTUAL_NODES, DefaultsToml, HostConfig, HostToml,
-    LeaderElectionConfig, LeaderElectionToml, ServerToml, ShardingConfig, ShardingMode, ShardingToml,
+    AdmissionServerToml, ClusterConfig, ClusterMode, ClusterToml, DEFAULT_VIRTUAL_NODES, DefaultsToml,
+    HostConfig, HostToml, LeaderElectionConfig, LeaderElectionToml, ServerToml, ServiceToml, ShardingConfig,
+    ShardingMode, ShardingToml,
 };
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{
-    IndexToml, OwnerIndex, PermissionsToml, PluginConfig, PluginDefaults, PluginToml, Predicates,
-    PredicatesToml, SourceToml, TransformToml, WatchSource,
+    AdmissionToml, FailurePolicyToml, IndexToml, OperationToml, OwnerIndex, PermissionsToml, PluginConfig,
+    PluginDefaults, PluginToml, Predicates, PredicatesToml, ReinvocationToml, SideEffectsToml, SourceToml,
+    TransformToml, WatchSource,
 };
 pub use units::{ByteSize, DurationValue, UnitError};
 
