@@ -36,6 +36,8 @@ pub mod oci;
 
 pub mod config;
 
+pub mod shard;
+
 pub mod reload;
 
 #[cfg(feature = "embedded")]

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use wasmctrl::controller::handler::{EnqueueForObject, EnqueueForOwner, EnqueueMapped, Mapper};
 use wasmctrl::controller::predicate::{GenerationChanged, LabelSelectorPredicate};
 use wasmctrl::controller::{
-    Action, Controller, ControllerError, Filter, FilterEvent, HotSwap, ManualSource, ReconcileError,
-    Reconciler, Request, SourceSpec, Swap, reconciler_fn,
+    Action, Claim, Controller, ControllerError, Filter, FilterEvent, HotSwap, ManualSource, Ownership,
+    ReconcileError, Reconciler, Request, SourceSpec, Swap, reconciler_fn,
 };
 use wasmctrl::informer::ResourceEventHandler;
 use wasmctrl::metrics::Metrics;
@@ -890,6 +890,89 @@ async fn owns_and_watches_through_a_running_controller() {
     c.swap(Swap { mapper: Some(mapper), ..Swap::default() }).unwrap();
     configmaps.add(&configmap("ns", "cm2", "1"), false);
     assert_eq!(calls.recv().await.unwrap().0, req("ns", "v2-cm2"));
+    token.cancel();
+    task.await.unwrap().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ownership (sharding's hook): admission at enqueue, a claim held across each reconcile
+
+/// Admits every key but `elsewhere-*`; claims every key but `released-*`; counts the claims
+/// alive.
+#[derive(Default)]
+struct FixedOwnership {
+    alive: Arc<AtomicUsize>,
+    refused: AtomicUsize,
+    attached: Mutex<Option<RateLimitingQueue<Request>>>,
+}
+
+struct AliveClaim(Arc<AtomicUsize>);
+
+impl Drop for AliveClaim {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Ownership for FixedOwnership {
+    fn admits(&self, request: &Request) -> bool {
+        !request.name.starts_with("elsewhere-")
+    }
+
+    fn claim(&self, request: &Request) -> Option<Claim> {
+        if request.name.starts_with("released-") {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return None;
+        }
+        self.alive.fetch_add(1, Ordering::SeqCst);
+        Some(Claim::new(AliveClaim(self.alive.clone())))
+    }
+
+    fn attach(&self, queue: &RateLimitingQueue<Request>) {
+        *self.attached.lock() = Some(queue.clone());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_controller_reconciles_only_what_its_ownership_admits_and_claims() {
+    let ownership = Arc::new(FixedOwnership::default());
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, usize)>();
+    let alive = ownership.alive.clone();
+    let reconciler = reconciler_fn(move |r: Request| {
+        // The claim of the key being reconciled is alive during its reconcile.
+        let _ = tx.send((r.name.clone(), alive.load(Ordering::SeqCst)));
+        async { Ok(Action::Done) }
+    });
+    let src = ManualSource::new(cm_kind(), true);
+    let c = Controller::builder("owned", reconciler)
+        .for_source(src.clone())
+        .ownership(ownership.clone() as Arc<dyn Ownership>)
+        .build()
+        .unwrap();
+    assert!(ownership.attached.lock().is_some(), "the controller hands its queue to the ownership");
+    let (token, task) = start(&c).await;
+    for name in ["mine-1", "elsewhere-1", "released-1", "mine-2"] {
+        src.add(&configmap("ns", name, "1"), false);
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let (name, claims) = rx.recv().await.expect("a reconcile");
+        assert_eq!(claims, 1, "{name} is reconciled under its claim");
+        seen.push(name);
+    }
+    seen.sort();
+    assert_eq!(seen, ["mine-1", "mine-2"]);
+    // One worker takes the queue in order: `released-1`, between the two, was refused;
+    // `elsewhere-1` was never queued.
+    assert_eq!(ownership.refused.load(Ordering::SeqCst), 1);
+    assert_eq!(c.queue().len(), 0);
+    // A key the ownership queues later (gained) is reconciled too; by then the claims of the
+    // earlier reconciles have ended (only its own is alive).
+    ownership.attached.lock().clone().expect("attached").add(req("ns", "mine-3"));
+    assert_eq!(rx.recv().await.expect("a reconcile"), ("mine-3".to_owned(), 1));
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(rx.try_recv().is_err(), "nothing else was reconciled");
+    assert_eq!(ownership.alive.load(Ordering::SeqCst), 0, "every claim was released");
     token.cancel();
     task.await.unwrap().unwrap();
 }

@@ -286,7 +286,8 @@ fn lint(root: &Path) -> Result<()> {
 /// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size);
 /// `sandbox_runtime` ends a sleeping plugin call on the loss of a real Lease; `sandbox` runs
 /// the adversarial plugins; `oci` runs a plugin pulled from a registry, hot-reloaded as its
-/// tag moves.
+/// tag moves; `sharding` runs `wasmctrl` replicas through kills, joins, restarts and a
+/// partition.
 const BACKEND_AWARE_SUITES: &[&str] = &[
     "informer",
     "controller",
@@ -300,6 +301,7 @@ const BACKEND_AWARE_SUITES: &[&str] = &[
     "sandbox",
     "admission",
     "oci",
+    "sharding",
 ];
 
 /// Builds the real API server, timing the build.

@@ -32,8 +32,9 @@ mod units;
 
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
 pub use host::{
-    AdmissionServerToml, ClusterConfig, ClusterMode, ClusterToml, DefaultsToml, HostConfig, HostToml,
-    LeaderElectionConfig, LeaderElectionToml, OciConfig, OciToml, ServerToml, ServiceToml,
+    AdmissionServerToml, ClusterConfig, ClusterMode, ClusterToml, DEFAULT_VIRTUAL_NODES, DefaultsToml,
+    HostConfig, HostToml, LeaderElectionConfig, LeaderElectionToml, OciConfig, OciToml, ServerToml,
+    ServiceToml, ShardingConfig, ShardingMode, ShardingToml,
 };
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{

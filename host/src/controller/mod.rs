@@ -8,6 +8,7 @@
 //! - [`handler`]: notifications → requests (`for`, `owns`, `watches` + [`Mapper`]).
 //! - [`predicate`]: which notifications count.
 //! - [`leader`]: leader election on a `coordination.k8s.io/v1` Lease.
+//! - [`ownership`]: which keys this replica may work on when replicas share the work.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,12 +18,14 @@ use futures::future::BoxFuture;
 
 pub mod handler;
 pub mod leader;
+pub mod ownership;
 
 pub mod predicate;
 mod runner;
 pub mod source;
 
 pub use handler::Mapper;
+pub use ownership::{Claim, Ownership};
 pub use predicate::{Filter, FilterEvent, Predicate};
 pub use runner::{Controller, ControllerBuilder, ControllerError, Readiness, SourceSpec, Swap};
 pub use source::{EventRegistration, EventSource, InformerSource, ManualSource};

@@ -18,6 +18,9 @@
 //!   predecessor — stay for whoever takes the queue over next.
 //! - Hot swap: each reconcile loads the current reconciler when it starts, so calls in flight
 //!   finish on the old one and every later call (queued keys included) goes to the new one.
+//! - With an [`Ownership`] (replicas sharing the work): only admitted requests enter the
+//!   queue, and a reconcile runs only under a [`Claim`] held until its result is handled; a
+//!   request that cannot be claimed is dropped (`forget` + `done`), not reconciled.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -36,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::handler::{EnqueueForObject, EnqueueForOwner, EnqueueMapped, Mapper};
+use super::ownership::{Claim, Ownership};
 use super::predicate::{Filter, FilterPredicate, Predicate};
 use super::source::{EventRegistration, EventSource, SourceError, describe};
 use super::{Action, HotSwap, ReconcileError, Reconciler, Request};
@@ -122,6 +126,7 @@ pub struct ControllerBuilder {
     cache_sync_timeout: Duration,
     rate_limiter: Option<Arc<dyn RateLimiter<Request>>>,
     metrics: Option<Arc<Metrics>>,
+    ownership: Option<Arc<dyn Ownership>>,
 }
 
 impl ControllerBuilder {
@@ -181,6 +186,12 @@ impl ControllerBuilder {
         self
     }
 
+    /// Works only on the keys `ownership` gives this replica (see [`Ownership`]).
+    pub fn ownership(mut self, ownership: Arc<dyn Ownership>) -> Self {
+        self.ownership = Some(ownership);
+        self
+    }
+
     pub fn build(self) -> Result<Controller, ControllerError> {
         let invalid = |reason: &str| ControllerError::InvalidConfig {
             controller: self.name.clone(),
@@ -200,6 +211,11 @@ impl ControllerBuilder {
             Some(m) => RateLimitingQueue::with_metrics(&self.name, m.clone(), limiter),
             None => RateLimitingQueue::new(limiter),
         };
+        if let Some(ownership) = &self.ownership {
+            let admission = ownership.clone();
+            queue.queue().set_admission(Arc::new(move |request: &Request| admission.admits(request)));
+            ownership.attach(&queue);
+        }
         let filter = self.filter.map(HotSwap::new);
         let predicates = |spec: &SourceSpec| -> Result<Vec<Arc<dyn Predicate>>, ControllerError> {
             let mut p = spec.predicates.clone();
@@ -261,6 +277,7 @@ impl ControllerBuilder {
                 reconcile_timeout: self.reconcile_timeout,
                 cache_sync_timeout: self.cache_sync_timeout,
                 metrics,
+                ownership: self.ownership,
                 started: AtomicBool::new(false),
                 synced: AtomicBool::new(false),
                 workers: AtomicUsize::new(0),
@@ -323,6 +340,7 @@ struct Shared {
     reconcile_timeout: Option<Duration>,
     cache_sync_timeout: Duration,
     metrics: Option<ControllerMetrics>,
+    ownership: Option<Arc<dyn Ownership>>,
     started: AtomicBool,
     synced: AtomicBool,
     workers: AtomicUsize,
@@ -390,6 +408,7 @@ impl Controller {
             cache_sync_timeout: DEFAULT_CACHE_SYNC_TIMEOUT,
             rate_limiter: None,
             metrics: None,
+            ownership: None,
         }
     }
 
@@ -510,6 +529,8 @@ impl Controller {
             workers.spawn(worker(self.shared.clone(), stop.clone(), slot));
         }
         tokio::select! {
+            // Stop first: workers end on it too, and one that already did is no surprise.
+            biased;
             _ = stop.cancelled() => {}
             Some(ended) = workers.join_next() => {
                 // Workers only end on shutdown; anything else is a bug worth a loud log.
@@ -572,7 +593,20 @@ async fn worker(shared: Arc<Shared>, stop: CancellationToken, _slot: WorkerSlot)
                 None => return,
             },
         };
-        reconcile_one(&shared, request).await;
+        let claim = match &shared.ownership {
+            Some(ownership) => match ownership.claim(&request) {
+                Some(claim) => Some(claim),
+                None => {
+                    // Not this replica's to reconcile (now): dropped, never reconciled here.
+                    tracing::debug!(controller = %shared.name, request = %request, "not owned here; dropped");
+                    shared.queue.forget(&request);
+                    shared.queue.done(&request);
+                    continue;
+                }
+            },
+            None => None,
+        };
+        reconcile_one(&shared, request, claim).await;
     }
 }
 
@@ -591,10 +625,14 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn reconcile_one(shared: &Shared, request: Request) {
+/// Reconciles `request`; `claim` (the ownership's, if any) is released after the result
+/// was handled, so a requeue still happens while this replica owns the key.
+async fn reconcile_one(shared: &Shared, request: Request, claim: Option<Claim>) {
     if let Some(m) = &shared.metrics {
         m.active_workers.inc();
     }
+    // Dropped after `_in_flight` (reverse order): the key is `done` before it is released.
+    let _claim = claim;
     let _in_flight = InFlight { shared, request: request.clone() };
     let span = tracing::info_span!("reconcile", controller = %shared.name, request = %request);
     let started = Instant::now();

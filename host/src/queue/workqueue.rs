@@ -15,6 +15,9 @@
 //!   `get` sleeps until the earliest deadline, so no background task is needed.
 //! - After `shut_down`, adds are ignored, waiting (delayed) keys are dropped, and `get` hands
 //!   out what is still ready, then returns `None`.
+//! - With an admission filter ([`WorkQueue::set_admission`]), an add (immediate or delayed)
+//!   of a key the filter refuses is dropped before it touches the queue; keys moved in by a
+//!   hand-over are not filtered (whoever takes them out decides).
 //!
 //! Time is tokio's (`tokio::time::Instant`), so tests can pause and advance the clock.
 
@@ -112,8 +115,13 @@ struct State<K: QueueKey> {
     borrowed: std::collections::HashSet<K>,
 }
 
+/// Decides whether an add is kept (see [`WorkQueue::set_admission`]).
+pub type Admission<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
+
 pub(super) struct Inner<K: QueueKey> {
     state: Mutex<State<K>>,
+    /// Set once; consulted outside the state lock.
+    admission: std::sync::OnceLock<Admission<K>>,
     /// Wakes getters when a key becomes ready, the earliest deadline moves, or on shut down.
     ready_notify: Notify,
     /// Wakes `shut_down_with_drain` when the processing set empties.
@@ -204,6 +212,7 @@ impl<K: QueueKey> WorkQueue<K> {
                     forward: None,
                     borrowed: std::collections::HashSet::new(),
                 }),
+                admission: std::sync::OnceLock::new(),
                 ready_notify: Notify::new(),
                 drained_notify: Notify::new(),
                 metrics,
@@ -215,6 +224,17 @@ impl<K: QueueKey> WorkQueue<K> {
         self.inner.metrics.as_ref()
     }
 
+    /// Filters every later add: a key `admission` refuses is dropped (immediate and delayed
+    /// adds alike, checked when the add is made). Set once; returns `false` if a filter was
+    /// already set (the first one stays).
+    pub fn set_admission(&self, admission: Admission<K>) -> bool {
+        self.inner.admission.set(admission).is_ok()
+    }
+
+    fn admitted(&self, key: &K) -> bool {
+        self.inner.admission.get().is_none_or(|a| a(key))
+    }
+
     /// Marks `key` as needing processing (normal priority).
     pub fn add(&self, key: K) {
         self.add_with_priority(key, Priority::Normal);
@@ -222,6 +242,9 @@ impl<K: QueueKey> WorkQueue<K> {
 
     /// Marks `key` as needing processing with `priority`. Ignored after shut down.
     pub fn add_with_priority(&self, key: K, priority: Priority) {
+        if !self.admitted(&key) {
+            return;
+        }
         let mut s = self.inner.state.lock();
         if let Some(next) = s.forward.clone() {
             drop(s);
@@ -252,6 +275,9 @@ impl<K: QueueKey> WorkQueue<K> {
         let now = Instant::now();
         if ready_at <= now {
             self.add(key);
+            return;
+        }
+        if !self.admitted(&key) {
             return;
         }
         let mut s = self.inner.state.lock();
@@ -392,6 +418,14 @@ impl<K: QueueKey> WorkQueue<K> {
     /// Number of keys waiting for a delayed add.
     pub fn waiting_len(&self) -> usize {
         self.inner.state.lock().waiting_keys.len()
+    }
+
+    /// Whether some key that is waiting to be handed out (ready, or added again while
+    /// processing) or is processing satisfies `f` (one consistent look; delayed adds are not
+    /// looked at). `f` runs under the queue's lock: it must not use the queue.
+    pub fn any_pending(&self, f: impl FnMut(&K) -> bool) -> bool {
+        let s = self.inner.state.lock();
+        s.dirty.keys().chain(s.processing.keys()).any(f)
     }
 
     /// Whether no key is ready, processing or waiting for a delayed add (one consistent look).
@@ -716,6 +750,39 @@ mod tests {
         assert_eq!(q.get().await, Some("a"));
         q.done(&"a");
         assert_eq!(q.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn admission_drops_refused_adds_of_every_kind() {
+        let q = WorkQueue::new();
+        assert!(q.set_admission(Arc::new(|k: &&str| !k.starts_with("no"))));
+        assert!(!q.set_admission(Arc::new(|_: &&str| true)), "set once");
+        q.add("yes-1");
+        q.add("no-1");
+        q.add_with_priority("no-2", Priority::Low);
+        q.add_after("no-3", Duration::from_millis(10));
+        q.add_after("yes-2", Duration::from_millis(10));
+        assert_eq!((q.len(), q.waiting_len()), (1, 1));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert_eq!(q.get().await, Some("yes-1"));
+        assert_eq!(q.get().await, Some("yes-2"));
+        assert!(q.is_empty());
+        // What is pending: ready and processing keys, not delayed ones.
+        q.add("yes-3");
+        q.add_after("yes-4", Duration::from_secs(1));
+        let k = q.get().await.unwrap();
+        assert!(q.any_pending(|p| *p == k), "processing");
+        q.add("yes-5");
+        assert!(q.any_pending(|p| *p == "yes-5"), "ready");
+        assert!(!q.any_pending(|p| *p == "yes-4"), "delayed adds are not pending");
+        q.done(&k);
+        assert_eq!(q.get().await, Some("yes-5"));
+        q.done(&"yes-5");
+        // Keys handed over from a queue without the filter are not filtered.
+        let old = WorkQueue::new();
+        old.add("no-4");
+        old.hand_over_to(&q);
+        assert_eq!(q.get().await, Some("no-4"));
     }
 
     #[tokio::test]

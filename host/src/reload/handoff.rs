@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use super::manager::{Rejection, Shared};
 use super::scope::ScopedReconciler;
 use super::slot::VersionSlot;
-use super::wiring::{Generation, Leases, kube_gvk};
+use super::wiring::{Generation, InformerLeases, Leases, kube_gvk};
 use crate::config::PluginConfig;
 use crate::controller::{
     Controller, ControllerError, EventRegistration, EventSource, Reconciler, Request, source::SourceError,
@@ -283,6 +283,10 @@ impl Shared {
         if let Some(limiter) = limiter {
             builder = builder.rate_limiter(limiter);
         }
+        if let Some(sharding) = &self.options.sharding {
+            let keys = ForKeys { current: current.clone(), informers: self.deps.informers.clone() };
+            builder = builder.ownership(sharding.ownership(&config.name, Arc::new(keys)));
+        }
         let controller = builder.build().map_err(|e| e.to_string())?;
         if let Some(old) = predecessor {
             let (ready, delayed, in_flight) = old.hand_over_to(controller.queue());
@@ -361,6 +365,36 @@ impl Shared {
         let pending = super::parked::pending_keys(&parked);
         tracing::info!(plugin = %name, pending, "plugin stopped; no version of it runs; its pending keys are kept for its return");
         self.parked.lock().park(&name, &kind, parked);
+    }
+}
+
+/// The `for` cache of a controller's current generation, for sharding.
+struct ForKeys {
+    current: Arc<Mutex<Weak<Generation>>>,
+    informers: Arc<dyn InformerLeases>,
+}
+
+impl crate::shard::KeySource for ForKeys {
+    fn keys(&self) -> Vec<String> {
+        self.current.lock().upgrade().map(|g| g.for_keys()).unwrap_or_default()
+    }
+
+    fn cached(&self, key: &str) -> bool {
+        self.current.lock().upgrade().is_some_and(|g| g.for_cached(key))
+    }
+
+    fn source(&self) -> Option<crate::config::WatchSource> {
+        self.current.lock().upgrade().map(|g| g.config.for_source.clone())
+    }
+
+    fn catch_up(&self) -> futures::future::BoxFuture<'static, ()> {
+        let generation = self.current.lock().upgrade();
+        let informers = self.informers.clone();
+        Box::pin(async move {
+            if let Some(g) = generation {
+                g.catch_up_with_server(&*informers).await;
+            }
+        })
     }
 }
 

@@ -92,6 +92,8 @@ pub struct ManagerOptions {
     /// Follow the directory (file events and SIGHUP). Off: load once (and on
     /// [`PluginManager::rescan`] or the periodic rescan).
     pub watch: bool,
+    /// Share the plugins' keys with the other replicas of a ring (`[sharding]`).
+    pub sharding: Option<crate::shard::Sharding>,
     /// Read the whole directory again this often, whatever the watches saw (`None`: never).
     pub rescan_interval: Option<Duration>,
     /// How long the pending keys of a stopped plugin are kept for its return.
@@ -119,6 +121,7 @@ impl ManagerOptions {
             cache_sync_timeout: Duration::from_secs(120),
             debounce: Duration::from_millis(200),
             watch: true,
+            sharding: None,
             rescan_interval: Some(DEFAULT_RESCAN_INTERVAL),
             parked_keys_ttl: DEFAULT_PARKED_KEYS_TTL,
             admission: None,
@@ -906,7 +909,11 @@ impl Shared {
         running: &mut Option<Running>,
     ) -> Result<(), Rejection> {
         let started = Instant::now();
-        let config = claim.config.clone().map_err(Rejection)?;
+        let mut config = claim.config.clone().map_err(Rejection)?;
+        if let Some(sharding) = &self.options.sharding {
+            // Label mode: the `for` source watches this shard's objects only.
+            sharding.scope(&mut config);
+        }
         if running.is_none() {
             self.status.update(name, claim.toml.clone(), |s| {
                 s.name = name.to_owned();

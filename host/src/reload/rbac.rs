@@ -11,6 +11,10 @@
 //!   what they may read;
 //! - with leader election on, `get`/`create`/`update`/`patch` on the host's Lease, as a Role in
 //!   the Lease's namespace;
+//! - with sharding on, the Leases of the ring (every replica's shard Lease and the
+//!   assignment Lease: `get`, `list`, `watch`, `create`, `update`, `patch`, and `delete` for
+//!   the assignment role's clean-up), as a Role in the ring's namespace; in label mode also
+//!   `patch` on every `for` kind (the assignment role labels those objects);
 //! - when the host writes webhook configurations and a plugin admits, `get`/`create`/
 //!   `patch`/`update`/`delete` on Validating/MutatingWebhookConfigurations, as a ClusterRole
 //!   of its own (they are cluster-scoped).
@@ -34,7 +38,9 @@ use k8s_openapi::api::rbac::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::config::{KindResolver, LeaderElectionConfig, PluginConfig, resolve_or_guess};
+use crate::config::{
+    KindResolver, LeaderElectionConfig, PluginConfig, ShardingConfig, ShardingMode, resolve_or_guess,
+};
 use crate::plugin::spec::Gvk;
 
 /// Who gets the permissions and how the objects are named.
@@ -54,6 +60,8 @@ pub struct RbacOptions {
     pub cluster_scope: Option<bool>,
     /// Adds a Role for the Lease when set.
     pub leader_election: Option<LeaderElectionConfig>,
+    /// Adds a Role for the ring's Leases (and, in label mode, `patch` on `for` kinds) when set.
+    pub sharding: Option<ShardingConfig>,
     /// The host writes the admitting plugins' webhook configurations (`[admission]
     /// manage-configurations`): adds a ClusterRole for them when a plugin admits.
     pub webhook_configurations: bool,
@@ -67,6 +75,7 @@ impl Default for RbacOptions {
             name: "wasmctrl".into(),
             cluster_scope: None,
             leader_election: None,
+            sharding: None,
             webhook_configurations: false,
         }
     }
@@ -119,6 +128,7 @@ fn add(rules: &mut RuleSet, group: &str, resource: &str, verbs: &[&'static str])
 fn rules_of<'a>(
     plugins: impl IntoIterator<Item = &'a PluginConfig>,
     resolver: &dyn KindResolver,
+    label_mode: bool,
     namespaced: &mut RuleSet,
     cluster: &mut RuleSet,
 ) {
@@ -139,6 +149,10 @@ fn rules_of<'a>(
         }
         if !p.owns.is_empty() {
             note_kind(&p.for_source.kind, READ, Some(("finalizers", &["update"])));
+        }
+        if label_mode {
+            // The assignment role labels the `for` objects with their shard.
+            note_kind(&p.for_source.kind, &["patch"], None);
         }
     }
     add(namespaced, "", "events", &["create", "patch"]);
@@ -214,6 +228,7 @@ pub fn rbac_for(
         ]
     };
 
+    let label_mode = options.sharding.as_ref().is_some_and(|s| s.mode == ShardingMode::Label);
     // Every plugin limited to namespaces: Roles where they work.
     let scopes: Option<Vec<&Vec<String>>> = plugins.iter().map(|p| p.namespaces.as_ref()).collect();
     let limited = scopes.filter(|_| !plugins.is_empty() && options.cluster_scope != Some(true));
@@ -224,7 +239,7 @@ pub fn rbac_for(
         for ns in namespaces {
             let mut rules = RuleSet::new();
             let here = plugins.iter().filter(|p| p.namespaces.as_ref().is_some_and(|s| s.contains(ns)));
-            rules_of(here, resolver, &mut rules, &mut cluster);
+            rules_of(here, resolver, label_mode, &mut rules, &mut cluster);
             objects.extend(role(ns, rules));
         }
         if !cluster.is_empty() {
@@ -232,13 +247,36 @@ pub fn rbac_for(
         }
     } else {
         let (mut rules, mut cluster) = (RuleSet::new(), RuleSet::new());
-        rules_of(plugins, resolver, &mut rules, &mut cluster);
+        rules_of(plugins, resolver, label_mode, &mut rules, &mut cluster);
         rules.append(&mut cluster);
         if options.cluster_scope == Some(false) {
             objects.extend(role(&options.service_account_namespace, rules));
         } else {
             objects.extend(cluster_role(rules));
         }
+    }
+    if let Some(sharding) = &options.sharding {
+        let name = format!("{}-sharding", options.name);
+        objects.push(RbacObject::Role(Role {
+            metadata: meta(&name, Some(sharding.namespace.clone())),
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec!["coordination.k8s.io".into()]),
+                resources: Some(vec!["leases".into()]),
+                verbs: ["create", "delete", "get", "list", "patch", "update", "watch"]
+                    .map(str::to_owned)
+                    .to_vec(),
+                ..Default::default()
+            }]),
+        }));
+        objects.push(RbacObject::RoleBinding(RoleBinding {
+            metadata: meta(&name, Some(sharding.namespace.clone())),
+            role_ref: RoleRef {
+                api_group: String::from("rbac.authorization.k8s.io").into(),
+                kind: "Role".into(),
+                name,
+            },
+            subjects: Some(vec![subject.clone()]),
+        }));
     }
     if let Some(le) = &options.leader_election {
         let name = format!("{}-leader-election", options.name);
@@ -287,4 +325,63 @@ pub fn rbac_for(
         }));
     }
     RbacManifests { objects }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{BuiltinKinds, HostConfig, PluginDefaults};
+
+    fn plugin(text: &str) -> PluginConfig {
+        PluginConfig::parse(Path::new("plugins/p.toml"), text, &PluginDefaults::default()).unwrap()
+    }
+
+    fn sharding(mode: &str) -> Option<ShardingConfig> {
+        let text = format!("[sharding]\nenabled = true\nnamespace = \"ops\"\nmode = \"{mode}\"\n");
+        HostConfig::parse(Path::new("h.toml"), &text).unwrap().sharding
+    }
+
+    fn rules_of(objects: &[RbacObject], name: &str) -> Vec<PolicyRule> {
+        objects
+            .iter()
+            .find_map(|o| match o {
+                RbacObject::Role(r) if r.metadata.name.as_deref() == Some(name) => r.rules.clone(),
+                RbacObject::ClusterRole(r) if r.metadata.name.as_deref() == Some(name) => r.rules.clone(),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no role {name} in {objects:?}"))
+    }
+
+    fn verbs(rules: &[PolicyRule], resource: &str) -> Vec<String> {
+        rules
+            .iter()
+            .find(|r| r.resources.as_deref() == Some(&[resource.to_owned()]))
+            .map(|r| r.verbs.clone())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn sharding_adds_the_rings_leases_and_in_label_mode_patch_on_for_kinds() {
+        let p = plugin("[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n");
+        let plain = rbac_for(std::slice::from_ref(&p), &RbacOptions::default(), &BuiltinKinds);
+        assert_eq!(plain.objects.len(), 2, "no sharding, no extra Role");
+        assert_eq!(verbs(&rules_of(&plain.objects, "wasmctrl"), "configmaps"), ["get", "list", "watch"]);
+
+        for (mode, patch) in [("label", true), ("no-write", false)] {
+            let options = RbacOptions { sharding: sharding(mode), ..RbacOptions::default() };
+            let m = rbac_for(std::slice::from_ref(&p), &options, &BuiltinKinds);
+            let leases = verbs(&rules_of(&m.objects, "wasmctrl-sharding"), "leases");
+            assert_eq!(leases, ["create", "delete", "get", "list", "patch", "update", "watch"], "{mode}");
+            let role = m.objects.iter().find_map(|o| match o {
+                RbacObject::Role(r) if r.metadata.name.as_deref() == Some("wasmctrl-sharding") => Some(r),
+                _ => None,
+            });
+            assert_eq!(role.and_then(|r| r.metadata.namespace.as_deref()), Some("ops"));
+            assert!(m.objects.iter().any(|o| matches!(o, RbacObject::RoleBinding(b) if b.metadata.name.as_deref() == Some("wasmctrl-sharding"))));
+            let cm = verbs(&rules_of(&m.objects, "wasmctrl"), "configmaps");
+            assert_eq!(cm.contains(&"patch".to_owned()), patch, "{mode}: {cm:?}");
+        }
+    }
 }

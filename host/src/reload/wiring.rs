@@ -611,6 +611,16 @@ impl Generation {
         }
     }
 
+    /// Keys of every object the `for` source's informer caches.
+    pub fn for_keys(&self) -> Vec<String> {
+        self.leases.for_keys(&self.config)
+    }
+
+    /// Whether the `for` source's informer caches `key`.
+    pub fn for_cached(&self, key: &str) -> bool {
+        self.leases.get(&self.config.for_source).is_some_and(|i| i.cache().get(key).is_some())
+    }
+
     /// The leases this generation holds.
     pub fn leases(&self) -> &Leases {
         &self.leases

@@ -20,6 +20,7 @@ use wasmctrl::reload::{
     StatusBoard, check_paths, rbac_for, webhook_configurations_for,
 };
 use wasmctrl::server::{Readiness, StatusSource};
+use wasmctrl::shard::Sharding;
 #[cfg(feature = "embedded")]
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 
@@ -55,12 +56,16 @@ pub struct RunArgs {
     /// Override the `[server] address` for /metrics, /healthz and /readyz.
     #[arg(long)]
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// With `[sharding]`: this replica's shard name, unique in the ring (default: the pod
+    /// name from $POD_NAME, else the host name).
+    #[arg(long, env = "WASMCTRL_SHARD_NAME")]
+    pub shard_name: Option<String>,
 }
 
 /// `wasmctrl rbac`.
 #[derive(Args, Debug)]
 pub struct RbacArgs {
-    /// The host TOML whose plugins directory (and leader election) is read.
+    /// The host TOML whose plugins directory (and leader election, sharding) is read.
     #[arg(long, short, default_value = "wasmctrl.toml")]
     pub config: PathBuf,
     /// The host's ServiceAccount.
@@ -133,14 +138,18 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(address) = args.metrics_address {
         host.server_address = address;
     }
-    runtime()?.block_on(run_host(host, args.kubeconfig_out))
+    runtime()?.block_on(run_host(host, args.kubeconfig_out, args.shard_name))
 }
 
 /// The host's life: cluster access, metrics endpoint, plugins (under leader election when
 /// configured), until a signal; then drain and stop.
-async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<ExitCode> {
+async fn run_host(
+    host: HostConfig,
+    kubeconfig_out: Option<PathBuf>,
+    shard_name: Option<String>,
+) -> Result<ExitCode> {
     let shutdown = CancellationToken::new();
-    let (client, dev_cluster) = connect(&host.cluster, kubeconfig_out.as_deref()).await?;
+    let (client, client_config, dev_cluster) = connect(&host.cluster, kubeconfig_out.as_deref()).await?;
     let metrics = Metrics::new();
 
     // The endpoint comes up first (liveness), reporting not-ready until plugins run.
@@ -180,6 +189,32 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         identity.clone(),
         factory.discovery().clone(),
     );
+    let sharding = match &host.sharding {
+        None => None,
+        Some(config) => {
+            let shard = shard_name.unwrap_or_else(default_shard_name);
+            // Unique to this process: a restarted replica takes its Lease over only once the
+            // previous holder's has run out (or was released).
+            let holder = format!("{shard}_{}_{:08x}", std::process::id(), rand::random::<u32>());
+            let revoke = kube.clone();
+            // The ring's Leases go through connections of their own: a burst of the plugins'
+            // (or the labeller's) requests must not hold up a renewal.
+            let lease_client = kube::Client::try_from(client_config.clone())
+                .context("creating the Kubernetes client for Leases")?;
+            let sharding = Sharding::start(
+                client.clone(),
+                lease_client,
+                factory.discovery().clone(),
+                config.clone(),
+                &shard,
+                &holder,
+                &metrics,
+                move || revoke.revoke(),
+            )
+            .context("starting sharding")?;
+            Some(sharding)
+        }
+    };
     // Admission reviews are served from start-up; the plugins' versions join as they load.
     let admission = match &host.admission {
         Some(settings) => Some(
@@ -198,6 +233,7 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
     let mut options = ManagerOptions::new(&host.plugins_dir);
     options.defaults = host.plugin_defaults.clone();
     options.cache_sync_timeout = host.cache_sync_timeout;
+    options.sharding = sharding.clone();
     options.rescan_interval = host.rescan_interval;
     options.parked_keys_ttl = host.parked_keys_ttl;
     options.admission = admission.as_ref().map(|a| a.router.clone());
@@ -215,9 +251,10 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         })
     };
 
-    let outcome = match &host.leader_election {
-        None => run_plugins(options, deps, status, shutdown.clone()).await,
-        Some(le) => {
+    let outcome = match (&host.leader_election, sharding) {
+        (_, Some(sharding)) => run_sharded(options, deps, status, shutdown.clone(), sharding).await,
+        (None, None) => run_plugins(options, deps, status, shutdown.clone()).await,
+        (Some(le), None) => {
             let config = LeaderElectionConfig {
                 lease_duration: le.lease_duration,
                 renew_deadline: le.renew_deadline,
@@ -305,11 +342,63 @@ async fn run_plugins(
     Ok(())
 }
 
-/// A client for the configured cluster; with the embedded one, the running dev cluster too.
+/// Runs the plugins directory as one shard of a ring until `stop` is cancelled: the
+/// replica joins the ring once its plugins are loaded, and leaves it (releasing its Lease)
+/// only after every plugin drained. A replica whose shard Lease is lost has already stopped
+/// every reconcile and revoked its plugins' cluster access; it exits at once, without
+/// draining (another replica may already own its keys), to be restarted as a new member.
+async fn run_sharded(
+    options: ManagerOptions,
+    deps: ManagerDeps,
+    status: Arc<LateStatus>,
+    stop: CancellationToken,
+    sharding: Sharding,
+) -> Result<()> {
+    let lost = || async {
+        sharding.lost().await;
+        tracing::error!(shard = %sharding.shard(), "shard lease lost: exiting without draining");
+        eprintln!("error: the shard lease of {} was lost", sharding.shard());
+        std::process::exit(1);
+    };
+    let dir = options.plugins_dir.clone();
+    let manager = tokio::select! {
+        manager = PluginManager::start(options, deps, stop.clone()) => manager
+            .with_context(|| format!("loading plugins from {}", dir.display()))?,
+        () = lost() => unreachable!("lost() exits"),
+    };
+    status.set(manager.status());
+    sharding.join();
+    tracing::info!(shard = %sharding.shard(), "plugins loaded; joining the ring");
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        () = lost() => {}
+    }
+    tracing::info!("draining plugins");
+    tokio::select! {
+        () = manager.stopped() => {}
+        () = lost() => {}
+    }
+    sharding.leave().await;
+    Ok(())
+}
+
+/// The shard name when none is given: the pod name, else the host name.
+fn default_shard_name() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
+        .unwrap_or_else(|| "wasmctrl".to_owned())
+        .to_lowercase()
+}
+
+/// A client for the configured cluster, and its configuration (for a second client with
+/// connections of its own); with the embedded one, the running dev cluster too.
 async fn connect(
     cluster: &ClusterConfig,
     kubeconfig_out: Option<&std::path::Path>,
-) -> Result<(kube::Client, Option<DevCluster>)> {
+) -> Result<(kube::Client, kube::Config, Option<DevCluster>)> {
     let config = match cluster {
         #[cfg(not(feature = "embedded"))]
         ClusterConfig::Embedded { .. } => {
@@ -331,7 +420,7 @@ async fn connect(
                 tracing::info!(kubeconfig = %path.display(), "kubectl --kubeconfig {} get all -A", path.display());
             }
             let client = dev.client().context("connecting to the embedded dev cluster")?;
-            return Ok((client, Some(dev)));
+            return Ok((client, dev.kube_config(), Some(dev)));
         }
         ClusterConfig::Kubeconfig { path, context } => {
             let options = KubeConfigOptions { context: context.clone(), ..KubeConfigOptions::default() };
@@ -349,8 +438,8 @@ async fn connect(
             kube::Config::incluster().context("loading the in-cluster configuration")?
         }
     };
-    let client = kube::Client::try_from(config).context("creating the Kubernetes client")?;
-    Ok((client, None))
+    let client = kube::Client::try_from(config.clone()).context("creating the Kubernetes client")?;
+    Ok((client, config, None))
 }
 
 /// This replica's name in leases and Events: the pod name in a cluster, else host + pid.
@@ -430,6 +519,7 @@ pub fn rbac(args: RbacArgs) -> Result<ExitCode> {
         name: args.name,
         cluster_scope: args.cluster_scope.then_some(true),
         leader_election: host.leader_election.clone(),
+        sharding: host.sharding.clone(),
         webhook_configurations: host.admission.as_ref().is_some_and(|a| a.manage_configurations),
     };
     let manifests = rbac_for(&plugins, &options, &BuiltinKinds);

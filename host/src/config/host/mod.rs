@@ -12,13 +12,18 @@
 mod admission;
 mod resolver;
 mod schema;
+mod sharding;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use admission::{AdmissionServerToml, ServiceToml};
-pub use schema::{ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, OciToml, ServerToml};
+pub use schema::{
+    ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, OciToml, ServerToml, ShardingMode,
+    ShardingToml,
+};
+pub use sharding::{DEFAULT_VIRTUAL_NODES, ShardingConfig};
 
 use super::decode::decode;
 use super::error::{ConfigError, ConfigErrors};
@@ -110,6 +115,8 @@ pub struct HostConfig {
     pub cluster: ClusterConfig,
     pub server_address: SocketAddr,
     pub leader_election: Option<LeaderElectionConfig>,
+    /// `[sharding]`, only present when enabled.
+    pub sharding: Option<ShardingConfig>,
     pub plugin_defaults: PluginDefaults,
     /// How long a controller waits for its informers to sync before failing.
     pub cache_sync_timeout: Duration,
@@ -156,6 +163,7 @@ impl HostConfig {
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
             leader_election: None,
+            sharding: None,
             plugin_defaults: PluginDefaults::default(),
             cache_sync_timeout: Duration::from_secs(120),
             admission: None,

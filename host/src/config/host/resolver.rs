@@ -200,6 +200,8 @@ pub(super) fn resolve(
         retry_period,
     });
 
+    let sharding = super::sharding::resolve(&file.sharding, leader_election.is_some(), &mut err);
+
     let d = &file.defaults;
     let base_defaults = PluginDefaults::default();
     let dp = |k: &str| [key("defaults"), key(k)];
@@ -316,6 +318,7 @@ pub(super) fn resolve(
         cluster,
         server_address,
         leader_election,
+        sharding,
         plugin_defaults: PluginDefaults {
             concurrency,
             deadline,

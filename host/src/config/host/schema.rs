@@ -62,6 +62,8 @@ pub struct HostToml {
     pub leader_election: LeaderElectionToml,
     #[serde(default)]
     pub defaults: DefaultsToml,
+    #[serde(default)]
+    pub sharding: ShardingToml,
     /// The admission webhook server; none runs without this table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<super::admission::AdmissionServerToml>,
@@ -175,4 +177,41 @@ impl OciToml {
     fn is_empty(&self) -> bool {
         *self == OciToml::default()
     }
+}
+
+/// How `[sharding]` divides the objects of a sharded kind between the replicas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ShardingMode {
+    /// The assignment role labels each object with its replica; each replica caches only
+    /// the objects labelled with its name.
+    #[default]
+    Label,
+    /// No object is written: every replica caches everything and works on its own keys.
+    NoWrite,
+}
+
+/// `[sharding]`: replicas share the keys of every plugin (see docs/sharding.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ShardingToml {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Name of the ring: the label of its Leases and (label mode) of the object label key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<String>,
+    /// Namespace of the shard Leases and the assignment Lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ShardingMode>,
+    /// Points each replica has on the hash ring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_nodes: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration: Option<DurationValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_deadline: Option<DurationValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_period: Option<DurationValue>,
 }
