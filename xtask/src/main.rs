@@ -275,9 +275,20 @@ fn lint(root: &Path) -> Result<()> {
 
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
 /// `differential` compares the dev cluster with the real server, request by request;
-/// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size).
-const BACKEND_AWARE_SUITES: &[&str] =
-    &["informer", "controller", "plugin", "examples", "differential", "reload", "semantics", "chaos"];
+/// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size);
+/// `hostile_input` and `endpoint` are the reflector's caps and the endpoint's authorization.
+const BACKEND_AWARE_SUITES: &[&str] = &[
+    "informer",
+    "controller",
+    "plugin",
+    "examples",
+    "differential",
+    "reload",
+    "semantics",
+    "chaos",
+    "hostile_input",
+    "endpoint",
+];
 
 /// Builds the real API server, timing the build.
 fn build_real_server() -> Result<PathBuf> {

@@ -9,7 +9,9 @@
 //!   (setting `blockOwnerDeletion` on an owner reference requires it);
 //! - `create`/`patch` on Events (core and `events.k8s.io`), which plugins may always publish;
 //! - with leader election on, `get`/`create`/`update`/`patch` on the host's Lease, as a Role in
-//!   the Lease's namespace.
+//!   the Lease's namespace;
+//! - with `[server] auth = "kubernetes"`, `create` on TokenReviews and SubjectAccessReviews (the
+//!   endpoint asks the API server who may read it), as a ClusterRole `<name>-endpoint-auth`.
 //!
 //! A namespaced `Role` is emitted instead of a `ClusterRole` when every plugin watches only one
 //! and the same namespace and every kind involved is namespaced; the plugins' writes are then
@@ -43,6 +45,8 @@ pub struct RbacOptions {
     pub cluster_scope: Option<bool>,
     /// Adds a Role for the Lease when set.
     pub leader_election: Option<LeaderElectionConfig>,
+    /// Adds a ClusterRole for the endpoint's token and access reviews when set.
+    pub endpoint_auth: bool,
 }
 
 impl Default for RbacOptions {
@@ -53,6 +57,7 @@ impl Default for RbacOptions {
             name: "wasmctrl".into(),
             cluster_scope: None,
             leader_election: None,
+            endpoint_auth: false,
         }
     }
 }
@@ -219,6 +224,32 @@ pub fn rbac_for(
             role_ref: RoleRef {
                 api_group: String::from("rbac.authorization.k8s.io").into(),
                 kind: "Role".into(),
+                name,
+            },
+            subjects: Some(vec![subject.clone()]),
+        }));
+    }
+    if options.endpoint_auth {
+        let name = format!("{}-endpoint-auth", options.name);
+        let create = |group: &str, resource: &str| PolicyRule {
+            api_groups: Some(vec![group.into()]),
+            resources: Some(vec![resource.into()]),
+            verbs: vec!["create".into()],
+            ..Default::default()
+        };
+        objects.push(RbacObject::ClusterRole(ClusterRole {
+            metadata: meta(&name, None),
+            rules: Some(vec![
+                create("authentication.k8s.io", "tokenreviews"),
+                create("authorization.k8s.io", "subjectaccessreviews"),
+            ]),
+            ..Default::default()
+        }));
+        objects.push(RbacObject::ClusterRoleBinding(ClusterRoleBinding {
+            metadata: meta(&name, None),
+            role_ref: RoleRef {
+                api_group: String::from("rbac.authorization.k8s.io").into(),
+                kind: "ClusterRole".into(),
                 name,
             },
             subjects: Some(vec![subject]),

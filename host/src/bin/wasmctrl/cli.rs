@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio_util::sync::CancellationToken;
-use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig};
+use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig, ServerAuth};
 use wasmctrl::controller::leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 use wasmctrl::informer::{FactoryOptions, InformerFactory};
 use wasmctrl::metrics::Metrics;
@@ -18,7 +18,7 @@ use wasmctrl::reload::{
     CheckOptions, EngineValidator, FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, RbacOptions,
     StatusBoard, check_paths, rbac_for,
 };
-use wasmctrl::server::{Readiness, StatusSource};
+use wasmctrl::server::{Access, KubernetesAuth, Readiness, ServerTls, StatusSource};
 #[cfg(feature = "embedded")]
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 
@@ -135,11 +135,18 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
 
     // The endpoint comes up first (liveness), reporting not-ready until plugins run.
     let status = Arc::new(LateStatus::default());
-    let (address, server) =
-        wasmctrl::server::serve(host.server_address, metrics.clone(), status.clone(), shutdown.clone())
-            .await
-            .with_context(|| format!("binding the metrics endpoint on {}", host.server_address))?;
-    tracing::info!(%address, "serving /metrics, /healthz, /readyz and /plugins");
+    let access = endpoint_access(&host, &client)?;
+    let scheme = if matches!(access, Access::Open) { "http" } else { "https" };
+    let (address, server) = wasmctrl::server::serve_with(
+        host.server_address,
+        access,
+        metrics.clone(),
+        status.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .with_context(|| format!("binding the metrics endpoint on {}", host.server_address))?;
+    tracing::info!(%address, %scheme, "serving /metrics, /healthz, /readyz and /plugins");
 
     let engine = PluginEngine::new(
         EngineConfig {
@@ -156,7 +163,13 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         Some(&metrics),
     )
     .context("configuring the WebAssembly engine")?;
-    let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
+    let factory = InformerFactory::new(
+        client.clone(),
+        FactoryOptions {
+            max_object_size: usize::try_from(host.max_object_size).unwrap_or(usize::MAX),
+            ..FactoryOptions::default()
+        },
+    );
     let identity = identity();
     let kube = KubeServices::with_discovery(
         client.clone(),
@@ -226,6 +239,23 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         cluster.shutdown().await;
     }
     outcome.map(|()| ExitCode::SUCCESS)
+}
+
+/// Who may read the endpoint, from `[server] auth`: with "kubernetes", the API server behind
+/// `client` reviews each request, over HTTPS with the configured or a self-signed certificate.
+fn endpoint_access(host: &HostConfig, client: &kube::Client) -> Result<Access> {
+    let ServerAuth::Kubernetes { tls } = &host.server_auth else { return Ok(Access::Open) };
+    let tls = match tls {
+        Some(files) => ServerTls::from_files(&files.cert, &files.key).context("[server] TLS certificate")?,
+        None => {
+            let mut names: Vec<String> = std::env::var("HOSTNAME").into_iter().collect();
+            if !host.server_address.ip().is_unspecified() {
+                names.push(host.server_address.ip().to_string());
+            }
+            ServerTls::self_signed(&names).context("[server] self-signed TLS certificate")?
+        }
+    };
+    Ok(Access::Kubernetes { auth: Arc::new(KubernetesAuth::new(client.clone())), tls })
 }
 
 /// Runs the plugins directory until `stop` is cancelled, then drains every plugin.
@@ -371,6 +401,7 @@ pub fn rbac(args: RbacArgs) -> Result<ExitCode> {
         name: args.name,
         cluster_scope: args.cluster_scope.then_some(true),
         leader_election: host.leader_election.clone(),
+        endpoint_auth: matches!(host.server_auth, ServerAuth::Kubernetes { .. }),
     };
     let manifests = rbac_for(&plugins, &options, &BuiltinKinds);
     print!("{}", manifests.to_yaml().context("encoding the RBAC as YAML")?);

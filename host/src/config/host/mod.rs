@@ -15,7 +15,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use schema::{ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, ServerToml};
+pub use schema::{
+    ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, ServerAuthMode, ServerToml,
+};
 
 use super::decode::decode;
 use super::error::{ConfigError, ConfigErrors};
@@ -37,6 +39,25 @@ pub enum ClusterConfig {
         context: Option<String>,
     },
     InCluster,
+}
+
+/// Who may read the host's HTTP endpoint, checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ServerAuth {
+    /// Plain HTTP; whoever can connect reads every path.
+    #[default]
+    None,
+    /// HTTPS; `/metrics` and `/plugins` need a bearer token the API server authenticates and
+    /// authorizes for `get` on the path. `tls`: the certificate and key files (`None`: a
+    /// self-signed certificate generated at start).
+    Kubernetes { tls: Option<TlsFiles> },
+}
+
+/// A PEM certificate chain and its private key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// Leader election, checked. Only present when enabled.
@@ -66,7 +87,10 @@ pub struct HostConfig {
     /// to Cranelift code in the background.
     pub tier_up: bool,
     pub cluster: ClusterConfig,
+    /// The longest watch event or list item accepted from the API server.
+    pub max_object_size: u64,
     pub server_address: SocketAddr,
+    pub server_auth: ServerAuth,
     pub leader_election: Option<LeaderElectionConfig>,
     pub plugin_defaults: PluginDefaults,
     /// How long a controller waits for its informers to sync before failing.
@@ -103,7 +127,9 @@ impl HostConfig {
             idle_code_timeout: crate::plugin::DEFAULT_IDLE_CODE_TIMEOUT,
             tier_up: true,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
+            max_object_size: crate::source::DEFAULT_MAX_OBJECT_SIZE as u64,
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            server_auth: ServerAuth::None,
             leader_election: None,
             plugin_defaults: PluginDefaults::default(),
             cache_sync_timeout: Duration::from_secs(120),
