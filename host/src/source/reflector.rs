@@ -401,13 +401,18 @@ impl Reflector {
                     Err(_) => continue, // trailers
                 },
             };
+            let mut completed = false;
             let split = lines.push(&data, |line| {
+                completed = true;
                 decoder.decode(line, &mut changes, rv)?;
                 events += 1;
                 Ok(())
             });
-            // What the frame completed goes in even when a later line ended the watch.
-            push(std::mem::take(&mut changes), rv);
+            // What the frame completed goes in, even when a later line ended the watch; a
+            // frame that only continued a line changed nothing.
+            if completed {
+                push(std::mem::take(&mut changes), rv);
+            }
             match split {
                 Ok(()) => {}
                 Err(WatchLinesError::Line(error)) => return WatchEnd::Failed(error),
