@@ -24,6 +24,8 @@
 pub mod error;
 #[cfg(feature = "faults")]
 pub mod faults;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kubeconfig;
 mod managed;
 pub mod patch;

@@ -39,3 +39,6 @@ pub mod fixture;
 pub mod metrics;
 
 pub mod server;
+
+#[doc(hidden)]
+pub mod fuzzing;

@@ -6,6 +6,8 @@
 mod backoff;
 mod discovery;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod list_body;
 mod machine;
 mod reflector;
