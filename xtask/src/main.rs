@@ -12,6 +12,8 @@
 //!   plugins next to their TOMLs in `examples/plugins/`; then the TypeScript and Python
 //!   guests (`guests/ts`, `guests/python`) when Node and Python are installed.
 //! - `cargo xtask ci`    — what `.ci/run` checks: formatting, clippy, then `test`.
+//! - `cargo xtask fuzz [--seconds N] [TARGET...]` — build the fuzz targets of `fuzz/` and run
+//!   each (or the ones named) for N seconds (default 60); see `fuzz.rs`.
 //! - `cargo xtask bench [anchors]` — every benchmark, or only the table next to kube-rs,
 //!   client-go and controller-runtime (see `bench.rs`).
 
@@ -24,6 +26,7 @@ use wasmctrl_testkit::realserver::{self, BACKEND_ENV, KUBECONFIG_ENV, RealServer
 
 mod bench;
 mod bench_summary;
+mod fuzz;
 
 mod guest_langs;
 
@@ -52,13 +55,16 @@ fn main() -> Result<()> {
             test(&root, &[])?;
             test_real(&root, &[])
         }
+        "fuzz" => fuzz::fuzz(&root, &rest),
         "real-cluster" => real_cluster(&root, &rest),
         "test-real" => {
             build_guests(&root)?;
             test_real(&root, &rest)
         }
         _ => {
-            eprintln!("usage: cargo xtask <demo|test|test-real|real-cluster|build-guests|ci|bench> [args]");
+            eprintln!(
+                "usage: cargo xtask <demo|test|test-real|real-cluster|build-guests|ci|bench|fuzz> [args]"
+            );
             eprintln!(
                 "  demo          build the example plugins and run the host on the embedded dev cluster"
             );
@@ -73,6 +79,9 @@ fn main() -> Result<()> {
                 "  build-guests  build guests/ for {WASM_TARGET} and copy the example plugins into examples/plugins/"
             );
             eprintln!("  ci            cargo fmt --check, cargo clippy -D warnings, then test");
+            eprintln!(
+                "  fuzz          build the fuzz targets (nightly) and run each for --seconds N (default 60); or name targets"
+            );
             eprintln!(
                 "  bench         run every benchmark (release); `bench anchors`: only the table vs kube-rs, client-go, controller-runtime"
             );
@@ -99,7 +108,11 @@ fn project_root() -> PathBuf {
 /// see them change between `cargo xtask ...` and plain `cargo ...`, and rebuild everything
 /// that depends on them each time one follows the other.
 fn cargo() -> Command {
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    without_cargo_run_env(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())))
+}
+
+/// `cmd` without the variables `cargo run` gave this process (see [`cargo`]).
+fn without_cargo_run_env(mut cmd: Command) -> Command {
     for (key, _) in std::env::vars_os() {
         let Some(key) = key.to_str() else { continue };
         let from_cargo_run = key.starts_with("CARGO_PKG_")
