@@ -1,23 +1,40 @@
 //! wasmctrl next to kube-rs, client-go and controller-runtime on one generated stream
 //! (harness-free; `cargo bench -p wasmctrl --bench anchors`, or `cargo xtask bench anchors`).
 //!
-//! One table with ratios:
-//! - informer watch events/s and cache bytes per object: wasmctrl's SharedIndexInformer,
-//!   kube-rs's `watcher` + `reflector` (typed `ConfigMap`), client-go's SharedIndexInformer
-//!   (`bench/anchors/informer`);
-//! - event → reconcile-start latency p50 / p99 at 5,000, 20,000 and 50,000 updates/s: wasmctrl's
-//!   controller with a no-op Wasm plugin, kube-rs's `Controller`, controller-runtime
-//!   (`bench/anchors/controller`); each with a no-op reconcile, concurrency 1.
+//! Three tables, each figure the median (min–max) of `BENCH_ROUNDS` rounds, every row naming
+//! what goes over the wire and what work each consumer does per event:
+//! - informers, flat out: watch events/s at the event handler and cache bytes per object, for
+//!   wasmctrl's SharedIndexInformer (JSON; lazy: metadata decoded, object bytes kept for the
+//!   plugins), kube-rs's `watcher` + `reflector` (JSON; full typed decode), and client-go's
+//!   typed SharedIndexInformer (`bench/anchors/informer`) once over JSON and once over
+//!   protobuf (full typed decode both);
+//! - the decode floor: the same watch events decoded in memory on one thread with no
+//!   informer, by Rust (`anchors/decode_floor.rs`: `serde_json::Value`, typed `serde_json`,
+//!   wasmctrl's lazy object, prost, and prost + a JSON re-encode, the prototype of a protobuf
+//!   reflector whose decision the table states) and by Go (`bench/anchors/decode`: client-go's
+//!   watch decoder and a bare `encoding/json` / gogo-protobuf Unmarshal, JSON and protobuf);
+//! - event → reconcile-start latency p50 / p99 at each paced rate: wasmctrl's controller with
+//!   a no-op Wasm plugin, kube-rs's `Controller` (both JSON), controller-runtime
+//!   (`bench/anchors/controller`, protobuf: its default for built-in types); each with a no-op
+//!   reconcile, concurrency 1. A consumer that does not keep up (`latency::Delivery`) is
+//!   reported as "saturated at N events/s", never with a latency; a plot draws p99 against
+//!   the rate for the runs that kept up.
 //!
-//! Every run is three processes: a stream server (this binary, `serve`; see
+//! A fourth table gives the environment: the Go runtime's version, GOMAXPROCS and GOGC as
+//! each Go program reported them; the harness pins GOMAXPROCS (the cores it may use) and
+//! GOGC (100), and unsets GOMEMLIMIT and GODEBUG, for every Go process.
+//!
+//! Every run is separate processes: a stream server (this binary, `serve`; see
 //! `wasmctrl_bench_support`) listing `BENCH_OBJECTS` ~2 KB ConfigMaps and then streaming
-//! `BENCH_UPDATES` updates (flat out for the informers; paced at each rate for
-//! `BENCH_SECONDS` per rate after a 1 s warm-up for the controllers), and one consumer (this
-//! binary, `consume ...`, or a Go program) that prints one JSON line. The Go programs are
-//! built here with the Go toolchain (module cache and build cache in Go's defaults, outside
-//! the repository); without `go` their column says so. The no-op plugin is the `panic` test
-//! plugin, whose reconcile of any request but `misbehave` returns `Done` at once (built by
-//! `cargo xtask build-guests`).
+//! updates (flat out for the informers; paced at each rate for `BENCH_SECONDS` per rate after
+//! a 1 s warm-up for the controllers), and one consumer (this binary, `consume ...`, or a Go
+//! program) that prints one JSON line. The server answers each consumer in the encoding its
+//! `Accept` header asks for; every Go program reports the Content-Type it was answered with,
+//! and a row whose wire differs from its label fails. The Go programs are built here with the
+//! Go toolchain (module cache and build cache in Go's defaults, outside the repository);
+//! without `go` their rows say so. The no-op plugin is the `panic` test plugin, whose
+//! reconcile of any request but `misbehave` returns `Done` at once (built by `cargo xtask
+//! build-guests`).
 //!
 //! Measured the same way by every consumer:
 //! - events/s: updates seen by an event handler (a stream consumer for kube-rs) divided by
@@ -28,27 +45,18 @@
 //! - latency: at reconcile start, now − the `sent` stamp of the object in the cache, over the
 //!   updates after the first tenth; percentile q = the sorted samples' ⌊(n − 1)·q⌋-th;
 //! - beside each controller run, the machine's own stalls: a thread of this (waiting) harness
-//!   sleeps 1 ms at a time and records how late it wakes ([`SleepProbe`]); printed under the
-//!   table for wasmctrl's runs, since the p99 rows move with them from one machine to another.
+//!   sleeps 1 ms at a time and records how late it wakes ([`SleepProbe`]); noted under the
+//!   latency table for wasmctrl's runs, since the p99 rows move with them.
 //!
-//! What each informer does per watch event, on the same JSON stream (no consumer asks for
-//! protobuf; the stream server speaks JSON only), with the same handler work (count the
-//! update and read its sequence annotation):
-//! - wasmctrl: splits the event envelope, parses the object's metadata (name, namespace,
-//!   resourceVersion, labels, annotations, owner references) and keeps the object's JSON
-//!   bytes as received (plugins are handed those bytes); `data` is validated, not built;
-//!   then the DeltaFIFO, the indexer (namespace index) and the handler's listener;
-//! - kube-rs: deserializes the event and the whole typed `ConfigMap` (serde), then the
-//!   reflector's store;
-//! - client-go: a typed `ConfigMap` SharedIndexInformer as its users write one (factory,
-//!   no resync, default rate limits — which apply to requests, and there are two: the list
-//!   and the watch). Its JSON watch path reads each event's bytes five times: the stream
-//!   framer, `encoding/json`'s validation and skip of the envelope (the object is kept as a
-//!   `RawExtension`), then `sigs.k8s.io/json`'s validation and typed decode of the object;
-//!   a CPU profile (`-cpuprofile` on `bench/anchors/informer`) puts ~75% of its time there.
+//! client-go's JSON watch path reads each event's bytes several times (the stream framer,
+//! `encoding/json`'s validation and skip of the envelope, kept as a `RawExtension`, then
+//! `sigs.k8s.io/json`'s validation and typed decode of the object); `-cpuprofile` on
+//! `bench/anchors/informer` shows where its time goes.
 //!
-//! Sizes: `BENCH_OBJECTS` (20000), `BENCH_UPDATES` (200000), `BENCH_RATES` ("5000,20000,50000"),
-//! `BENCH_SECONDS` (6), `BENCH_ROUNDS` (1; the best informer round is kept).
+//! Sizes: `BENCH_OBJECTS` (20000), `BENCH_UPDATES` (200000), `BENCH_FLOOR_UPDATES` (50000, at
+//! most `BENCH_UPDATES`), `BENCH_RATES` ("5000,20000,50000"), `BENCH_SECONDS` (6),
+//! `BENCH_ROUNDS` (3). `BENCH_QUICK=1` shrinks the defaults for a smoke run (2000 objects,
+//! 20000 updates, rates 5000 and 20000, 2 s each).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -74,11 +82,14 @@ use wasmctrl::plugin::{
     CacheReader, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginReconciler, PluginSpec,
 };
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
-use wasmctrl_bench_support::latency::{self, Sample};
+use wasmctrl_bench_support::latency::{self, Delivery, Sample, Stamp};
 use wasmctrl_bench_support::{
-    Allocator, BackgroundServer, CountingAllocator, Figure, Pace, SEQ_ANNOTATION, StreamConfig,
-    StreamProgress, allocated, unix_nanos,
+    Allocator, BackgroundServer, CountingAllocator, Figure, Pace, Plot, Rounds, SEQ_ANNOTATION, StreamConfig,
+    StreamProgress, Table, allocated, number, quick, rounds_from_env, unix_nanos,
 };
+
+#[path = "anchors/decode_floor.rs"]
+mod decode_floor;
 
 #[global_allocator]
 static GLOBAL: CountingAllocator =
@@ -151,6 +162,13 @@ fn serve(args: &[String]) -> Result<(), Error> {
 
 fn consume(args: &[String]) -> Result<(), Error> {
     let what = (args.get(1).map(String::as_str), args.get(2).map(String::as_str));
+    if what.0 == Some("floor") {
+        let objects = usize::try_from(flag_u64(args, "--objects")?)?;
+        let updates = flag_u64(args, "--updates")?;
+        let rounds = usize::try_from(flag_u64(args, "--rounds")?)?.max(1);
+        println!("{}", decode_floor::run(objects, updates, rounds)?);
+        return Ok(());
+    }
     let url = flag(args, "--url").ok_or("missing --url")?;
     let objects = usize::try_from(flag_u64(args, "--objects")?)?;
     let updates = flag_u64(args, "--updates")?;
@@ -162,7 +180,7 @@ fn consume(args: &[String]) -> Result<(), Error> {
         }
         (Some("informer"), Some("kube-rs")) => rt.block_on(informer_kube(&url, objects, updates, timeout))?,
         (Some("controller"), Some(which)) => {
-            let samples = match which {
+            let stamps = match which {
                 "wasmctrl" => {
                     let plugin = PathBuf::from(flag(args, "--plugin").ok_or("missing --plugin")?);
                     rt.block_on(controller_wasmctrl(&url, &plugin, updates, timeout))?
@@ -170,13 +188,23 @@ fn consume(args: &[String]) -> Result<(), Error> {
                 "kube-rs" => rt.block_on(controller_kube(&url, updates, timeout))?,
                 other => return Err(format!("unknown controller {other}").into()),
             };
+            let samples: Vec<Sample> = stamps.iter().map(Stamp::sample).collect();
             let p = latency::percentiles(&samples, updates / 10)
                 .ok_or("no reconcile of an update after the first tenth")?;
+            let d =
+                Delivery::of(&stamps, updates / 10).ok_or("fewer than 3 reconciles after the first tenth")?;
             let ms = |n: u64| n as f64 / 1e6;
             json!({ "kind": "latency", "reconciles": samples.len(), "samples": p.count,
-                    "p50_ms": ms(p.p50), "p99_ms": ms(p.p99), "max_ms": ms(p.max) })
+                    "p50_ms": ms(p.p50), "p99_ms": ms(p.p99), "max_ms": ms(p.max),
+                    "delivery": { "offered_per_sec": d.offered_per_sec, "delivered_per_sec": d.delivered_per_sec,
+                                  "lag_first_third_ms": d.lag_first_third_ms, "lag_last_third_ms": d.lag_last_third_ms } })
         }
-        _ => return Err("usage: consume <informer|controller> <wasmctrl|kube-rs> --url URL ...".into()),
+        _ => {
+            return Err(
+                "usage: consume <informer|controller> <wasmctrl|kube-rs> --url URL ... | consume floor ..."
+                    .into(),
+            );
+        }
     };
     rt.shutdown_timeout(Duration::from_secs(1));
     println!("{result}");
@@ -268,12 +296,12 @@ async fn informer_kube(url: &str, objects: usize, updates: u64, timeout: Duratio
     informer_result("kube-rs", &progress, objects, before, store.state().len())
 }
 
-/// Takes a latency sample at the start of each reconcile, then hands the request on.
+/// Takes a latency stamp at the start of each reconcile, then hands the request on.
 struct Stamping {
     inner: Arc<dyn Reconciler>,
     cache: Indexer,
     last_seq: u64,
-    samples: parking_lot::Mutex<Vec<Sample>>,
+    samples: parking_lot::Mutex<Vec<Stamp>>,
     done: tokio::sync::Notify,
 }
 
@@ -281,7 +309,7 @@ impl Reconciler for Stamping {
     fn reconcile(&self, request: Request) -> BoxFuture<'static, Result<Action, ReconcileError>> {
         let now = unix_nanos();
         if let Some(obj) = self.cache.get_by_name(request.namespace.as_deref(), &request.name)
-            && let Some(s) = latency::sample(|k| obj.annotation(k), now)
+            && let Some(s) = latency::stamp(|k| obj.annotation(k), now)
         {
             self.samples.lock().push(s);
             if s.seq == self.last_seq {
@@ -297,7 +325,7 @@ async fn controller_wasmctrl(
     plugin: &Path,
     updates: u64,
     timeout: Duration,
-) -> Result<Vec<Sample>, Error> {
+) -> Result<Vec<Stamp>, Error> {
     let wasm = std::fs::read(plugin).map_err(|e| format!("{}: {e}", plugin.display()))?;
     let factory = InformerFactory::new(client(url)?, FactoryOptions::default());
     let source = InformerSource::new(&factory, InformerSpec::new("v1", "ConfigMap")).await?;
@@ -337,7 +365,7 @@ async fn controller_wasmctrl(
 
 struct KubeContext {
     last_seq: u64,
-    samples: parking_lot::Mutex<Vec<Sample>>,
+    samples: parking_lot::Mutex<Vec<Stamp>>,
     done: tokio::sync::Notify,
 }
 
@@ -347,7 +375,7 @@ async fn kube_reconcile(
 ) -> Result<kube::runtime::controller::Action, std::convert::Infallible> {
     let now = unix_nanos();
     let annotations = cm.metadata.annotations.as_ref();
-    if let Some(s) = latency::sample(|k| annotations.and_then(|a| a.get(k)).map(String::as_str), now) {
+    if let Some(s) = latency::stamp(|k| annotations.and_then(|a| a.get(k)).map(String::as_str), now) {
         ctx.samples.lock().push(s);
         if s.seq == ctx.last_seq {
             ctx.done.notify_one();
@@ -356,7 +384,7 @@ async fn kube_reconcile(
     Ok(kube::runtime::controller::Action::await_change())
 }
 
-async fn controller_kube(url: &str, updates: u64, timeout: Duration) -> Result<Vec<Sample>, Error> {
+async fn controller_kube(url: &str, updates: u64, timeout: Duration) -> Result<Vec<Stamp>, Error> {
     use kube::runtime::controller::{Config, Controller as KubeController};
     let api: Api<ConfigMap> = Api::all(client(url)?);
     let ctx = Arc::new(KubeContext {
@@ -438,20 +466,16 @@ fn run_consumer(
     let server = ServerProcess::start(objects, updates, rate).map_err(|e| format!("stream server: {e}"))?;
     let mut cmd = consumer(&server.url);
     let out = cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("starting {cmd:?}: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last =
-        stdout.lines().rev().find_map(|l| serde_json::from_str::<Value>(l).ok().filter(Value::is_object));
-    match last {
-        Some(v) if v.get("error").is_some() => Err(v["error"].as_str().unwrap_or("error").to_owned()),
-        Some(v) if out.status.success() => Ok((v, server.json_bytes_per_object)),
-        _ => Err(format!("{:?} exited with {} and no result", cmd.get_program(), out.status)),
-    }
+    last_json_line(&out.stdout, out.status.success())
+        .map(|v| (v, server.json_bytes_per_object))
+        .map_err(|e| format!("{:?}: {e} ({})", cmd.get_program(), out.status))
 }
 
-/// The Go anchors, built, or why not.
+/// The Go anchors, built.
 struct GoAnchors {
     informer: PathBuf,
     controller: PathBuf,
+    decode: PathBuf,
 }
 
 fn repo_root() -> PathBuf {
@@ -471,49 +495,23 @@ fn build_go_anchors() -> Result<GoAnchors, String> {
         .current_dir(&dir)
         .args(["build", "-trimpath", "-o"])
         .arg(format!("{}/", out.display()))
-        .args(["./informer", "./controller"])
+        .args(["./informer", "./controller", "./decode"])
         .output()
         .map_err(|e| format!("failed: go build: {e}"))?;
     if !built.status.success() {
         let err = String::from_utf8_lossy(&built.stderr);
         return Err(format!("failed: go build: {}", err.lines().last().unwrap_or("")));
     }
-    Ok(GoAnchors { informer: out.join("informer"), controller: out.join("controller") })
+    Ok(GoAnchors {
+        informer: out.join("informer"),
+        controller: out.join("controller"),
+        decode: out.join("decode"),
+    })
 }
 
 fn noop_plugin() -> Result<PathBuf, String> {
     let path = repo_root().join("guests/target/wasm32-wasip2/release/test_plugin_panic.wasm");
     if path.exists() { Ok(path) } else { Err("skipped: run `cargo xtask build-guests`".into()) }
-}
-
-/// One cell: a figure or why it is missing.
-type Cell = Result<f64, String>;
-
-struct Row {
-    label: String,
-    higher_is_better: bool,
-    cells: [Cell; 3],
-    /// Issue 12's target for wasmctrl's figure, in the row's unit.
-    target: Option<f64>,
-}
-
-impl Row {
-    /// Records wasmctrl's figure next to the others for `cargo xtask bench`'s closing table.
-    fn record(&self, unit: &str) {
-        let Ok(ours) = self.cells[0] else { return };
-        let figure = if self.higher_is_better {
-            Figure::higher("anchors", &self.label, ours, unit)
-        } else {
-            Figure::lower("anchors", &self.label, ours, unit)
-        };
-        let mut figure = figure
-            .against("kube-rs", self.cells[1].clone().unwrap_or(f64::NAN))
-            .against("Go", self.cells[2].clone().unwrap_or(f64::NAN));
-        if let Some(t) = self.target {
-            figure = figure.target(t);
-        }
-        figure.record();
-    }
 }
 
 fn self_consumer(args: &[String]) -> impl FnOnce(&str) -> Command {
@@ -525,157 +523,637 @@ fn self_consumer(args: &[String]) -> impl FnOnce(&str) -> Command {
     }
 }
 
+/// GOGC every Go consumer runs with: Go's default, set explicitly so a value in the
+/// environment cannot change it.
+const GOGC: &str = "100";
+
+/// GOMAXPROCS every Go consumer runs with: the cores this process may use (Go's default,
+/// set explicitly, as GOGC).
+fn gomaxprocs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn go_consumer(bin: &Path, args: &[String]) -> impl FnOnce(&str) -> Command {
     let (bin, args) = (bin.to_owned(), args.to_vec());
     move |url| {
         let mut cmd = Command::new(bin);
-        cmd.args(&args).args(["-url", url]);
+        cmd.args(&args)
+            .args(["-url", url])
+            .env("GOMAXPROCS", gomaxprocs().to_string())
+            .env("GOGC", GOGC)
+            .env_remove("GOMEMLIMIT")
+            .env_remove("GODEBUG");
         cmd
     }
 }
 
-fn field(v: &Value, name: &str) -> Cell {
+fn field(v: &Value, name: &str) -> Result<f64, String> {
     v[name].as_f64().ok_or_else(|| format!("no {name} in {v}"))
 }
 
-fn orchestrate() -> Result<(), Error> {
-    let objects = env_usize("BENCH_OBJECTS", 20_000);
-    let updates = env_usize("BENCH_UPDATES", 200_000) as u64;
-    let seconds = env_usize("BENCH_SECONDS", 6).max(1) as u64;
-    let rounds = env_usize("BENCH_ROUNDS", 1).max(1);
-    let rates: Vec<u32> = std::env::var("BENCH_RATES")
-        .unwrap_or_else(|_| "5000,20000,50000".into())
-        .split(',')
-        .filter_map(|r| r.trim().parse().ok())
-        .collect();
-    let go = build_go_anchors();
-    let plugin = noop_plugin();
-    let timeout = |run_seconds: u64| (run_seconds + 120).to_string();
-
-    // Informers: the best of `rounds` for each.
-    let mut json_bytes = 0.0;
-    let informer_args = |which: &str| -> Vec<String> {
-        ["informer", which, "--objects", &objects.to_string(), "--updates", &updates.to_string()]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(["--timeout-s".to_string(), timeout(0)])
-            .collect()
+/// "go1.26.8, GOMAXPROCS 2, GOGC 100" from a Go result line's `env` (what the runtime
+/// reported), or why it differs from what the harness pinned.
+fn go_environment(v: &Value) -> Result<String, String> {
+    let env = &v["env"];
+    let (version, procs, gogc) =
+        (env["go_version"].as_str(), env["gomaxprocs"].as_u64(), env["gogc"].as_i64());
+    let (Some(version), Some(procs), Some(gogc)) = (version, procs, gogc) else {
+        return Err(format!("no Go environment in {v}"));
     };
-    let go_informer_args = vec![
-        "-objects".into(),
-        objects.to_string(),
-        "-updates".into(),
-        updates.to_string(),
-        "-timeout".into(),
-        format!("{}s", timeout(0)),
-    ];
-    let mut rate_cells: [Cell; 3] = [Err(String::new()), Err(String::new()), Err(String::new())];
-    let mut bytes_cells: [Cell; 3] = [Err(String::new()), Err(String::new()), Err(String::new())];
-    for (column, name) in ["wasmctrl", "kube-rs", "client-go"].into_iter().enumerate() {
-        let mut best: Option<Value> = None;
-        let mut failure = String::new();
-        for round in 0..rounds {
-            eprintln!("anchors: informer {name}, round {}", round + 1);
-            let outcome = match (name, &go) {
-                ("client-go", Err(why)) => Err(why.clone()),
-                ("client-go", Ok(go)) => {
-                    run_consumer(objects, updates, None, go_consumer(&go.informer, &go_informer_args))
-                }
-                _ => run_consumer(objects, updates, None, self_consumer(&informer_args(name))),
-            };
-            match outcome {
-                Ok((v, bytes)) => {
-                    json_bytes = bytes;
-                    let better = best
-                        .as_ref()
-                        .is_none_or(|b| field(&v, "events_per_sec").ok() > field(b, "events_per_sec").ok());
-                    if better {
-                        best = Some(v);
-                    }
-                }
-                Err(e) => failure = e,
-            }
+    if procs as usize != gomaxprocs() || gogc.to_string() != GOGC {
+        return Err(format!(
+            "Go ran with GOMAXPROCS {procs}, GOGC {gogc}; the harness pinned {}, {GOGC}",
+            gomaxprocs()
+        ));
+    }
+    Ok(format!("{version}, GOMAXPROCS {procs}, GOGC {gogc}"))
+}
+
+/// "JSON", "protobuf", or the Content-Types as received, from a Go result line's `wire`.
+fn wire_of(v: &Value) -> String {
+    let types: Vec<&str> = v["wire"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    if !types.is_empty() && types.iter().all(|t| t.starts_with("application/vnd.kubernetes.protobuf")) {
+        "protobuf".into()
+    } else if !types.is_empty() && types.iter().all(|t| t.starts_with("application/json")) {
+        "JSON".into()
+    } else {
+        format!("{types:?}")
+    }
+}
+
+/// Benchmark sizes, from the environment (smaller defaults with `BENCH_QUICK`).
+struct Sizes {
+    objects: usize,
+    updates: u64,
+    floor_updates: u64,
+    seconds: u64,
+    rounds: usize,
+    rates: Vec<u32>,
+}
+
+impl Sizes {
+    fn from_env() -> Self {
+        let quick = quick();
+        let updates = env_usize("BENCH_UPDATES", if quick { 20_000 } else { 200_000 }).max(1) as u64;
+        Sizes {
+            objects: env_usize("BENCH_OBJECTS", if quick { 2_000 } else { 20_000 }).max(1),
+            updates,
+            floor_updates: env_usize("BENCH_FLOOR_UPDATES", 50_000).max(1).min(updates as usize) as u64,
+            seconds: env_usize("BENCH_SECONDS", if quick { 2 } else { 6 }).max(1) as u64,
+            rounds: rounds_from_env(),
+            rates: std::env::var("BENCH_RATES")
+                .unwrap_or_else(|_| if quick { "5000,20000" } else { "5000,20000,50000" }.into())
+                .split(',')
+                .filter_map(|r| r.trim().parse().ok())
+                .collect(),
         }
-        match best {
-            Some(v) => {
+    }
+}
+
+/// A consumer's figures over the rounds, or why it has none.
+struct Measured {
+    rounds: Vec<Value>,
+    /// The last failure, and how many rounds failed.
+    failure: Option<String>,
+    failed: usize,
+}
+
+impl Measured {
+    fn new() -> Self {
+        Measured { rounds: Vec::new(), failure: None, failed: 0 }
+    }
+
+    /// Keeps one round's outcome.
+    fn add(&mut self, label: &str, outcome: Result<Value, String>) {
+        match outcome {
+            Ok(v) => {
                 eprintln!("anchors: {v}");
-                rate_cells[column] = field(&v, "events_per_sec");
-                bytes_cells[column] = field(&v, "cache_bytes_per_object");
+                self.rounds.push(v);
             }
-            None => {
-                rate_cells[column] = Err(failure.clone());
-                bytes_cells[column] = Err(failure);
+            Err(e) => {
+                eprintln!("anchors: {label}: {e}");
+                self.failure = Some(e);
+                self.failed += 1;
             }
         }
     }
-    let mut rows = vec![
-        Row {
-            label: "informer watch events/s".into(),
-            higher_is_better: true,
-            cells: rate_cells,
-            target: Some(200_000.0),
-        },
-        Row {
-            label: format!("cache bytes per object (JSON {json_bytes:.0} B)"),
-            higher_is_better: false,
-            cells: bytes_cells,
-            target: Some(1.2 * json_bytes),
-        },
-    ];
-    rows[0].record("events/s");
-    rows[1].record("B");
 
-    // Controllers, one paced run per rate.
-    let mut probes: Vec<String> = Vec::new();
-    for &rate in &rates {
-        let n = u64::from(rate) * seconds;
-        let mut p50: [Cell; 3] = [Err(String::new()), Err(String::new()), Err(String::new())];
-        let mut p99: [Cell; 3] = [Err(String::new()), Err(String::new()), Err(String::new())];
-        for (column, name) in ["wasmctrl", "kube-rs", "controller-runtime"].into_iter().enumerate() {
-            eprintln!("anchors: controller {name} at {rate} updates/s");
-            let mut args: Vec<String> =
-                ["controller", name, "--objects", &objects.to_string(), "--updates", &n.to_string()]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .chain(["--timeout-s".to_string(), timeout(seconds)])
-                    .collect();
-            let probe = SleepProbe::start();
-            let outcome = match (name, &go, &plugin) {
-                ("controller-runtime", Err(why), _) => Err(why.clone()),
-                ("controller-runtime", Ok(go), _) => {
-                    let go_args = vec![
-                        "-updates".into(),
-                        n.to_string(),
-                        "-rate".into(),
-                        rate.to_string(),
-                        "-timeout".into(),
-                        format!("{}s", timeout(seconds)),
-                    ];
-                    run_consumer(objects, n, Some(rate), go_consumer(&go.controller, &go_args))
+    fn figure(&self, name: &str) -> Rounds {
+        Rounds::new(self.rounds.iter().filter_map(|v| field(v, name).ok()))
+    }
+
+    /// The figure's "median (min–max)", or the failure.
+    fn cell(&self, name: &str) -> String {
+        let r = self.figure(name);
+        match (&self.failure, r.is_empty()) {
+            (Some(e), true) => e.clone(),
+            (Some(e), false) => {
+                format!("{} ({} of {} rounds; the others: {e})", r.display(), r.len(), r.len() + self.failed)
+            }
+            (None, _) => r.display(),
+        }
+    }
+}
+
+/// One informer consumer: how it is run, what goes over the wire, what it does per event.
+struct InformerConsumer {
+    label: &'static str,
+    wire: &'static str,
+    work: &'static str,
+}
+
+const INFORMERS: [InformerConsumer; 4] = [
+    InformerConsumer {
+        label: "wasmctrl SharedIndexInformer",
+        wire: "JSON",
+        work: "lazy: metadata decoded, object bytes kept (plugins parse them)",
+    },
+    InformerConsumer {
+        label: "kube-rs watcher + reflector",
+        wire: "JSON",
+        work: "full typed decode (serde → k8s-openapi ConfigMap)",
+    },
+    InformerConsumer {
+        label: "client-go SharedIndexInformer",
+        wire: "JSON",
+        work: "full typed decode (sigs.k8s.io/json → corev1.ConfigMap)",
+    },
+    InformerConsumer {
+        label: "client-go SharedIndexInformer",
+        wire: "protobuf",
+        work: "full typed decode (gogo protobuf → corev1.ConfigMap)",
+    },
+];
+
+/// The controller consumers: (label, wire, how it gets there).
+const CONTROLLERS: [(&str, &str); 3] = [
+    ("wasmctrl (no-op Wasm plugin)", "JSON"),
+    ("kube-rs Controller", "JSON"),
+    ("controller-runtime", "protobuf (its default for built-in types, v0.25.2)"),
+];
+
+fn orchestrate() -> Result<(), Error> {
+    let sizes = Sizes::from_env();
+    let Sizes { objects, updates, rounds, .. } = sizes;
+    let go = build_go_anchors();
+    let plugin = noop_plugin();
+    let timeout = |run_seconds: u64| (run_seconds + 120).to_string();
+    let mut go_envs: Vec<String> = Vec::new();
+    let mut note_go = |v: &Value| -> Result<(), String> {
+        let env = go_environment(v)?;
+        if !go_envs.contains(&env) {
+            go_envs.push(env);
+        }
+        Ok(())
+    };
+    let mut json_bytes = 0.0;
+
+    // Informers, flat out.
+    let rust_args = |which: &str| -> Vec<String> {
+        [
+            "informer",
+            which,
+            "--objects",
+            &objects.to_string(),
+            "--updates",
+            &updates.to_string(),
+            "--timeout-s",
+            &timeout(0),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let go_informer_args = |content_type: &str| -> Vec<String> {
+        [
+            "-objects",
+            &objects.to_string(),
+            "-updates",
+            &updates.to_string(),
+            "-timeout",
+            &format!("{}s", timeout(0)),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["-content-type".to_string(), content_type.to_string()])
+        .collect()
+    };
+    // Rounds interleave the consumers, so a slow spell of the machine does not fall on one.
+    let mut informers: Vec<Measured> = INFORMERS.iter().map(|_| Measured::new()).collect();
+    for round in 0..rounds {
+        for (i, c) in INFORMERS.iter().enumerate() {
+            let label = format!("informer {} ({})", c.label, c.wire);
+            eprintln!("anchors: {label}, round {}", round + 1);
+            let outcome = match (i, &go) {
+                (0, _) => run_consumer(objects, updates, None, self_consumer(&rust_args("wasmctrl"))),
+                (1, _) => run_consumer(objects, updates, None, self_consumer(&rust_args("kube-rs"))),
+                (_, Err(why)) => Err(why.clone()),
+                (_, Ok(go)) => {
+                    let content_type = if c.wire == "JSON" { "json" } else { "protobuf" };
+                    run_consumer(
+                        objects,
+                        updates,
+                        None,
+                        go_consumer(&go.informer, &go_informer_args(content_type)),
+                    )
+                    .and_then(|(v, bytes)| {
+                        note_go(&v)?;
+                        if wire_of(&v) != c.wire {
+                            return Err(format!("asked for {}, the server answered {}", c.wire, wire_of(&v)));
+                        }
+                        Ok((v, bytes))
+                    })
                 }
-                ("wasmctrl", _, Err(why)) => Err(why.clone()),
-                ("wasmctrl", _, Ok(plugin)) => {
-                    args.extend(["--plugin".to_string(), plugin.display().to_string()]);
-                    run_consumer(objects, n, Some(rate), self_consumer(&args))
-                }
-                _ => run_consumer(objects, n, Some(rate), self_consumer(&args)),
             };
-            let stalls = probe.finish();
-            eprintln!("anchors: sleep probe during the run: {stalls}");
-            if name == "wasmctrl" {
-                probes.push(format!("{rate}/s: {stalls}"));
+            let outcome = outcome.map(|(v, bytes)| {
+                json_bytes = bytes;
+                v
+            });
+            informers[i].add(&label, outcome);
+        }
+    }
+    let mut table = Table::new(
+        "anchors",
+        format!(
+            "Informers: {objects} ConfigMaps listed, then {updates} updates flat out; events/s at the event handler, median (min–max) of {rounds} rounds"
+        ),
+        &["consumer", "wire", "work per event", "watch events/s", "cache bytes per object"],
+    );
+    for (c, m) in INFORMERS.iter().zip(&informers) {
+        table.row(vec![
+            c.label.into(),
+            c.wire.into(),
+            c.work.into(),
+            m.cell("events_per_sec"),
+            m.cell("cache_bytes_per_object"),
+        ]);
+    }
+    table.note(format!(
+        "Each round is two fresh processes (the stream server and the consumer). The listed objects are {json_bytes:.0} B of JSON each. Cache bytes: heap after the stream minus heap before the client (Rust: a counting allocator; Go: live heap after a GC), per object. client-go v0.37.2's typed ConfigMap client asks for protobuf first when rest.Config.ContentType is unset, so its default is the protobuf row; the JSON row sets ContentType to application/json."
+    ));
+    table.print_and_record();
+    let ours = informers[0].figure("events_per_sec").median();
+    let mut rate_figure =
+        Figure::higher("anchors", "informer watch events/s", ours, "events/s").target(200_000.0);
+    let mut bytes_figure = Figure::lower(
+        "anchors",
+        format!("cache bytes per object (JSON {json_bytes:.0} B)"),
+        informers[0].figure("cache_bytes_per_object").median(),
+        "B",
+    )
+    .target(1.2 * json_bytes);
+    for (c, m) in INFORMERS.iter().zip(&informers).skip(1) {
+        let name = format!("{} ({}, full typed)", c.label, c.wire);
+        rate_figure = rate_figure.against(&name, m.figure("events_per_sec").median());
+        bytes_figure = bytes_figure.against(&name, m.figure("cache_bytes_per_object").median());
+    }
+    rate_figure.record();
+    bytes_figure.record();
+
+    decode_floors(&sizes, &go, &mut note_go, &informers)?;
+    controllers(&sizes, &go, &plugin, &mut note_go)?;
+
+    let mut env = Table::new("anchors", "Environment of the anchors runs", &["", ""]);
+    env.row(vec![
+        "Go (as the Go runtime reported it in every Go result)".into(),
+        match (&go, go_envs.is_empty()) {
+            (Err(why), _) => why.clone(),
+            (Ok(_), true) => "no Go result".into(),
+            (Ok(_), false) => go_envs.join("; "),
+        },
+    ]);
+    env.row(vec![
+        "Go pinned by the harness".into(),
+        format!("GOMAXPROCS={}, GOGC={GOGC}, GOMEMLIMIT and GODEBUG unset", gomaxprocs()),
+    ]);
+    let build = if cfg!(debug_assertions) { "debug build (figures not comparable)" } else { "release build" };
+    env.row(vec![
+        "Rust consumers".into(),
+        format!("{build}, tokio multi-threaded runtime with one worker per core"),
+    ]);
+    env.row(vec!["rounds per figure".into(), rounds.to_string()]);
+    env.print_and_record();
+    Ok(())
+}
+
+/// The decode floor table: the same watch events decoded in memory, without an informer.
+fn decode_floors(
+    sizes: &Sizes,
+    go: &Result<GoAnchors, String>,
+    note_go: &mut impl FnMut(&Value) -> Result<(), String>,
+    informers: &[Measured],
+) -> Result<(), Error> {
+    let (objects, n, rounds) = (sizes.objects, sizes.floor_updates, sizes.rounds);
+    eprintln!("anchors: decode floors over {n} events");
+    let rust = {
+        let exe = std::env::current_exe()?;
+        let out = Command::new(exe)
+            .args(["consume", "floor", "--objects", &objects.to_string(), "--updates", &n.to_string()])
+            .args(["--rounds", &rounds.to_string()])
+            .stderr(Stdio::inherit())
+            .output()?;
+        last_json_line(&out.stdout, out.status.success())
+    };
+    let go_floor = |content_type: &str| -> Result<Value, String> {
+        let go = go.as_ref().map_err(Clone::clone)?;
+        let args: Vec<String> =
+            ["-mode", "floor", "-objects", &objects.to_string(), "-updates", &n.to_string()]
+                .iter()
+                .map(|s| s.to_string())
+                .chain(["-rounds".into(), rounds.to_string(), "-content-type".into(), content_type.into()])
+                .collect();
+        let (v, _) = run_consumer(objects, n, None, go_consumer(&go.decode, &args))?;
+        Ok(v)
+    };
+    let go_json = go_floor("json");
+    let go_protobuf = go_floor("protobuf");
+    for v in [&go_json, &go_protobuf].into_iter().flatten() {
+        note_go(v)?;
+    }
+    let figures = |v: &Result<Value, String>, path: &str| -> Result<Rounds, String> {
+        let v = v.as_ref().map_err(Clone::clone)?;
+        let values = v["events_per_sec"][path].as_array().ok_or_else(|| format!("no {path} in {v}"))?;
+        Ok(Rounds::new(values.iter().filter_map(Value::as_f64)))
+    };
+    let bytes = |v: &Result<Value, String>, key: &str| -> String {
+        v.as_ref().ok().and_then(|v| v[key].as_f64()).map_or_else(String::new, |b| format!("{b:.0}"))
+    };
+    let mut table = Table::new(
+        "anchors",
+        format!(
+            "Decode floor: {n} of the same watch events, in memory, one thread, no informer; events/s, median (min–max) of {rounds} passes"
+        ),
+        &["decoder", "wire", "work per event", "events/s", "bytes per event"],
+    );
+    let cell = |r: &Result<Rounds, String>| r.as_ref().map_or_else(Clone::clone, Rounds::display);
+    let mut rust_rounds = Vec::new();
+    for (name, wire, work) in decode_floor::PATHS {
+        let r = figures(&rust, name);
+        let key = if wire == "JSON" { "json_bytes_per_event" } else { "protobuf_bytes_per_event" };
+        table.row(vec![format!("Rust: {name}"), wire.into(), work.into(), cell(&r), bytes(&rust, key)]);
+        rust_rounds.push(r);
+    }
+    let go_paths = [
+        (
+            "client-go watch decoder",
+            "JSON",
+            &go_json,
+            "framer, envelope, then full typed decode (what an informer runs)",
+        ),
+        ("encoding/json Unmarshal", "JSON", &go_json, "full typed decode into corev1.ConfigMap"),
+        (
+            "client-go watch decoder",
+            "protobuf",
+            &go_protobuf,
+            "framer, envelope, then full typed decode (what an informer runs)",
+        ),
+        ("gogo-protobuf Unmarshal", "protobuf", &go_protobuf, "full typed decode into corev1.ConfigMap"),
+    ];
+    for (name, wire, v, work) in go_paths {
+        table.row(vec![
+            format!("Go: {name}"),
+            wire.into(),
+            work.into(),
+            cell(&figures(v, name)),
+            bytes(v, "bytes_per_event"),
+        ]);
+    }
+    table.note(format!(
+        "Rust decodes the events the corpus generates in its own process; Go reads them from the stream server first, then decodes the buffer. The first pass includes warm-up. For comparison, the informer rows above: wasmctrl {}, client-go JSON {}, client-go protobuf {} events/s.",
+        informers[0].figure("events_per_sec").display(),
+        informers[2].figure("events_per_sec").display(),
+        informers[3].figure("events_per_sec").display(),
+    ));
+    // The decision on protobuf in wasmctrl's reflector, from this run's figures.
+    if let (Ok(lazy), Ok(proto)) = (&rust_rounds[2], &rust_rounds[4]) {
+        let (lazy, proto) = (lazy.median(), proto.median());
+        let verdict = if proto < lazy {
+            "This run's figures agree with the decision"
+        } else {
+            "This run's figures contradict the decision: revisit it"
+        };
+        table.note(format!(
+            "Protobuf in wasmctrl's reflector (for built-in kinds, handing plugins JSON): not adopted. Decoding protobuf and re-encoding the ConfigMap as JSON, before any metadata index is built, reaches {} events/s here, against {} events/s for the lazy JSON path that builds the whole cached object ({:.2}× the cost per event); protobuf saves {} of {} bytes per event on the wire, and would need a typed message and a JSON mapping per built-in kind. {verdict}.",
+            number(proto),
+            number(lazy),
+            lazy / proto,
+            number(
+                rust.as_ref().ok().and_then(|v| Some(v["json_bytes_per_event"].as_f64()? - v["protobuf_bytes_per_event"].as_f64()?)).unwrap_or(f64::NAN)
+            ),
+            bytes(&rust, "json_bytes_per_event"),
+        ));
+    }
+    table.print_and_record();
+    if let Ok(lazy) = &rust_rounds[2] {
+        let mut figure =
+            Figure::higher("anchors", "decode floor events/s, wasmctrl lazy JSON", lazy.median(), "events/s");
+        for (r, (name, wire, _)) in
+            rust_rounds.iter().zip(decode_floor::PATHS).filter(|(_, (n, ..))| !n.starts_with("wasmctrl"))
+        {
+            if let Ok(r) = r {
+                figure = figure.against(&format!("Rust {name} ({wire})"), r.median());
             }
-            match outcome {
-                Ok((v, _)) => {
+        }
+        for (name, wire, v, _) in go_paths {
+            if let Ok(r) = figures(v, name) {
+                figure = figure.against(&format!("Go {name} ({wire})"), r.median());
+            }
+        }
+        figure.record();
+    }
+    Ok(())
+}
+
+/// The last JSON object line of a process's output, or its error.
+fn last_json_line(stdout: &[u8], success: bool) -> Result<Value, String> {
+    let stdout = String::from_utf8_lossy(stdout);
+    let last =
+        stdout.lines().rev().find_map(|l| serde_json::from_str::<Value>(l).ok().filter(Value::is_object));
+    match last {
+        Some(v) if v.get("error").is_some() => Err(v["error"].as_str().unwrap_or("error").to_owned()),
+        Some(v) if success => Ok(v),
+        _ => Err("exited without a result".into()),
+    }
+}
+
+/// One controller run's outcome.
+struct ControllerRun {
+    p50_ms: f64,
+    p99_ms: f64,
+    delivery: Delivery,
+}
+
+impl ControllerRun {
+    fn parse(v: &Value) -> Result<Self, String> {
+        let d = &v["delivery"];
+        let num = |v: &Value, k: &str| v[k].as_f64().ok_or_else(|| format!("no {k} in {v}"));
+        Ok(ControllerRun {
+            p50_ms: num(v, "p50_ms")?,
+            p99_ms: num(v, "p99_ms")?,
+            delivery: Delivery {
+                offered_per_sec: num(d, "offered_per_sec")?,
+                delivered_per_sec: num(d, "delivered_per_sec")?,
+                lag_first_third_ms: num(d, "lag_first_third_ms")?,
+                lag_last_third_ms: num(d, "lag_last_third_ms")?,
+            },
+        })
+    }
+}
+
+/// A consumer's runs at one rate, reduced to the table's cells.
+enum ControllerCell {
+    Failed(String),
+    /// Most rounds did not keep up: (median delivered events/s of those rounds, how many, of).
+    Saturated(f64, usize, usize),
+    /// Most rounds kept up: their percentiles and offered rates, and the rounds that did not
+    /// (how many, their median delivered events/s).
+    KeptUp {
+        p50: Rounds,
+        p99: Rounds,
+        offered: Rounds,
+        behind: Option<(usize, f64)>,
+    },
+}
+
+impl ControllerCell {
+    fn of(runs: &[ControllerRun], failure: Option<String>) -> Self {
+        if runs.is_empty() {
+            return ControllerCell::Failed(failure.unwrap_or_else(|| "no run".into()));
+        }
+        let (saturated, kept): (Vec<&ControllerRun>, Vec<&ControllerRun>) =
+            runs.iter().partition(|r| r.delivery.saturated());
+        let delivered = Rounds::new(saturated.iter().map(|r| r.delivery.delivered_per_sec));
+        if saturated.len() * 2 >= runs.len() {
+            return ControllerCell::Saturated(delivered.median(), saturated.len(), runs.len());
+        }
+        ControllerCell::KeptUp {
+            p50: Rounds::new(kept.iter().map(|r| r.p50_ms)),
+            p99: Rounds::new(kept.iter().map(|r| r.p99_ms)),
+            offered: Rounds::new(kept.iter().map(|r| r.delivery.offered_per_sec)),
+            behind: (!saturated.is_empty()).then(|| (saturated.len(), delivered.median())),
+        }
+    }
+}
+
+fn controllers(
+    sizes: &Sizes,
+    go: &Result<GoAnchors, String>,
+    plugin: &Result<PathBuf, String>,
+    note_go: &mut impl FnMut(&Value) -> Result<(), String>,
+) -> Result<(), Error> {
+    let Sizes { objects, seconds, rounds, .. } = *sizes;
+    let timeout = (seconds + 120).to_string();
+    let mut table = Table::new(
+        "anchors",
+        format!(
+            "Event → reconcile start, {seconds} s paced at each rate after a 1 s warm-up, no-op reconcile, concurrency 1; ms, median (min–max) of {rounds} rounds"
+        ),
+        &["consumer", "wire", "offered updates/s", "p50 ms", "p99 ms", "kept up"],
+    );
+    let mut probes: Vec<String> = Vec::new();
+    let mut plot = Plot::new(
+        "anchors",
+        "Event → reconcile start p99 against the offered rate (saturated runs not drawn)",
+        "updates/s offered",
+        "p99 ms",
+    )
+    .log_y();
+    let mut lines: Vec<Vec<(f64, f64)>> = vec![Vec::new(); CONTROLLERS.len()];
+    for &rate in &sizes.rates {
+        let n = u64::from(rate) * seconds;
+        let mut runs: Vec<Vec<ControllerRun>> = CONTROLLERS.iter().map(|_| Vec::new()).collect();
+        let mut failures: Vec<Option<String>> = vec![None; CONTROLLERS.len()];
+        // Rounds interleave the consumers, as the informers' do.
+        for round in 0..rounds {
+            for (column, (name, wire)) in CONTROLLERS.iter().enumerate() {
+                eprintln!("anchors: controller {name} at {rate} updates/s, round {}", round + 1);
+                let args: Vec<String> = [
+                    "controller",
+                    if column == 0 { "wasmctrl" } else { "kube-rs" },
+                    "--objects",
+                    &objects.to_string(),
+                    "--updates",
+                    &n.to_string(),
+                    "--timeout-s",
+                    &timeout,
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                let probe = SleepProbe::start();
+                let outcome = match (column, go, plugin) {
+                    (2, Err(why), _) | (0, _, Err(why)) => Err(why.clone()),
+                    (2, Ok(go), _) => {
+                        let go_args: Vec<String> = [
+                            "-updates",
+                            &n.to_string(),
+                            "-rate",
+                            &rate.to_string(),
+                            "-timeout",
+                            &format!("{timeout}s"),
+                        ]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect();
+                        run_consumer(objects, n, Some(rate), go_consumer(&go.controller, &go_args)).and_then(
+                            |(v, _)| {
+                                note_go(&v)?;
+                                if !wire.starts_with(&wire_of(&v)) {
+                                    return Err(format!(
+                                        "expected {wire}, the server answered {}",
+                                        wire_of(&v)
+                                    ));
+                                }
+                                Ok(v)
+                            },
+                        )
+                    }
+                    (0, _, Ok(plugin)) => {
+                        let mut args = args;
+                        args.extend(["--plugin".to_string(), plugin.display().to_string()]);
+                        run_consumer(objects, n, Some(rate), self_consumer(&args)).map(|(v, _)| v)
+                    }
+                    _ => run_consumer(objects, n, Some(rate), self_consumer(&args)).map(|(v, _)| v),
+                };
+                let stalls = probe.finish();
+                eprintln!("anchors: sleep probe during the run: {stalls}");
+                if column == 0 {
+                    probes.push(format!("{rate}/s round {}: {stalls}", round + 1));
+                }
+                match outcome.and_then(|v| {
                     eprintln!("anchors: {v}");
-                    p50[column] = field(&v, "p50_ms");
-                    p99[column] = field(&v, "p99_ms");
-                }
-                Err(e) => {
-                    p50[column] = Err(e.clone());
-                    p99[column] = Err(e);
+                    ControllerRun::parse(&v)
+                }) {
+                    Ok(run) => runs[column].push(run),
+                    Err(e) => failures[column] = Some(e),
                 }
             }
+        }
+        let mut cells = Vec::new();
+        for (column, (name, wire)) in CONTROLLERS.iter().enumerate() {
+            let cell = ControllerCell::of(&runs[column], failures[column].take());
+            let (p50, p99, kept) = match &cell {
+                ControllerCell::Failed(e) => (e.clone(), e.clone(), String::new()),
+                ControllerCell::Saturated(at, k, of) => {
+                    let text = format!("saturated at {} events/s", number(*at));
+                    (text.clone(), text, format!("no: {k} of {of} rounds fell behind"))
+                }
+                ControllerCell::KeptUp { p50, p99, offered, behind } => {
+                    lines[column].push((offered.median(), p99.median()));
+                    let kept = match behind {
+                        None => format!("yes, {} of {} rounds", p50.len(), rounds),
+                        Some((k, at)) => format!(
+                            "{} of {} rounds (figures from those); {k} fell behind, at {} events/s",
+                            p50.len(),
+                            rounds,
+                            number(*at)
+                        ),
+                    };
+                    (p50.display(), p99.display(), kept)
+                }
+            };
+            table.row(vec![name.to_string(), wire.to_string(), rate.to_string(), p50, p99, kept]);
+            cells.push(cell);
         }
         // Issue 12: p99 ≤ 1 ms up to 20,000 updates/s, ≤ 5 ms at 50,000.
         let p99_target = match rate {
@@ -683,40 +1161,54 @@ fn orchestrate() -> Result<(), Error> {
             20_001..=50_000 => Some(5.0),
             _ => None,
         };
-        let p50 = Row {
-            label: format!("event → reconcile p50 ms at {rate}/s"),
-            higher_is_better: false,
-            cells: p50,
-            target: None,
-        };
-        let p99 = Row {
-            label: format!("event → reconcile p99 ms at {rate}/s"),
-            higher_is_better: false,
-            cells: p99,
-            target: p99_target,
-        };
-        p50.record("ms");
-        p99.record("ms");
-        rows.push(p50);
-        rows.push(p99);
+        match &cells[0] {
+            ControllerCell::KeptUp { p99, .. } => {
+                let mut figure = Figure::lower(
+                    "anchors",
+                    format!("event → reconcile p99 ms at {rate}/s"),
+                    p99.median(),
+                    "ms",
+                );
+                for ((name, wire), cell) in CONTROLLERS.iter().zip(&cells).skip(1) {
+                    if let ControllerCell::KeptUp { p99, .. } = cell {
+                        figure = figure.against(&format!("{name} ({wire})"), p99.median());
+                    }
+                }
+                if let Some(t) = p99_target {
+                    figure = figure.target(t);
+                }
+                figure.record();
+            }
+            ControllerCell::Saturated(at, ..) => {
+                Figure::higher(
+                    "anchors",
+                    format!("saturated: events/s sustained of {rate}/s offered"),
+                    *at,
+                    "events/s",
+                )
+                .target(f64::from(rate))
+                .record();
+            }
+            ControllerCell::Failed(_) => {}
+        }
     }
-
-    println!();
-    println!(
-        "anchors: {objects} ConfigMaps listed, then {updates} updates flat out (informers) or {seconds} s at each rate (controllers);"
-    );
-    println!(
-        "stream server, consumer: one process each; ratio = how many times better wasmctrl is (>1 better, <1 worse)"
-    );
-    println!();
-    print_table(&rows);
+    for ((name, _), points) in CONTROLLERS.iter().zip(lines) {
+        plot.line(*name, points);
+    }
+    table.note(format!(
+        "A round kept up when its consumer reconciled updates at ≥ {:.0} % of the rate the server sent them and its median lag did not grow by more than {} ms (and double) from the first to the last third of the run. A consumer that fell behind in at least half of the rounds is reported as saturated at the rate it did reconcile them (its sustainable maximum here), and its latency, the backlog built over the run, is not shown; otherwise the latencies are those of the rounds that kept up.",
+        Delivery::KEPT_UP_SHARE * 100.0,
+        Delivery::LAG_GROWTH_MS
+    ));
+    table.note("Latency: at reconcile start, now − the object's sent stamp, over the updates after the first tenth; percentile q = the sorted samples' ⌊(n − 1)·q⌋-th.".to_string());
     if !probes.is_empty() {
-        println!();
-        println!(
-            "the machine's own stalls during each wasmctrl controller run (a harness thread sleeping 1 ms at a time; how late it woke): {}",
+        table.note(format!(
+            "The machine's own stalls during each wasmctrl run (a harness thread sleeping 1 ms at a time; how late it woke): {}",
             probes.join("; ")
-        );
+        ));
     }
+    table.print_and_record();
+    plot.record();
     Ok(())
 }
 
@@ -765,61 +1257,5 @@ impl SleepProbe {
             ms(p99),
             ms(late[late.len() - 1])
         )
-    }
-}
-
-fn print_table(rows: &[Row]) {
-    let fmt = |c: &Cell| match c {
-        Ok(v) if *v >= 1000.0 => format!("{v:.0}"),
-        Ok(v) => format!("{v:.2}"),
-        Err(e) => e.clone(),
-    };
-    let ratio = |row: &Row, other: &Cell| match (&row.cells[0], other) {
-        (Ok(ours), Ok(theirs)) if *ours > 0.0 && *theirs > 0.0 => {
-            let r = if row.higher_is_better { ours / theirs } else { theirs / ours };
-            // Two significant digits below 0.1, so a large loss does not read as 0.00×.
-            if r < 0.1 { format!("{r:.2e}×") } else { format!("{r:.2}×") }
-        }
-        _ => "–".into(),
-    };
-    let header = ["", "wasmctrl", "kube-rs", "client-go / controller-runtime", "vs kube-rs", "vs Go"];
-    let body: Vec<[String; 6]> = rows
-        .iter()
-        .map(|r| {
-            [
-                r.label.clone(),
-                fmt(&r.cells[0]),
-                fmt(&r.cells[1]),
-                fmt(&r.cells[2]),
-                ratio(r, &r.cells[1]),
-                ratio(r, &r.cells[2]),
-            ]
-        })
-        .collect();
-    let width = |i: usize| {
-        body.iter().map(|r| r[i].chars().count()).chain([header[i].chars().count()]).max().unwrap_or(0)
-    };
-    let widths: Vec<usize> = (0..6).map(width).collect();
-    let line = |cells: &[String]| {
-        let padded: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let pad = widths[i] - c.chars().count();
-                if i == 0 { format!("{c}{}", " ".repeat(pad)) } else { format!("{}{c}", " ".repeat(pad)) }
-            })
-            .collect();
-        println!("| {} |", padded.join(" | "));
-    };
-    line(&header.map(String::from));
-    // Markdown: the first column left-aligned, the figures right-aligned.
-    let rule: Vec<String> = widths
-        .iter()
-        .enumerate()
-        .map(|(i, w)| if i == 0 { "-".repeat(w + 2) } else { format!("{}:", "-".repeat(w + 1)) })
-        .collect();
-    println!("|{}|", rule.join("|"));
-    for r in &body {
-        line(r);
     }
 }

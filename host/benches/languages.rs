@@ -31,7 +31,7 @@ use wasmctrl::object::Object;
 use wasmctrl::plugin::{
     CacheReader, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv, PluginSpec,
 };
-use wasmctrl_bench_support::Figure;
+use wasmctrl_bench_support::{Figure, Plot};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -369,4 +369,24 @@ fn main() {
     }
     reconcile.record();
     cold.record();
+    // For docs/benchmarks.md: each language's costs as multiples of the Rust guest's.
+    let mut plot = Plot::new(
+        "languages",
+        "Per-language costs, × the Rust guest (x: 1 size, 2 compile, 3 cached load, 4 fresh instance + call, 5 no-op call, 6 reconcile)",
+        "cost",
+        "× Rust",
+    )
+    .log_y();
+    for r in &rows {
+        let costs = [
+            r.size as f64 / rust.size as f64,
+            secs(r.compile) / secs(rust.compile),
+            secs(r.cached_load) / secs(rust.cached_load),
+            secs(r.instance) / secs(rust.instance),
+            secs(r.noop) / secs(rust.noop),
+            secs(r.reconcile) / secs(rust.reconcile),
+        ];
+        plot.line(r.name, costs.iter().enumerate().map(|(i, c)| ((i + 1) as f64, *c)));
+    }
+    plot.record();
 }

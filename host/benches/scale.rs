@@ -51,8 +51,8 @@ use wasmctrl::plugin::{
 use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
 use wasmctrl_bench_support::latency::{self, Sample};
 use wasmctrl_bench_support::{
-    ALLOCATOR_ENV, Allocator, BackgroundServer, CountingAllocator, Figure, Pace, ProcStatus, StreamConfig,
-    allocated, in_use, peak_allocated, reset_peak, unix_nanos,
+    ALLOCATOR_ENV, Allocator, BackgroundServer, CountingAllocator, Figure, Pace, Plot, ProcStatus,
+    StreamConfig, allocated, in_use, peak_allocated, reset_peak, unix_nanos,
 };
 
 /// The global allocator of the `wasmctrl` binary built with this package's features.
@@ -544,6 +544,21 @@ fn orchestrate() -> Result<(), Error> {
             Err(e) => println!("  failed: {e}"),
         }
     }
+    // For docs/benchmarks.md: RSS over the run, one line per allocator.
+    let mut plot = Plot::new(
+        "scale",
+        format!("RSS while {rate} updates/s stream through {objects} cached objects"),
+        "s into the stream",
+        "RSS MiB",
+    );
+    for (allocator, r) in &results {
+        let points = r["rss_over_time"].as_array().into_iter().flatten();
+        plot.line(
+            allocator.name(),
+            points.filter_map(|p| Some((p["at_s"].as_f64()?, p["rss_mib"].as_f64()?))),
+        );
+    }
+    plot.record();
     if results.len() > 1 {
         println!("  by allocator (ratio to the first):");
         compare(&results, "RSS after sync", "rss_synced_mib", " MiB");

@@ -47,6 +47,13 @@ pub struct PluginResultLabels {
     pub result: String,
 }
 
+/// `{plugin, reason}`: why something of a plugin was dropped.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginReasonLabels {
+    pub plugin: String,
+    pub reason: String,
+}
+
 fn duration_histogram() -> Histogram {
     // 10 µs .. ~10 min, as client-go's workqueue buckets span.
     Histogram::new(exponential_buckets(1e-5, 4.0, 13))
@@ -77,6 +84,8 @@ pub struct Metrics {
 
     pub plugin_info: Family<PluginInfoLabels, Gauge>,
     pub plugin_reloads: Family<PluginResultLabels, Counter>,
+    /// Keys kept for a stopped plugin that were dropped (reason `expired` or `evicted`).
+    pub plugin_parked_keys_dropped: Family<PluginReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -99,6 +108,7 @@ impl Metrics {
             active_workers: Family::default(),
             plugin_info: Family::default(),
             plugin_reloads: Family::default(),
+            plugin_parked_keys_dropped: Family::default(),
         };
         {
             let mut r = m.registry.lock();
@@ -177,6 +187,11 @@ impl Metrics {
                 "wasmctrl_plugin_reloads",
                 "Plugin loads and reloads by result (success, rejected)",
                 m.plugin_reloads.clone(),
+            );
+            r.register(
+                "wasmctrl_plugin_parked_keys_dropped",
+                "Pending keys kept for a stopped plugin and dropped: expired, or evicted past the bound",
+                m.plugin_parked_keys_dropped.clone(),
             );
         }
         Arc::new(m)

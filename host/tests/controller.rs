@@ -507,9 +507,16 @@ async fn cache_sync_timeout_is_an_error_and_not_ready() {
         .cache_sync_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
+    // Work handed to the controller before it runs (a predecessor's retry, a ready key).
+    c.queue().add(Request { namespace: Some("ns".into()), name: "ready".into() });
+    c.queue()
+        .add_after(Request { namespace: Some("ns".into()), name: "retry".into() }, Duration::from_secs(600));
     let started = Instant::now();
     let err = c.run(CancellationToken::new()).await.unwrap_err();
     assert_eq!(started.elapsed().as_secs(), 30);
+    // A failed run leaves its queue to whoever takes it over: nothing is dropped.
+    assert!(!c.queue().is_shutting_down());
+    assert_eq!((c.queue().len(), c.queue().queue().waiting_len()), (1, 1));
     assert!(matches!(err, ControllerError::CacheSyncTimeout { .. }));
     let msg = err.to_string();
     assert!(msg.contains("never-synced") && msg.contains("v1/ConfigMap"), "{msg}");

@@ -142,3 +142,44 @@ fn the_endpoint_off_loopback_is_served_with_kubernetes_auth() {
     assert!(granted("authentication.k8s.io", "tokenreviews"));
     assert!(granted("authorization.k8s.io", "subjectaccessreviews"));
 }
+
+/// The ConfigMap-delivered plugins manifest: the host TOML's `plugins-dir` is where the
+/// plugins ConfigMap is mounted (a whole-volume mount, which the kubelet updates), each
+/// plugin TOML in it is valid and names its component on the code volume.
+#[test]
+fn plugin_tomls_from_a_configmap_are_valid_and_name_their_code_volume() {
+    use wasmctrl::config::{HostConfig, PluginConfig, PluginDefaults};
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/wasmctrl-plugins-configmap.yaml"),
+    )
+    .unwrap();
+    let docs: Vec<Value> =
+        serde_norway::Deserializer::from_str(&text).map(|d| Value::deserialize(d).unwrap()).collect();
+    let by_name = |name: &str| docs.iter().find(|d| d["metadata"]["name"] == name).expect(name).clone();
+    let host = by_name("wasmctrl-config")["data"]["wasmctrl.toml"].as_str().unwrap().to_owned();
+    let host = HostConfig::parse(Path::new("/etc/wasmctrl/wasmctrl.toml"), &host).expect("host TOML");
+    let deployment: Deployment =
+        serde_json::from_value(docs.iter().find(|d| d["kind"] == "Deployment").unwrap().clone()).unwrap();
+    let spec = deployment.spec.template.spec.unwrap();
+    let mounts = spec.containers[0].volume_mounts.clone().unwrap();
+    let plugins_mount = mounts.iter().find(|m| m.name == "plugins").expect("plugins mount");
+    assert_eq!(Path::new(&plugins_mount.mount_path), host.plugins_dir);
+    assert!(plugins_mount.sub_path.is_none(), "a subPath mount never sees the kubelet's updates");
+    let volumes = spec.volumes.unwrap();
+    let plugins_volume = volumes.iter().find(|v| v.name == "plugins").unwrap();
+    assert_eq!(plugins_volume.config_map.as_ref().map(|c| c.name.as_str()), Some("wasmctrl-plugins"));
+    let wasm_mount = mounts.iter().find(|m| m.name == "wasm").expect("code volume");
+    let plugins = by_name("wasmctrl-plugins");
+    let files = plugins["data"].as_object().unwrap();
+    assert!(!files.is_empty());
+    for (file, toml) in files {
+        let path = host.plugins_dir.join(file);
+        let config = PluginConfig::parse(&path, toml.as_str().unwrap(), &PluginDefaults::default())
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(
+            config.wasm_path.starts_with(&wasm_mount.mount_path),
+            "{file}: {}",
+            config.wasm_path.display()
+        );
+    }
+}

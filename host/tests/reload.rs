@@ -112,6 +112,8 @@ struct Host {
     engine: Option<PluginEngine>,
     manager: Option<PluginManager>,
     shutdown: CancellationToken,
+    /// Changes the manager's options before it starts.
+    tweak: fn(&mut ManagerOptions),
 }
 
 /// One engine for every test, as the host has one, with one compile cache.
@@ -133,11 +135,25 @@ impl Host {
         Host::start_with_engine(namespace, watch, |_| None).await
     }
 
+    /// As [`Host::start`], with the manager's options changed by `tweak`.
+    async fn start_tweaked(namespace: &str, watch: bool, tweak: fn(&mut ManagerOptions)) -> Host {
+        Host::start_full(namespace, watch, |_| None, tweak).await
+    }
+
     /// As [`Host::start`], on the engine `engine` makes (given the host's metrics), if any.
     async fn start_with_engine(
         namespace: &str,
         watch: bool,
         engine: impl FnOnce(&Metrics) -> Option<PluginEngine>,
+    ) -> Host {
+        Host::start_full(namespace, watch, engine, |_| {}).await
+    }
+
+    async fn start_full(
+        namespace: &str,
+        watch: bool,
+        engine: impl FnOnce(&Metrics) -> Option<PluginEngine>,
+        tweak: fn(&mut ManagerOptions),
     ) -> Host {
         guest_logs();
         let cluster = TestCluster::start().await.expect("test cluster starts");
@@ -167,6 +183,7 @@ impl Host {
             engine,
             manager: None,
             shutdown: CancellationToken::new(),
+            tweak,
         };
         host.start_manager(watch).await;
         host
@@ -183,12 +200,15 @@ impl Host {
             )),
             metrics: self.metrics.clone(),
         };
-        let options = ManagerOptions {
+        let mut options = ManagerOptions {
             debounce: Duration::from_millis(50),
             cache_sync_timeout: Duration::from_secs(30),
             watch,
+            // Tests see changes through the watches (or ask for a rescan).
+            rescan_interval: None,
             ..ManagerOptions::new(self.dir.path())
         };
+        (self.tweak)(&mut options);
         self.manager =
             Some(PluginManager::start(options, deps, self.shutdown.clone()).await.expect("manager starts"));
     }
@@ -1200,4 +1220,749 @@ async fn hot_reloads_work_the_same_with_the_code_dropped_while_idle() {
     assert_eq!((status.state, status.rejected), (PluginState::Running, 0), "{status:?}");
     assert_eq!(host.metric("controller_runtime_reconcile_errors_total{controller=\"idlestamp\"}"), 0.0);
     host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Delivery: files arrive however they are made, and a plugin is its name, not its file.
+
+/// Writes `files` into `dir` the way the kubelet's AtomicWriter updates a ConfigMap or
+/// Secret volume: a new `..<timestamp>` directory, a `..data_tmp` symlink to it renamed
+/// over `..data`, the old directory removed; each visible file is a symlink into `..data`.
+fn volume_write(dir: &std::path::Path, generation: usize, files: &[(&str, &[u8])]) {
+    let payload = format!("..2026_01_01_00_00_{generation:02}.000000001");
+    let target = dir.join(&payload);
+    std::fs::create_dir(&target).expect("payload dir");
+    for (name, bytes) in files {
+        std::fs::write(target.join(name), bytes).expect("payload file");
+    }
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    std::os::unix::fs::symlink(&payload, dir.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap ..data");
+    for (name, _) in files {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link).expect("user-visible link");
+        }
+    }
+    if let Some(old) = old {
+        std::fs::remove_dir_all(dir.join(old)).expect("old payload");
+    }
+}
+
+/// The `edit` a plugin's reconciles run with, seen in a reconcile of `key` after `after`.
+async fn until_edit(plugin: &str, key: &str, edit: &str, what: &str) {
+    until_line(plugin, "reconcile-start", what, |l| {
+        l.field("key").as_deref() == Some(key) && l.field("edit").as_deref() == Some(edit)
+    })
+    .await;
+}
+
+/// A TOML delivered through a ConfigMap volume: each kubelet-style update (`..data`
+/// swapped, the files themselves untouched) reloads the plugin, its code coming from
+/// another directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_volume_update_reloads_the_plugin() {
+    let host = Host::start("delivery-volume", true).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    let code = tempfile::tempdir().expect("tempdir");
+    std::fs::write(code.path().join("vol.wasm"), &a).expect("wasm");
+    let toml = |edit: usize| {
+        format!(
+            "wasm = \"{}\"\n{}",
+            code.path().join("vol.wasm").display(),
+            witness_toml(ns, "", "", &format!("edit = {edit}\n"))
+        )
+    };
+    volume_write(host.dir.path(), 1, &[("vol.toml", toml(1).as_bytes())]);
+    host.until_version("vol", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "probe", "1").await;
+    let probe = format!("{ns}/probe");
+    until_edit("vol", &probe, "1", "the first version's reconcile").await;
+    for edit in 2..=3 {
+        volume_write(host.dir.path(), edit, &[("vol.toml", toml(edit).as_bytes())]);
+        until_edit("vol", &probe, &edit.to_string(), "the reloaded version's reconcile").await;
+    }
+    assert_eq!(host.status("vol").map(|s| s.reloads), Some(3));
+    // The code changes in its own directory: seen too.
+    let b = build("witness-b");
+    let tmp = code.path().join(".vol.wasm.tmp");
+    std::fs::write(&tmp, &b).expect("write");
+    std::fs::rename(&tmp, code.path().join("vol.wasm")).expect("rename");
+    host.until_version("vol", &b).await;
+    host.stop().await;
+}
+
+/// A ConfigMap-volume update that renames a plugin's files, read half-way through: the
+/// kubelet has swapped `..data` (its payload now holds `vb.toml` and `vb.wasm`) but not yet
+/// linked the new names (`va.toml` and `va.wasm` dangle). A round that reads the directory
+/// then must not take the plugin for removed: it waits for the volume to settle, and once
+/// the kubelet is done the plugin is renamed, never stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_update_read_half_way_stops_nothing() {
+    let host = Host::start("delivery-volume-halfway", false).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    let toml = witness_toml(ns, "", "", "");
+    volume_write(host.dir.path(), 1, &[("va.toml", toml.as_bytes()), ("va.wasm", &a)]);
+    host.manager().rescan().await;
+    host.until_version("va", &a).await;
+    // The kubelet's next update, up to its `..data` swap.
+    let dir = host.dir.path();
+    let payload = "..2026_01_01_00_00_02.000000001";
+    std::fs::create_dir(dir.join(payload)).expect("payload dir");
+    std::fs::write(dir.join(payload).join("vb.toml"), &toml).expect("payload toml");
+    std::fs::write(dir.join(payload).join("vb.wasm"), &a).expect("payload wasm");
+    let old = std::fs::read_link(dir.join("..data")).expect("..data");
+    std::os::unix::fs::symlink(payload, dir.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap ..data");
+    host.manager().rescan().await;
+    let va = host.status("va").expect("va runs on while the volume is half-way through an update");
+    assert_eq!((va.state, va.version.clone()), (PluginState::Running, Some(version_of(&a))), "{va:?}");
+    // The rest of the update: the new names linked, the old links and payload removed.
+    for file in ["vb.toml", "vb.wasm"] {
+        std::os::unix::fs::symlink(format!("..data/{file}"), dir.join(file)).expect("link");
+    }
+    for file in ["va.toml", "va.wasm"] {
+        std::fs::remove_file(dir.join(file)).expect("old link");
+    }
+    std::fs::remove_dir_all(dir.join(old)).expect("old payload");
+    host.manager().rescan().await;
+    host.until_version("vb", &a).await;
+    assert!(host.status("va").is_none(), "{:?}", host.manager().status().snapshot());
+    host.stop().await;
+}
+
+/// `plugins-dir` is a symlink a deploy tool swaps to a new directory (`ln -s new tmp &&
+/// mv -T tmp plugins`): the new directory's files are loaded, and the watch follows it
+/// (a later change there is seen, after the old directory is gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swapped_plugins_dir_symlink_is_followed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (one, two) = (root.path().join("one"), root.path().join("two"));
+    std::fs::create_dir(&one).expect("one");
+    std::fs::create_dir(&two).expect("two");
+    let link = root.path().join("plugins");
+    std::os::unix::fs::symlink(&one, &link).expect("link");
+    let mut host = Host::start("delivery-symlink", false).await;
+    // Run the manager on the symlink instead of the fixture's directory.
+    host.shutdown.cancel();
+    if let Some(m) = host.manager.take() {
+        m.stopped().await;
+    }
+    host.shutdown = CancellationToken::new();
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    let toml = |edit: usize| witness_toml(ns, "", "", &format!("edit = {edit}\n"));
+    std::fs::write(one.join("swap.toml"), toml(1)).expect("toml");
+    std::fs::write(one.join("swap.wasm"), &a).expect("wasm");
+    host.dir = tempfile::TempDir::new_in(root.path()).expect("unused");
+    let deps = ManagerDeps {
+        engine: engine(&host.metrics),
+        informers: Arc::new(FactoryLeases(host.factory.clone())),
+        kube: Some(KubeServices::new(host.client.clone(), tokio::runtime::Handle::current(), "reload-test")),
+        metrics: host.metrics.clone(),
+    };
+    let options = ManagerOptions {
+        debounce: Duration::from_millis(50),
+        cache_sync_timeout: Duration::from_secs(30),
+        rescan_interval: None,
+        ..ManagerOptions::new(&link)
+    };
+    host.manager = Some(PluginManager::start(options, deps, host.shutdown.clone()).await.expect("manager"));
+    host.until_version("swap", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "probe", "1").await;
+    let probe = format!("{ns}/probe");
+    until_edit("swap", &probe, "1", "the first directory's version").await;
+
+    std::fs::write(two.join("swap.toml"), toml(2)).expect("toml");
+    std::fs::write(two.join("swap.wasm"), &a).expect("wasm");
+    let tmp = root.path().join("plugins.tmp");
+    std::os::unix::fs::symlink(&two, &tmp).expect("tmp link");
+    std::fs::rename(&tmp, &link).expect("mv -T");
+    until_edit("swap", &probe, "2", "the swapped-in directory's version").await;
+    std::fs::remove_dir_all(&one).expect("old dir gone");
+    let tmp = two.join(".swap.toml.tmp");
+    std::fs::write(&tmp, toml(3)).expect("toml");
+    std::fs::rename(&tmp, two.join("swap.toml")).expect("rename");
+    until_edit("swap", &probe, "3", "a change in the new directory").await;
+    host.stop().await;
+}
+
+/// Checks the starts and ends of reconciles of `plugins` together (one plugin under its
+/// successive names): no key is reconciled by two calls at once.
+fn check_no_overlap_across(plugins: &[&str]) {
+    let logs = guest_logs().lock().clone();
+    let mut in_flight: HashMap<String, String> = HashMap::new();
+    for log in logs.iter().filter(|l| plugins.contains(&l.plugin.as_str())) {
+        let Some(key) = log.field("key") else { continue };
+        let who = format!("{}@{}", log.plugin, log.version);
+        match log.message.as_str() {
+            "reconcile-start" => {
+                if let Some(other) = in_flight.insert(key.clone(), who.clone()) {
+                    panic!("{key} reconciled by {who} while {other} was still reconciling it");
+                }
+            }
+            "reconcile-end" => {
+                in_flight.remove(&key);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The scenario: `mv a.toml b.toml; mv a.wasm b.wasm` (default names) while `a` has
+/// three deletes and a create queued behind a slow reconcile. It is the same plugin under a
+/// new name: the queue follows it, every delete and the create are reconciled (by `b`),
+/// and `b` never reconciles the slow key while `a` is still in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renaming_both_files_hands_the_plugin_over() {
+    let host = Host::start("delivery-rename", true).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    let toml = witness_toml(ns, "concurrency = 1", "", "slow = \"slow\"\nslow-ms = 3000\n");
+    host.install("ra.toml", toml.as_bytes());
+    host.install("ra.wasm", &a);
+    host.until_version("ra", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    for v in ["v1", "v2", "v3"] {
+        apply_cm(&api, v, "1").await;
+        let key = format!("{ns}/{v}");
+        until_line("ra", "reconcile-end", "the victims' first reconciles", |l| {
+            l.field("key").as_deref() == Some(&key)
+        })
+        .await;
+    }
+    let rv = apply_cm(&api, "slow", "1").await;
+    let slow = format!("{ns}/slow");
+    until_line("ra", "reconcile-start", "the slow reconcile", |l| {
+        l.field("key").as_deref() == Some(&slow) && l.field("rv").as_deref() == Some(&rv)
+    })
+    .await;
+    let mark = guest_logs().lock().len();
+    for v in ["v1", "v2", "v3"] {
+        delete_src(&api, v).await;
+    }
+    apply_cm(&api, "fresh", "1").await;
+    std::fs::rename(host.path("ra.toml"), host.path("rb.toml")).expect("mv toml");
+    std::fs::rename(host.path("ra.wasm"), host.path("rb.wasm")).expect("mv wasm");
+    for v in ["v1", "v2", "v3"] {
+        until_reconciled_gone("rb", &format!("{ns}/{v}"), mark, "a delete reconciled under the new name")
+            .await;
+    }
+    let fresh = format!("{ns}/fresh");
+    until_line("rb", "reconcile-end", "the create reconciled under the new name", |l| {
+        l.field("key").as_deref() == Some(&fresh)
+    })
+    .await;
+    check_no_overlap_across(&["ra", "rb"]);
+    assert!(host.status("ra").is_none(), "{:?}", host.manager().status().snapshot());
+    let rb = host.status("rb").expect("rb");
+    assert_eq!((rb.state, rb.rejected), (PluginState::Running, 0), "{rb:?}");
+    host.stop().await;
+}
+
+/// `mv ha.toml hb.toml` read before `mv ha.wasm hb.wasm` (a slow script, or a rescan in
+/// between): the TOML moved, its code not yet, the old code still there. The plugin is left
+/// running while the code follows, and then it is a rename, never a stop. A TOML renamed
+/// alone is taken for what it is once the code did not follow in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_read_half_way_waits_for_the_code() {
+    let host = Host::start("delivery-rename-halfway", false).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    host.install("ha.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.install("ha.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("ha", &a).await;
+    std::fs::rename(host.path("ha.toml"), host.path("hb.toml")).expect("mv toml");
+    host.manager().rescan().await;
+    let ha = host.status("ha").expect("ha runs on while its code has not followed its TOML");
+    assert_eq!(ha.state, PluginState::Running, "{ha:?}");
+    assert!(host.status("hb").is_none(), "{:?}", host.manager().status().snapshot());
+    std::fs::rename(host.path("ha.wasm"), host.path("hb.wasm")).expect("mv wasm");
+    host.manager().rescan().await;
+    host.until_version("hb", &a).await;
+    assert!(host.status("ha").is_none(), "{:?}", host.manager().status().snapshot());
+    // The TOML alone: after the grace, `hb` stops and `hc` waits for its code.
+    std::fs::rename(host.path("hb.toml"), host.path("hc.toml")).expect("mv toml");
+    host.manager().rescan().await;
+    host.until("hb to stop and hc to wait for its code", |h| {
+        h.status("hb").is_none() && h.status("hc").is_some_and(|s| s.state == PluginState::WaitingForWasm)
+    })
+    .await;
+    host.stop().await;
+}
+
+/// A plugin with an explicit `name` whose files move (`mv a.toml b.toml; mv a.wasm b.wasm`,
+/// in two separate steps): the name runs on, from the new file, without a rejection; its
+/// queued delete is reconciled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_name_moving_to_another_file_is_a_hand_off() {
+    let host = Host::start("delivery-move", true).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    let toml =
+        witness_toml(ns, "name = \"mirror\"\nconcurrency = 1", "", "slow = \"slow\"\nslow-ms = 2000\n");
+    host.install("one.toml", toml.as_bytes());
+    host.install("one.wasm", &a);
+    host.until_version("mirror", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("mirror", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+    let rv = apply_cm(&api, "slow", "1").await;
+    until_line("mirror", "reconcile-start", "the slow reconcile", |l| l.field("rv").as_deref() == Some(&rv))
+        .await;
+    let mark = guest_logs().lock().len();
+    delete_src(&api, "victim").await;
+    std::fs::rename(host.path("one.toml"), host.path("two.toml")).expect("mv toml");
+    // The TOML alone first: it now names two.wasm, which is not there yet.
+    host.until("the name to move to two.toml", |h| {
+        h.status("mirror").is_some_and(|s| s.toml.ends_with("two.toml"))
+    })
+    .await;
+    std::fs::rename(host.path("one.wasm"), host.path("two.wasm")).expect("mv wasm");
+    until_reconciled_gone("mirror", &victim, mark, "the delete reconciled after the move").await;
+    let status = host.status("mirror").expect("status");
+    assert_eq!((status.state, status.rejected), (PluginState::Running, 0), "{status:?}");
+    assert_eq!(status.version, Some(version_of(&a)));
+    check_no_concurrent_reconcile_by_version("mirror");
+    host.stop().await;
+}
+
+/// Two files that really claim one name: the running one keeps it, the other is refused
+/// (status, readiness); once the first file is gone the second loads, without a rescan
+/// asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_files_claiming_one_name_are_refused_then_retried() {
+    let host = Host::start("delivery-clash", true).await;
+    let ns = &host.ns.clone();
+    let (a, b) = (build("witness-a"), build("witness-b"));
+    let named = |edit: usize| witness_toml(ns, "name = \"shared\"", "", &format!("edit = {edit}\n"));
+    host.install("first.toml", named(1).as_bytes());
+    host.install("first.wasm", &a);
+    host.until_version("shared", &a).await;
+    host.install("second.wasm", &b);
+    host.install("second.toml", named(2).as_bytes());
+    host.until("second.toml to be refused", |h| {
+        h.status("second").is_some_and(|s| s.state == PluginState::Failed)
+    })
+    .await;
+    let refused = host.status("second").expect("second");
+    assert!(
+        refused.last_error.as_deref().unwrap_or_default().contains("already used by first.toml"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        host.status("shared").and_then(|s| s.version),
+        Some(version_of(&a)),
+        "the first keeps running"
+    );
+    std::fs::remove_file(host.path("first.toml")).expect("rm");
+    host.until("second.toml to take the name over", |h| {
+        h.status("shared").is_some_and(|s| s.version.as_deref() == Some(&version_of(&b)) && s.ready)
+    })
+    .await;
+    assert!(host.status("second").is_none_or(|s| s.name == "shared" && s.state != PluginState::Failed));
+    host.stop().await;
+}
+
+/// Parked keys carry their kind: a plugin removed with keys pending and brought back for
+/// another `for` kind is not handed them (its witness checks the kind of every key); they
+/// expire after the configured time, counted in the metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parked_keys_go_only_to_their_kind_and_expire() {
+    let host =
+        Host::start_tweaked("delivery-parked", false, |o| o.parked_keys_ttl = Duration::from_secs(3)).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    // Every reconcile of a deleted key fails: the delete stays pending (in backoff).
+    let cm_toml = witness_toml(ns, "", "", "fail-gone = true\n");
+    host.install("kinds.toml", cm_toml.as_bytes());
+    host.install("kinds.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("kinds", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("kinds", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+    delete_src(&api, "victim").await;
+    until_line("kinds", "reconcile-end", "the failing delete", |l| {
+        l.field("key").as_deref() == Some(&victim) && l.field("result").as_deref() == Some("error")
+    })
+    .await;
+    std::fs::remove_file(host.path("kinds.toml")).expect("rm");
+    host.manager().rescan().await;
+    assert!(host.status("kinds").is_none());
+    // Back, for Secrets (ConfigMaps mapped to `secret-<name>`).
+    let mark = guest_logs().lock().len();
+    let secret_toml = format!(
+        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"Secret\"\nnamespace = \"{ns}\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[settings]\nfor-kind = \"Secret\"\nmap-prefix = \"secret-\"\n"
+    );
+    host.install("kinds.toml", secret_toml.as_bytes());
+    host.manager().rescan().await;
+    host.until_version("kinds", &a).await;
+    apply_cm(&api, "after", "1").await;
+    let after = format!("{ns}/after");
+    until_line("kinds", "reconcile-end", "a reconcile of the Secret version", |l| {
+        l.field("key").as_deref() == Some(&after)
+    })
+    .await;
+    let wrong: Vec<GuestLog> = guest_logs()
+        .lock()
+        .iter()
+        .skip(mark)
+        .filter(|l| l.plugin == "kinds" && l.field("kind-ok").as_deref() == Some("no"))
+        .cloned()
+        .collect();
+    assert!(wrong.is_empty(), "keys of another kind handed over: {wrong:?}");
+    host.until("the parked ConfigMap keys to expire", |h| {
+        h.metric("wasmctrl_plugin_parked_keys_dropped_total{plugin=\"kinds\",reason=\"expired\"}") >= 1.0
+    })
+    .await;
+    host.stop().await;
+}
+
+/// A rename carries what the plugin parked: a delete pending for the `for` kind the plugin
+/// left (ConfigMaps, for Secrets) is handed back when, under its new name, the plugin
+/// returns to that kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rename_carries_the_keys_parked_for_another_kind() {
+    let host = Host::start("delivery-rename-parked", false).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    // Every reconcile of a deleted key fails: the delete stays pending (in backoff).
+    host.install("pa.toml", witness_toml(ns, "", "", "fail-gone = true\n").as_bytes());
+    host.install("pa.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("pa", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("pa", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+    delete_src(&api, "victim").await;
+    until_line("pa", "reconcile-end", "the failing delete", |l| {
+        l.field("key").as_deref() == Some(&victim) && l.field("result").as_deref() == Some("error")
+    })
+    .await;
+    // For Secrets now: the ConfigMap queue, the failing delete in it, is parked.
+    let secret_toml = format!(
+        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"Secret\"\nnamespace = \"{ns}\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[settings]\nfor-kind = \"Secret\"\nmap-prefix = \"secret-\"\n"
+    );
+    host.install("pa.toml", secret_toml.as_bytes());
+    host.manager().rescan().await;
+    host.until("the Secret version to run", |h| h.status("pa").is_some_and(|s| s.reloads >= 2 && s.ready))
+        .await;
+    // Both files renamed together: the same plugin, under the name `pb`.
+    std::fs::rename(host.path("pa.toml"), host.path("pb.toml")).expect("mv toml");
+    std::fs::rename(host.path("pa.wasm"), host.path("pb.wasm")).expect("mv wasm");
+    host.manager().rescan().await;
+    host.until_version("pb", &a).await;
+    assert!(host.status("pa").is_none(), "{:?}", host.manager().status().snapshot());
+    // Back to ConfigMaps, deletes no longer failing: the parked delete comes back with it.
+    let mark = guest_logs().lock().len();
+    host.install("pb.toml", witness_toml(ns, "", "", "edit = 1\n").as_bytes());
+    host.manager().rescan().await;
+    until_reconciled_gone("pb", &victim, mark, "the parked delete reconciled under the new name").await;
+    host.stop().await;
+}
+
+/// A controller restart whose new controller never syncs (its handlers held in a slow
+/// `filter` past the sync timeout) keeps the queue it was handed: a delete whose reconcile
+/// keeps failing is still pending, and the next version reconciles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_controller_that_fails_to_sync_keeps_its_queue() {
+    let host =
+        Host::start_tweaked("delivery-nosync", false, |o| o.cache_sync_timeout = Duration::from_secs(2))
+            .await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    host.install(
+        "nosync.toml",
+        witness_toml(ns, "concurrency = 1", "filter = true", "fail-gone = true\n").as_bytes(),
+    );
+    host.install("nosync.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("nosync", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    apply_cm(&api, "blocker", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("nosync", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+    delete_src(&api, "victim").await;
+    until_line("nosync", "reconcile-end", "the failing delete", |l| {
+        l.field("key").as_deref() == Some(&victim) && l.field("result").as_deref() == Some("error")
+    })
+    .await;
+    // Restart (concurrency 1 → 2) into a version whose filter holds its initial list past
+    // the sync timeout.
+    let stuck = witness_toml(
+        ns,
+        "concurrency = 2",
+        "filter = true",
+        "fail-gone = true\nslow-filter = \"blocker\"\nslow-ms = 4000\nedit = 1\n",
+    );
+    host.install("nosync.toml", stuck.as_bytes());
+    host.manager().rescan().await;
+    host.until("the new controller to fail its sync", |h| {
+        h.status("nosync").is_some_and(|s| s.last_error.as_deref().is_some_and(|e| e.contains("sync")))
+    })
+    .await;
+    // A version that syncs and no longer fails deletes: it gets the pending delete.
+    let mark = guest_logs().lock().len();
+    host.install(
+        "nosync.toml",
+        witness_toml(ns, "concurrency = 2", "filter = true", "edit = 2\n").as_bytes(),
+    );
+    host.manager().rescan().await;
+    until_line("nosync", "reconcile-end", "the pending delete reconciled by the fixed version", |l| {
+        l.field("key").as_deref() == Some(&victim)
+            && l.field("edit").as_deref() == Some("2")
+            && l.field("result").as_deref() == Some("ok")
+    })
+    .await;
+    let _ = mark;
+    host.stop().await;
+}
+
+/// The `.wasm` removed, the TOML kept: the running version keeps running and `/plugins`
+/// and `/readyz` say it runs without its file; a TOML edit meanwhile is applied (with the
+/// running version's compiled code); the file back clears the note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_wasm_keeps_the_running_version_and_says_so() {
+    let host = Host::start("delivery-nowasm", true).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    host.install("gone.toml", witness_toml(ns, "", "", "edit = 1\n").as_bytes());
+    host.install("gone.wasm", &a);
+    host.until_version("gone", &a).await;
+    std::fs::remove_file(host.path("gone.wasm")).expect("rm");
+    host.until("the status to note the missing file", |h| {
+        h.status("gone").is_some_and(|s| s.note.as_deref().is_some_and(|n| n.contains("without its file")))
+    })
+    .await;
+    let readiness = wasmctrl::server::StatusSource::readiness(&host.manager().status());
+    assert!(readiness.ready, "{readiness:?}");
+    assert!(
+        readiness
+            .details
+            .iter()
+            .any(|d| d.contains("plugin gone: running version") && d.contains("without its file")),
+        "{readiness:?}"
+    );
+    let plugins = wasmctrl::server::StatusSource::plugins(&host.manager().status()).to_string();
+    assert!(plugins.contains("without its file"), "{plugins}");
+    // A TOML edit is applied with the running code.
+    host.install("gone.toml", witness_toml(ns, "", "", "edit = 2\n").as_bytes());
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    host.until("the edit to load", |h| h.status("gone").is_some_and(|s| s.reloads >= 2)).await;
+    apply_cm(&api, "probe", "1").await;
+    until_edit("gone", &format!("{ns}/probe"), "2", "the edited version's reconcile").await;
+    let status = host.status("gone").expect("status");
+    assert_eq!(
+        (status.state, status.version.clone(), status.rejected),
+        (PluginState::Running, Some(version_of(&a)), 0),
+        "{status:?}"
+    );
+    host.install("gone.wasm", &a);
+    host.until("the note to clear", |h| h.status("gone").is_some_and(|s| s.note.is_none())).await;
+    host.stop().await;
+}
+
+/// With the watches off, the periodic full rescan alone finds a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_rescan_finds_changes_the_watches_miss() {
+    let host = Host::start_tweaked("delivery-rescan", false, |o| {
+        o.rescan_interval = Some(Duration::from_millis(300))
+    })
+    .await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    host.install("periodic.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.install("periodic.wasm", &a);
+    host.until_version("periodic", &a).await;
+    let b = build("witness-b");
+    host.install("periodic.wasm", &b);
+    host.until_version("periodic", &b).await;
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Scope: a TOML edit that narrows (or widens) what a plugin watches never makes it hear
+// that an existing object is gone; every real delete still reaches it.
+
+/// How a scope test narrows and widens the witness's scope.
+#[derive(Clone, Copy, Debug)]
+enum ScopeKind {
+    Namespace,
+    LabelSelector,
+    FieldSelector,
+    Watches,
+}
+
+/// Objects: `keep-*` stay in scope, `leave-*` are in the wide scope only (in `other` for the
+/// namespace case), `del-*` are in scope and deleted during the test.
+const SCOPE_OBJECTS: usize = 5;
+
+fn scope_toml(kind: ScopeKind, ns: &str, wide: bool, edit: usize) -> String {
+    let settings = format!("[settings]\nedit = {edit}\n");
+    let head = "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n";
+    match kind {
+        ScopeKind::Namespace if wide => format!("{head}{settings}"),
+        ScopeKind::Namespace => format!("{head}namespace = \"{ns}\"\n{settings}"),
+        ScopeKind::LabelSelector => {
+            let sel = if wide { "scope in (keep,leave)" } else { "scope=keep" };
+            format!("{head}namespace = \"{ns}\"\nlabel-selector = \"{sel}\"\n{settings}")
+        }
+        ScopeKind::FieldSelector => {
+            let fields: Vec<String> =
+                (0..SCOPE_OBJECTS).map(|i| format!("metadata.name!=leave-{i}")).collect();
+            let fields = if wide { "metadata.name!=nothing".to_owned() } else { fields.join(",") };
+            format!("{head}namespace = \"{ns}\"\nfield-selector = \"{fields}\"\n{settings}")
+        }
+        ScopeKind::Watches => {
+            let watches = if wide {
+                format!(
+                    "[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\nlabel-selector = \"scope=leave\"\n"
+                )
+            } else {
+                String::new()
+            };
+            format!("{head}namespace = \"{ns}\"\nlabel-selector = \"scope in (keep)\"\n{watches}{settings}")
+        }
+    }
+}
+
+async fn apply_scoped(api: &Api<ConfigMap>, name: &str, scope: &str, value: usize) {
+    let cm = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": name, "labels": { "scope": scope } },
+        "data": { "value": value.to_string() },
+    });
+    api.patch(name, &PatchParams::apply("scope").force(), &Patch::Apply(&cm)).await.expect("apply");
+}
+
+/// Narrows and widens the witness's scope four times — twice during a churn of updates,
+/// twice during a relist (dev cluster: history compacted, watches dropped) — while objects
+/// in the kept scope are deleted. Asserts that no reconcile saw an object gone that exists,
+/// and that every delete was reconciled (seeing it gone) afterwards.
+async fn scope_change(kind: ScopeKind, base: &str) {
+    let host = Host::start(base, true).await;
+    let ns = host.ns.clone();
+    let other = host._cluster.namespace_named(&format!("{base}-other")).await.expect("namespace");
+    let plugin = base.to_owned();
+    let a = build("witness-a");
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), &ns);
+    let leave_api: Api<ConfigMap> =
+        Api::namespaced(host.client.clone(), if matches!(kind, ScopeKind::Namespace) { &other } else { &ns });
+    for i in 0..SCOPE_OBJECTS {
+        apply_scoped(&api, &format!("keep-{i}"), "keep", 0).await;
+        apply_scoped(&leave_api, &format!("leave-{i}"), "leave", 0).await;
+    }
+    for i in 0..4 {
+        apply_scoped(&api, &format!("del-{i}"), "keep", 0).await;
+    }
+    host.install(&format!("{plugin}.toml"), scope_toml(kind, &ns, true, 0).as_bytes());
+    host.install(&format!("{plugin}.wasm"), &a);
+    host.until_version(&plugin, &a).await;
+    let leave_ns = if matches!(kind, ScopeKind::Namespace) { other.clone() } else { ns.clone() };
+    let leaving = format!("{leave_ns}/leave-0");
+    until_line(&plugin, "reconcile-end", "the wide scope's first reconciles", |l| {
+        l.field("key").as_deref() == Some(&leaving)
+    })
+    .await;
+
+    // The churn: updates of every kept and leaving object, until stopped.
+    let stop = CancellationToken::new();
+    let churn = {
+        let (api, leave_api, stop) = (api.clone(), leave_api.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 1;
+            while !stop.is_cancelled() {
+                for i in 0..SCOPE_OBJECTS {
+                    apply_scoped(&api, &format!("keep-{i}"), "keep", n).await;
+                    apply_scoped(&leave_api, &format!("leave-{i}"), "leave", n).await;
+                }
+                n += 1;
+            }
+        })
+    };
+    let faults = host._cluster.dev().map(|d| d.faults());
+    let mut deletes = Vec::new();
+    for (step, wide) in [false, true, false, true].into_iter().enumerate() {
+        let relist = step >= 2;
+        if relist {
+            match &faults {
+                Some(f) => {
+                    f.compact_history();
+                    f.drop_watches();
+                }
+                None => eprintln!("{base}: relist step skipped on the real server (no fault injection)"),
+            }
+        }
+        let before = host.status(&plugin).map_or(0, |s| s.reloads);
+        host.install(&format!("{plugin}.toml"), scope_toml(kind, &ns, wide, step + 1).as_bytes());
+        // A delete while the reload is under way, in the kept scope.
+        let name = format!("del-{step}");
+        delete_src(&api, &name).await;
+        deletes.push((format!("{ns}/{name}"), guest_logs().lock().len()));
+        host.until(&format!("step {step} to load"), |h| {
+            h.status(&plugin).is_some_and(|s| s.reloads > before && s.ready)
+        })
+        .await;
+        let kept = format!("{ns}/keep-0");
+        until_edit(&plugin, &kept, &(step + 1).to_string(), "a reconcile of the new scope").await;
+    }
+    stop.cancel();
+    churn.await.expect("churn");
+    // Every delete reconciled afterwards, and nothing that exists reported gone. (The log
+    // mark is taken after the delete's response: a reconcile after it saw it applied.)
+    for (key, mark) in &deletes {
+        until_reconciled_gone(&plugin, key, *mark, "a real delete reconciled").await;
+    }
+    let wrongly_gone: Vec<String> = guest_logs()
+        .lock()
+        .iter()
+        .filter(|l| l.plugin == plugin && l.message == "reconcile-start")
+        .filter(|l| l.field("rv").as_deref() == Some("not-found"))
+        .filter_map(|l| l.field("key"))
+        .filter(|k| k.contains("/keep-") || k.contains("/leave-"))
+        .collect();
+    assert!(wrongly_gone.is_empty(), "{kind:?}: existing objects reconciled as gone: {wrongly_gone:?}");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn narrowing_a_namespace_scope_reports_no_existing_object_gone() {
+    scope_change(ScopeKind::Namespace, "scope-ns").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn narrowing_a_label_selector_reports_no_existing_object_gone() {
+    scope_change(ScopeKind::LabelSelector, "scope-labels").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn narrowing_a_field_selector_reports_no_existing_object_gone() {
+    scope_change(ScopeKind::FieldSelector, "scope-fields").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropping_a_watches_entry_reports_no_existing_object_gone() {
+    scope_change(ScopeKind::Watches, "scope-watches").await;
 }

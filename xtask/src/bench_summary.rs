@@ -3,8 +3,8 @@
 //! and issue 12's target for each.
 //!
 //! The benchmarks append one JSON line per figure to the file named by
-//! `WASMCTRL_BENCH_SUMMARY` (`bench/support/src/summary.rs` writes them); this reads them
-//! back in order. A line that does not parse is reported in the table's place, never
+//! `WASMCTRL_BENCH_SUMMARY` (`bench/support/src/summary.rs` writes them); this reads the
+//! figure lines back in order (`bench.rs` leaves tables and plots to `bench_report.rs`). A line that does not parse is reported in the table's place, never
 //! dropped silently.
 
 use std::fmt::Write as _;

@@ -14,8 +14,9 @@
 //! - `cargo xtask ci`    — what `.ci/run` checks: formatting, clippy, then `test`.
 //! - `cargo xtask fuzz [--seconds N] [TARGET...]` — build the fuzz targets of `fuzz/` and run
 //!   each (or the ones named) for N seconds (default 60); see `fuzz.rs`.
-//! - `cargo xtask bench [anchors]` — every benchmark, or only the table next to kube-rs,
-//!   client-go and controller-runtime (see `bench.rs`).
+//! - `cargo xtask bench [--quick] [anchors]` — every benchmark, writing `docs/benchmarks.md`,
+//!   or only the tables next to kube-rs, client-go and controller-runtime; `--quick` is a
+//!   reduced-size smoke run (see `bench.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,6 +26,7 @@ use anyhow::{Context, Result, bail};
 use wasmctrl_testkit::realserver::{self, BACKEND_ENV, KUBECONFIG_ENV, RealServer};
 
 mod bench;
+mod bench_report;
 mod bench_summary;
 mod fuzz;
 
@@ -83,7 +85,7 @@ fn main() -> Result<()> {
                 "  fuzz          build the fuzz targets (nightly) and run each for --seconds N (default 60); or name targets"
             );
             eprintln!(
-                "  bench         run every benchmark (release); `bench anchors`: only the table vs kube-rs, client-go, controller-runtime"
+                "  bench         run every benchmark (release) and write docs/benchmarks.md; `bench anchors`: only the tables vs kube-rs, client-go, controller-runtime; `--quick`: a reduced-size smoke run"
             );
             if task.is_empty() || task == "help" || task == "--help" {
                 Ok(())
@@ -289,6 +291,8 @@ fn lint(root: &Path) -> Result<()> {
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
 /// `differential` compares the dev cluster with the real server, request by request;
 /// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size);
+/// `sandbox_runtime` ends a sleeping plugin call on the loss of a real Lease; `sandbox` runs
+/// the adversarial plugins.
 /// `hostile_input` and `endpoint` are the reflector's caps and the endpoint's authorization.
 const BACKEND_AWARE_SUITES: &[&str] = &[
     "informer",
@@ -299,6 +303,9 @@ const BACKEND_AWARE_SUITES: &[&str] = &[
     "reload",
     "semantics",
     "chaos",
+    "sandbox_runtime",
+    "sandbox",
+    "admission",
     "hostile_input",
     "endpoint",
 ];

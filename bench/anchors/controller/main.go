@@ -3,6 +3,12 @@
 // default), in a manager with controller-runtime's defaults otherwise (no metrics server,
 // no probes, no leader election), reading the benchmark's stream server.
 //
+// Its client speaks what controller-runtime v0.25.2 picks by default: protobuf for types its
+// protobuf scheme recognises, ConfigMap among them (apiutil.createRestConfig sets
+// rest.Config.ContentType to application/vnd.kubernetes.protobuf when it is unset). The
+// result line names the Content-Type the server answered with (`wire`) and the Go runtime's
+// GOMAXPROCS, GOGC and version.
+//
 // At the start of each reconcile it reads the object from the manager's cache (without a
 // deep copy, so the read costs what a pointer lookup costs) and takes now − the object's sent
 // stamp, as the Rust consumers do (host/benches/anchors.rs). It prints one JSON line with
@@ -71,7 +77,8 @@ func main() {
 	}
 	ctrl.SetLogger(logr.Discard())
 
-	mgr, err := ctrl.NewManager(&rest.Config{Host: *url}, ctrl.Options{
+	var wire measure.ContentTypes
+	mgr, err := ctrl.NewManager(&rest.Config{Host: *url, WrapTransport: wire.Wrap}, ctrl.Options{
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 	})
@@ -111,6 +118,9 @@ func main() {
 	}
 	measure.Emit(map[string]any{
 		"impl":       "controller-runtime",
+		"wire":       wire.Seen(),
+		"env":        measure.Environment(),
+		"delivery":   measure.Delivery(r.samples, *updates/10),
 		"kind":       "latency",
 		"rate":       *rate,
 		"updates":    *updates,

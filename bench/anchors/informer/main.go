@@ -11,9 +11,13 @@
 // Nothing in it throttles or adds work: client-go's client-side rate limit (QPS 5, burst 10)
 // applies to requests, and there are two (the list and the watch); there is no resync; the
 // handler only counts. `-cpuprofile FILE` writes a CPU profile of the run (`go tool pprof
-// -top informer FILE`): most of the time goes to JSON scanning, as client-go reads each JSON
-// watch event five times (framer, envelope validation and skip, object validation and
-// decode).
+// -top informer FILE`).
+//
+// `-content-type` picks the encoding through rest.Config.ContentType: `json` asks for
+// application/json only; `protobuf` for application/vnd.kubernetes.protobuf (what client-go
+// v0.37.2's typed ConfigMap client asks for first when ContentType is left unset:
+// gentype.PrefersProtobuf). The result line names the Content-Type the server answered with (`wire`)
+// and the Go runtime's GOMAXPROCS, GOGC and version.
 //
 // The stream server speaks list + watch, not the watch-list protocol (sendInitialEvents),
 // so the WatchListClient feature, on by default since client-go 1.35, is turned off here;
@@ -48,16 +52,28 @@ func main() {
 	updates := flag.Uint64("updates", 200000, "updates in the watch stream")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the watch phase to this file")
+	contentType := flag.String("content-type", "json", "json or protobuf")
 	flag.Parse()
 	if *url == "" || *objects <= 0 || *updates == 0 {
-		measure.Fail(fmt.Errorf("usage: informer -url URL -objects N -updates M"))
+		measure.Fail(fmt.Errorf("usage: informer -url URL -objects N -updates M [-content-type json|protobuf]"))
 	}
+	config := &rest.Config{Host: *url}
+	switch *contentType {
+	case "json":
+		config.ContentType = "application/json"
+	case "protobuf":
+		config.ContentType = "application/vnd.kubernetes.protobuf"
+	default:
+		measure.Fail(fmt.Errorf("-content-type %q: want json or protobuf", *contentType))
+	}
+	var wire measure.ContentTypes
+	config.WrapTransport = wire.Wrap
 
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 
-	clientset, err := kubernetes.NewForConfig(&rest.Config{Host: *url})
+	clientset, err := kubernetes.NewForConfig(config)
 	if err != nil {
 		measure.Fail(fmt.Errorf("client for %s: %w", *url, err))
 	}
@@ -120,6 +136,9 @@ func main() {
 	watchSeconds := float64(doneAt.Load()-syncedAt.Load()) / 1e9
 	measure.Emit(map[string]any{
 		"impl":                   "client-go",
+		"content_type":           *contentType,
+		"wire":                   wire.Seen(),
+		"env":                    measure.Environment(),
 		"kind":                   "informer",
 		"objects":                *objects,
 		"cached":                 cached,

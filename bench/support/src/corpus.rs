@@ -10,11 +10,21 @@
 //!   `list_rv + 1 + u`, [`SEQ_ANNOTATION`] `u` and `data.revision` `u / objects + 1`, so
 //!   resourceVersions rise strictly along the stream and no update repeats its object's state.
 //! - The JSON is what an API server sends: no whitespace, keys in a fixed order.
+//! - The protobuf encoding (`crate::protobuf`) of an object or update holds exactly what its
+//!   JSON holds: its message is built from the object's own JSON, parsed once.
 //!
 //! Objects are kept as byte templates split around the changing values, so writing one
 //! event is a few copies and three integer formats (the server must outrun every consumer).
+//! Their protobuf messages are built on the first protobuf request only (a JSON-only run
+//! of a million objects does not pay for them), then cloned and edited per event.
 
 use std::io::Write;
+use std::sync::OnceLock;
+
+use k8s_pb::api::core::v1 as pb_core;
+use k8s_pb::apimachinery::pkg::apis::meta::v1 as pb_meta;
+
+use crate::protobuf;
 
 /// Unix time in nanoseconds at which the server wrote the object (decimal string).
 pub const SENT_ANNOTATION: &str = "bench.wasmctrl.dev/sent-unix-nanos";
@@ -41,12 +51,13 @@ const END: &[u8] = br#""}}"#;
 /// The generated objects.
 pub struct Corpus {
     templates: Vec<Template>,
+    protobuf: OnceLock<Vec<pb_core::ConfigMap>>,
 }
 
 impl Corpus {
     /// Generates `objects` ConfigMaps.
     pub fn new(objects: usize) -> Self {
-        Corpus { templates: (0..objects).map(template).collect() }
+        Corpus { templates: (0..objects).map(template).collect(), protobuf: OnceLock::new() }
     }
 
     /// How many objects the list holds.
@@ -94,6 +105,77 @@ impl Corpus {
         }
         out.extend_from_slice(b"]}");
         out
+    }
+
+    /// Appends update `u` as a protobuf watch frame (length, then a `WatchEvent` of type
+    /// `MODIFIED`): the same object as [`Corpus::write_update_event`]'s.
+    ///
+    /// # Panics
+    /// If the corpus has no objects.
+    pub fn write_update_frame(&self, out: &mut Vec<u8>, u: u64, sent_unix_nanos: u64) {
+        let n = self.templates.len() as u64;
+        let cm = self.protobuf_object(
+            (u % n) as usize,
+            self.list_rv() + 1 + u,
+            sent_unix_nanos,
+            Some(u),
+            u / n + 1,
+        );
+        let mut body = Vec::new();
+        protobuf::write_body(&mut body, "v1", "ConfigMap", &cm);
+        protobuf::write_watch_frame(out, "MODIFIED", body);
+    }
+
+    /// The whole list response in protobuf (`k8s\0` + `runtime.Unknown` of a
+    /// `ConfigMapList`), every object stamped `sent_unix_nanos`.
+    pub fn list_body_protobuf(&self, sent_unix_nanos: u64) -> Vec<u8> {
+        let list = pb_core::ConfigMapList {
+            metadata: Some(pb_meta::ListMeta {
+                self_link: Some(String::new()),
+                resource_version: Some(self.list_rv().to_string()),
+                r#continue: Some(String::new()),
+                remaining_item_count: None,
+            }),
+            items: (0..self.templates.len())
+                .map(|i| self.protobuf_object(i, FIRST_RV + i as u64, sent_unix_nanos, None, 0))
+                .collect(),
+        };
+        let mut out = Vec::new();
+        protobuf::write_body(&mut out, "v1", "ConfigMapList", &list);
+        out
+    }
+
+    /// Object `i` as a protobuf message with the given changing values.
+    fn protobuf_object(
+        &self,
+        i: usize,
+        rv: u64,
+        sent: u64,
+        seq: Option<u64>,
+        revision: u64,
+    ) -> pb_core::ConfigMap {
+        let templates = self.protobuf.get_or_init(|| {
+            (0..self.templates.len())
+                .map(|i| {
+                    let mut json = Vec::new();
+                    self.write(&mut json, i, 0, 0, None, 0);
+                    // The template's own bytes: a parse failure is a bug in `template`, caught
+                    // by the tests.
+                    let cm: k8s_openapi::api::core::v1::ConfigMap =
+                        serde_json::from_slice(&json).expect("the corpus's JSON is a ConfigMap");
+                    protobuf::configmap_to_pb(&cm)
+                })
+                .collect()
+        });
+        let mut cm = templates[i].clone();
+        if let Some(meta) = cm.metadata.as_mut() {
+            meta.resource_version = Some(rv.to_string());
+            meta.annotations.insert(SENT_ANNOTATION.into(), sent.to_string());
+            meta.annotations
+                .insert(SEQ_ANNOTATION.into(), seq.map(|u| u.to_string()).unwrap_or_else(|| "list".into()));
+        }
+        cm.data.insert("revision".into(), revision.to_string());
+        cm
     }
 
     /// Mean bytes of one object's JSON (as listed).
@@ -194,6 +276,46 @@ mod tests {
         assert_eq!(obj["metadata"]["annotations"][SEQ_ANNOTATION], "4");
         assert_eq!(obj["metadata"]["annotations"][SENT_ANNOTATION], "7");
         assert_eq!(obj["data"]["revision"], "2");
+    }
+
+    #[test]
+    fn protobuf_holds_what_the_json_holds() {
+        let corpus = Corpus::new(3);
+        let as_json = |cm: k8s_openapi::api::core::v1::ConfigMap| {
+            let mut v = serde_json::to_value(cm).expect("json");
+            v["apiVersion"] = "v1".into();
+            v["kind"] = "ConfigMap".into();
+            v
+        };
+
+        let list = protobuf::read_body(&corpus.list_body_protobuf(42)).expect("list body");
+        assert_eq!(list.type_meta.and_then(|t| t.kind).as_deref(), Some("ConfigMapList"));
+        let list =
+            <pb_core::ConfigMapList as prost::Message>::decode(list.raw.as_deref().unwrap_or_default())
+                .expect("ConfigMapList");
+        assert_eq!(list.metadata.and_then(|m| m.resource_version).as_deref(), Some("1003"));
+        let json_list = parse(&corpus.list_body(42));
+        assert_eq!(list.items.len(), 3);
+        for (pb, json) in list.items.into_iter().zip(json_list["items"].as_array().expect("items")) {
+            assert_eq!(&as_json(protobuf::configmap_from_pb(pb).expect("decodes")), json);
+        }
+
+        let mut frames = Vec::new();
+        let mut lines = Vec::new();
+        for u in 0..5 {
+            corpus.write_update_frame(&mut frames, u, 7 + u);
+            corpus.write_update_event(&mut lines, u, 7 + u);
+        }
+        let (events, used) = protobuf::read_watch_frames(&frames).expect("frames");
+        assert_eq!(used, frames.len());
+        let lines: Vec<serde_json::Value> =
+            lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(parse).collect();
+        assert_eq!(events.len(), lines.len());
+        for (event, line) in events.iter().zip(&lines) {
+            assert_eq!(event.r#type.as_deref(), Some("MODIFIED"));
+            let cm = protobuf::configmap_of_event(event).expect("object");
+            assert_eq!(as_json(protobuf::configmap_from_pb(cm).expect("decodes")), line["object"]);
+        }
     }
 
     #[test]

@@ -7,6 +7,13 @@
 //!   back until the client's delayed ACK, tens of milliseconds.
 //! - A list (with or without `limit`) returns every object in one response, as a real server
 //!   does for `resourceVersion=0`; no `continue` token is ever set.
+//! - The list and the watch speak JSON or Kubernetes protobuf, chosen from `Accept` as the API
+//!   server chooses (`crate::negotiate`; 406 with a `Status` when neither is acceptable), with
+//!   the API server's `Content-Type`s: `application/json` for a JSON list and watch,
+//!   `application/vnd.kubernetes.protobuf` for a protobuf list and
+//!   `application/vnd.kubernetes.protobuf;stream=watch` for a protobuf watch (framing in
+//!   `crate::protobuf`). Both carry the same objects and stamps. Discovery is JSON only (what
+//!   every consumer here accepts for it).
 //! - Exactly one watch streams the updates: the first one from the list's resourceVersion.
 //!   Any other watch (a reconnect, another resourceVersion) stays open and sends nothing, so a
 //!   consumer never sees an update twice. After the last update the stream stays open too.
@@ -39,6 +46,8 @@ use futures::StreamExt;
 
 use crate::Corpus;
 use crate::clock::unix_nanos;
+use crate::negotiate::{Encoding, OFFERED, negotiate};
+use crate::protobuf;
 
 /// How fast the watch sends the updates.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -88,6 +97,7 @@ impl StreamServer {
             .route("/apis", axum::routing::get(api_groups))
             .route("/api/v1", axum::routing::get(core_resources))
             .route("/version", axum::routing::get(version))
+            .route_layer(axum::middleware::from_fn(json_only))
             .route("/api/v1/configmaps", axum::routing::get(configmaps))
             .with_state(shared);
         let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -125,11 +135,41 @@ struct Shared {
 }
 
 fn json(body: impl Into<Body>) -> Response {
+    with_type(body, "application/json")
+}
+
+fn with_type(body: impl Into<Body>, content_type: &'static str) -> Response {
     let mut response = Response::new(body.into());
+    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
     response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+}
+
+/// The API server's answer to an `Accept` it cannot serve.
+fn not_acceptable(accept: &str) -> Response {
+    let message =
+        format!("the server was unable to respond with a content type that the client supports ({accept})");
+    let mut response = json(
+        serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": "NotAcceptable", "code": 406,
+        })
+        .to_string(),
+    );
+    *response.status_mut() = http::StatusCode::NOT_ACCEPTABLE;
     response
+}
+
+/// Discovery and version: 406 unless the client accepts JSON.
+async fn json_only(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let header = accept(request.headers()).map(str::to_owned);
+    if negotiate(header.as_deref(), false, &[Encoding::Json]).is_none() {
+        return not_acceptable(header.as_deref().unwrap_or(""));
+    }
+    next.run(request).await
+}
+
+fn accept(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get(http::header::ACCEPT).and_then(|v| v.to_str().ok())
 }
 
 async fn api_versions(State(s): State<Arc<Shared>>) -> Response {
@@ -163,52 +203,87 @@ async fn version() -> Response {
     ))
 }
 
-async fn configmaps(State(s): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+async fn configmaps(
+    State(s): State<Arc<Shared>>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: http::HeaderMap,
+) -> Response {
     let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let Some(encoding) = negotiate(accept(&headers), watching, OFFERED) else {
+        return not_acceptable(accept(&headers).unwrap_or(""));
+    };
     if !watching {
-        return json(s.corpus.list_body(unix_nanos()));
+        return match encoding {
+            Encoding::Json => json(s.corpus.list_body(unix_nanos())),
+            Encoding::Protobuf => with_type(s.corpus.list_body_protobuf(unix_nanos()), protobuf::PROTOBUF),
+        };
     }
+    let watch_response = |body: Body| match encoding {
+        Encoding::Json => json(body),
+        Encoding::Protobuf => with_type(body, protobuf::PROTOBUF_WATCH),
+    };
     let from_list = q.get("resourceVersion").is_some_and(|rv| *rv == s.corpus.list_rv().to_string());
     if let Some(after) = s.config.expire_first_watch
         && from_list
         && !s.watch_expired.swap(true, Ordering::SeqCst)
     {
-        let expired = format!(
-            concat!(
-                r#"{{"type":"ERROR","object":{{"kind":"Status","apiVersion":"v1","metadata":{{}},"#,
-                r#""status":"Failure","message":"too old resource version: {} ({})","reason":"Expired","code":410}}}}"#,
-                "\n"
-            ),
-            s.corpus.list_rv(),
-            s.corpus.list_rv() + 1
-        );
+        let message =
+            format!("too old resource version: {} ({})", s.corpus.list_rv(), s.corpus.list_rv() + 1);
+        let expired = match encoding {
+            Encoding::Json => {
+                let status = serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": message, "reason": "Expired", "code": 410,
+                });
+                format!("{{\"type\":\"ERROR\",\"object\":{status}}}\n").into_bytes()
+            }
+            Encoding::Protobuf => {
+                let mut frame = Vec::new();
+                protobuf::write_watch_frame(
+                    &mut frame,
+                    "ERROR",
+                    protobuf::status_body("Expired", &message, 410),
+                );
+                frame
+            }
+        };
         let event = futures::stream::once(async move {
             tokio::time::sleep(after).await;
             Ok::<_, std::io::Error>(Bytes::from(expired))
         });
-        return json(Body::from_stream(event));
+        return watch_response(Body::from_stream(event));
     }
     let first = from_list && !s.watch_started.swap(true, Ordering::SeqCst);
     if !first || s.corpus.objects() == 0 {
-        return json(Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>()));
+        return watch_response(
+            Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>()),
+        );
     }
     let updates = match s.config.pace {
-        Pace::Flat => flat(s.clone()),
-        Pace::PerSecond { rate, warmup } => paced(s.clone(), rate.max(1), warmup),
+        Pace::Flat => flat(s.clone(), encoding),
+        Pace::PerSecond { rate, warmup } => paced(s.clone(), encoding, rate.max(1), warmup),
     };
     let endless = updates.map(Ok::<_, std::io::Error>).chain(futures::stream::pending());
-    json(Body::from_stream(endless))
+    watch_response(Body::from_stream(endless))
+}
+
+/// Appends update `u` in `encoding`.
+fn write_update(corpus: &Corpus, encoding: Encoding, out: &mut Vec<u8>, u: u64) {
+    match encoding {
+        Encoding::Json => corpus.write_update_event(out, u, unix_nanos()),
+        Encoding::Protobuf => corpus.write_update_frame(out, u, unix_nanos()),
+    }
 }
 
 /// Chunk size of the flat-out stream.
 const CHUNK: usize = 64 * 1024;
 
-fn flat(s: Arc<Shared>) -> futures::stream::BoxStream<'static, Bytes> {
+fn flat(s: Arc<Shared>, encoding: Encoding) -> futures::stream::BoxStream<'static, Bytes> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
         let mut buf = Vec::with_capacity(CHUNK + 4096);
         for u in 0..s.config.updates {
-            s.corpus.write_update_event(&mut buf, u, unix_nanos());
+            write_update(&s.corpus, encoding, &mut buf, u);
             if buf.len() >= CHUNK {
                 let chunk = Bytes::from(std::mem::replace(&mut buf, Vec::with_capacity(CHUNK + 4096)));
                 if tx.send(chunk).await.is_err() {
@@ -223,7 +298,12 @@ fn flat(s: Arc<Shared>) -> futures::stream::BoxStream<'static, Bytes> {
     receiver_stream(rx)
 }
 
-fn paced(s: Arc<Shared>, rate: u32, warmup: Duration) -> futures::stream::BoxStream<'static, Bytes> {
+fn paced(
+    s: Arc<Shared>,
+    encoding: Encoding,
+    rate: u32,
+    warmup: Duration,
+) -> futures::stream::BoxStream<'static, Bytes> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
     tokio::spawn(async move {
         tokio::time::sleep(warmup).await;
@@ -237,7 +317,7 @@ fn paced(s: Arc<Shared>, rate: u32, warmup: Duration) -> futures::stream::BoxStr
             if due > next {
                 let mut buf = Vec::with_capacity((due - next) as usize * 2200);
                 for u in next..due {
-                    s.corpus.write_update_event(&mut buf, u, unix_nanos());
+                    write_update(&s.corpus, encoding, &mut buf, u);
                 }
                 if tx.send(Bytes::from(buf)).is_err() {
                     return;

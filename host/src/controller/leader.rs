@@ -11,7 +11,8 @@
 //!   in controller-runtime (which skips its graceful shutdown then and exits), nothing is
 //!   drained while a new leader may already act: the [`on_lost`](LeaderElector::on_lost)
 //!   hook runs first (the host revokes its plugins' cluster access there: writes refused,
-//!   running calls interrupted), the leading token is cancelled, the leading work is
+//!   running calls interrupted, calls blocked in a host call such as a guest's sleep ended
+//!   at once), the leading token is cancelled, the leading work is
 //!   dropped unfinished, and [`LeaderElector::run`] returns
 //!   [`LeaderElectionError::LeadershipLost`] at once; the caller exits the process.
 //! - On shutdown the leader releases the Lease (clears the holder) so a standby takes over

@@ -13,7 +13,9 @@
 //!   `forget` + `add_after(d)`; `Done` (and `RequeueAfter(0)`) → `forget`.
 //! - A reconcile that outlives the per-reconcile deadline is dropped and counts as an error.
 //! - Shutdown stops handing out keys, lets in-flight reconciles finish, then removes the
-//!   handlers and shuts the queue down.
+//!   handlers and shuts the queue down. A run that fails (its sources never synced) removes
+//!   its handlers but leaves the queue as it is: keys it holds — some handed to it by a
+//!   predecessor — stay for whoever takes the queue over next.
 //! - Hot swap: each reconcile loads the current reconciler when it starts, so calls in flight
 //!   finish on the old one and every later call (queued keys included) goes to the new one.
 
@@ -448,7 +450,7 @@ impl Controller {
         if s.started.swap(true, Ordering::AcqRel) {
             return Err(ControllerError::AlreadyStarted { controller: s.name.clone() });
         }
-        let mut guard = RunGuard { queue: s.queue.clone(), registrations: Vec::new() };
+        let mut guard = RunGuard { queue: s.queue.clone(), registrations: Vec::new(), keep_queue: false };
         for b in &s.bindings {
             let reg = b.handler.clone();
             match b.source.register(reg) {
@@ -456,6 +458,7 @@ impl Controller {
                 Err(source) => {
                     let e = ControllerError::Source { controller: s.name.clone(), source };
                     *s.sync_error.lock() = Some(e.to_string());
+                    guard.keep_queue = true;
                     return Err(e);
                 }
             }
@@ -483,6 +486,7 @@ impl Controller {
                 };
                 tracing::error!(controller = %s.name, error = %e, "caches did not sync");
                 *s.sync_error.lock() = Some(e.to_string());
+                guard.keep_queue = true;
                 return Err(e);
             }
             tokio::select! {
@@ -526,6 +530,8 @@ impl Controller {
 struct RunGuard {
     queue: RateLimitingQueue<Request>,
     registrations: Vec<(GroupVersionKind, Box<dyn EventRegistration>)>,
+    /// A failed run leaves the queue to its owner (see the module doc).
+    keep_queue: bool,
 }
 
 impl Drop for RunGuard {
@@ -533,7 +539,9 @@ impl Drop for RunGuard {
         for (_, r) in &self.registrations {
             r.remove();
         }
-        self.queue.shut_down();
+        if !self.keep_queue {
+            self.queue.shut_down();
+        }
     }
 }
 

@@ -221,6 +221,11 @@ impl InformerFactory {
         &self.inner.discovery
     }
 
+    /// The client the factory lists and watches with.
+    pub fn client(&self) -> &kube::Client {
+        &self.inner.client
+    }
+
     /// Number of running informers.
     pub fn informer_count(&self) -> usize {
         self.inner.entries.lock().len()

@@ -536,6 +536,27 @@ impl HandlerRegistration {
     pub fn finished(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.listener.finished()
     }
+
+    /// As [`wait_for_sync`](Self::wait_for_sync), as a future that borrows nothing; it also
+    /// ends when the handler stops.
+    pub fn synced(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (listener, sync, mut informer_synced) =
+            (self.listener.clone(), self.sync.clone(), self.informer_synced.clone());
+        async move {
+            if informer_synced.wait_for(|v| *v).await.is_err() {
+                return;
+            }
+            loop {
+                let changed = sync.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if listener.initial_handled() || listener.is_stopped() {
+                    return;
+                }
+                changed.await;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -100,6 +100,12 @@ impl KubeServices {
         }
     }
 
+    /// A token cancelled by [`revoke`](Self::revoke) (plugin calls blocked in a host call
+    /// wait on it).
+    pub(crate) fn revocation(&self) -> CancellationToken {
+        self.revoked.clone()
+    }
+
     /// Whether [`revoke`](Self::revoke) ran.
     pub fn is_revoked(&self) -> bool {
         self.revoked.is_cancelled()

@@ -17,9 +17,12 @@
 //! - While a [`PluginEngine`] lives, a ticker thread bumps every engine's epoch every
 //!   [`EngineConfig::epoch_tick`]; running calls check their deadline (and cancellation)
 //!   at each tick. The thread stops when the last handle is dropped.
-//! - Compiled artifacts live in the on-disk [`super::compile_cache`] (atomic writes, a byte
-//!   budget, least recently used out first). An artifact that fails to load (other
-//!   wasmtime, corrupted) is recompiled and replaced. Only Cranelift artifacts are cached.
+//! - Compiled artifacts live in the on-disk [`super::compile_cache`] (a directory of the
+//!   host's uid, artifacts authenticated with the host's key, atomic writes, a byte budget,
+//!   least recently used out first). An artifact that fails a check or does not load is
+//!   removed and recompiled, never loaded. A cache directory that is refused (another
+//!   uid's) leaves the engine without a cache, with an error logged. Only Cranelift
+//!   artifacts are cached.
 //! - [`PluginEngine::shared_component`] compiles (or loads from the cache) once per content
 //!   hash: concurrent loads of the same bytes wait for one compile, and the compiled code is
 //!   shared by every plugin using it for as long as one does (see [`super::shared`]).
@@ -27,12 +30,14 @@
 //!   Winch and returns at once; Cranelift compiles the same bytes in the background
 //!   ([`super::tier_up`]) and the plugins switch to its code when ready ([`super::tier`]).
 //!   A cache hit is used directly (no Winch). A component Winch cannot compile is compiled
-//!   by Cranelift before the load returns, as with tier-up off: tier-up never fails a load.
+//!   by Cranelift before the load returns, as with tier-up off: Winch's refusal never fails
+//!   a load. With a compile program, Winch compiles run there too, under the same limits
+//!   (a component that breaks them fails its load, as with Cranelift).
 //! - Idle resources ([`super::idle`]): instances idle for [`EngineConfig::idle_instance_timeout`]
 //!   are released; plugins without a call for [`EngineConfig::idle_code_timeout`] drop their
 //!   compiled code ([`super::code`]), and [`PluginEngine::reload_component`] gives it back
 //!   through the shared registry (the compile cache, normally).
-//! - At most one Cranelift compile per core runs at once (each already uses every core);
+//! - At most one Cranelift compile per core (and at least two) runs at once (each already uses every core);
 //!   loads beyond that wait, so loading many distinct plugins at once does not hold the
 //!   intermediate state of all their compiles in memory together. Background tier-ups wait
 //!   behind loads; Winch compiles (a fraction of the time and memory) do not wait.
@@ -54,13 +59,15 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllo
 use super::PluginError;
 use super::bindings::TypesHost;
 use super::bindings::wasmctrl::controller::{cache, client, config, events, log, types};
+use super::compile_cache::EngineFingerprint;
 use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
-use super::compile_process::CompileSettings;
+use super::compile_process::{ChildFailure, CompileLimits, CompileSettings, compatible, compile_in_child};
 use super::gate::Gate;
 use super::idle::{IdlePlugin, IdleReaper, ReaperThread};
 use super::metrics::{ComponentLoadLabels, RuntimeMetrics, TierUpLabels};
 use super::optimizer::Optimizer;
 use super::shared::{Outcome, Registry, Shared};
+use super::slots::InstanceSlots;
 use super::state::HostState;
 use super::tier::{Tier, TieredComponent};
 use super::tier_up::{TierUpJob, TierUpWorker};
@@ -105,6 +112,9 @@ pub struct EngineConfig {
     /// in this process instead, with a warning. `None` (the default here) compiles in this
     /// process. See [`super::compile_process`].
     pub compile_process: Option<PathBuf>,
+    /// What one compile in the compile program may take: time (the host TOML's
+    /// `compile-timeout`), address space and output. See [`super::compile_process`].
+    pub compile_limits: CompileLimits,
 }
 
 /// Engine knobs that trade speed for address space or for guarantees. The defaults are the
@@ -150,6 +160,7 @@ impl Default for EngineConfig {
             tuning: EngineTuning::default(),
             tier_up: false,
             compile_process: None,
+            compile_limits: CompileLimits::default(),
         }
     }
 }
@@ -157,15 +168,29 @@ impl Default for EngineConfig {
 /// Slots of the pooling allocator, shared by every plugin instance of the host.
 #[derive(Clone, Debug)]
 pub struct PoolingLimits {
-    /// Live plugin instances at once (sum of every plugin's pool plus replacements).
+    /// Live plugin instances at once (sum of every plugin's pool plus replacements; the
+    /// host TOML's `instance-slots`).
     pub instances: u32,
+    /// The most instances one plugin may hold (the host TOML's `max-instances-per-plugin`):
+    /// a plugin whose concurrency needs more is refused at load. Every plugin also has one
+    /// slot reserved for it. See [`super::slots`].
+    pub per_plugin: u32,
     /// Upper bound of any plugin's `memory` limit.
     pub max_memory: usize,
 }
 
+/// Default of [`PoolingLimits::instances`].
+pub const DEFAULT_INSTANCE_SLOTS: u32 = 128;
+/// Default of [`PoolingLimits::per_plugin`].
+pub const DEFAULT_INSTANCES_PER_PLUGIN: u32 = 32;
+
 impl Default for PoolingLimits {
     fn default() -> Self {
-        PoolingLimits { instances: 128, max_memory: 256 << 20 }
+        PoolingLimits {
+            instances: DEFAULT_INSTANCE_SLOTS,
+            per_plugin: DEFAULT_INSTANCES_PER_PLUGIN,
+            max_memory: 256 << 20,
+        }
     }
 }
 
@@ -240,6 +265,12 @@ struct EngineInner {
     tier_up: Option<(Baseline, TierUpWorker)>,
     /// Bounds the loads running at once (see [`PluginEngine::load_slot`]).
     load_slots: Arc<tokio::sync::Semaphore>,
+    /// Why the configured compile cache directory is not used, if it is not.
+    cache_refusal: Option<String>,
+    /// Cancelled by [`PluginEngine::shut_down_calls`].
+    shutdown: tokio_util::sync::CancellationToken,
+    /// The pooling allocator's slots, shared fairly by the plugins (none without pooling).
+    slots: Option<Arc<InstanceSlots>>,
 }
 
 /// How many plugin loads run at once: twice the cores, at least 4, so a few plugins whose
@@ -259,6 +290,9 @@ pub struct LoadSlot {
 struct Baseline {
     engine: Engine,
     linker: Linker<HostState>,
+    /// Where Winch compiles run when a compile program is configured (and its Winch
+    /// engine's artifacts load into `engine`): the program, its settings and limits.
+    child: Option<(PathBuf, CompileSettings, CompileLimits)>,
 }
 
 impl Drop for EngineInner {
@@ -292,12 +326,30 @@ impl PluginEngine {
         if let Some(m) = metrics {
             runtime_metrics.register(m);
         }
-        let disk = config.cache_dir.clone().map(|dir| CompileCache::new(dir, config.cache_max_bytes));
-        let gate = Arc::new(Gate::new(std::thread::available_parallelism().map_or(1, usize::from)));
+        let (disk, cache_refusal) = match config.cache_dir.clone() {
+            None => (None, None),
+            Some(dir) => {
+                match CompileCache::open(
+                    dir,
+                    config.cache_max_bytes,
+                    runtime_metrics.rejected_artifacts.clone(),
+                ) {
+                    Ok(cache) => (Some(cache), None),
+                    Err(e) => {
+                        tracing::error!(error = %e, "compile cache refused: every plugin load compiles");
+                        (None, Some(e.to_string()))
+                    }
+                }
+            }
+        };
+        // One compile per core, and at least two: one slow compile (a plugin's, up to the
+        // compile timeout) never holds every compile slot.
+        let gate = Arc::new(Gate::new(std::thread::available_parallelism().map_or(1, usize::from).max(2)));
         let optimizer = Optimizer::new(
             engine.clone(),
             CompileSettings::of(&config),
             config.compile_process.clone(),
+            config.compile_limits.clone(),
             disk,
             gate,
         );
@@ -311,6 +363,10 @@ impl PluginEngine {
         ticked.extend(tier_up.as_ref().map(|(b, _)| b.engine.clone()));
         let ticker = EpochTicker::start(ticked, config.epoch_tick.max(Duration::from_micros(100)))?;
         let idle = IdleReaper::start(config.idle_instance_timeout, config.idle_code_timeout)?;
+        let slots = config
+            .pooling
+            .as_ref()
+            .map(|p| InstanceSlots::new(p.instances.max(1) as usize, p.per_plugin.max(1) as usize));
         Ok(PluginEngine {
             inner: Arc::new(EngineInner {
                 engine,
@@ -323,6 +379,9 @@ impl PluginEngine {
                 optimizer,
                 tier_up,
                 load_slots: Arc::new(tokio::sync::Semaphore::new(load_slots())),
+                cache_refusal,
+                shutdown: tokio_util::sync::CancellationToken::new(),
+                slots,
             }),
         })
     }
@@ -374,6 +433,45 @@ impl PluginEngine {
 
     pub(crate) fn metrics(&self) -> &RuntimeMetrics {
         &self.inner.metrics
+    }
+
+    /// The host's instance slots, when the pooling allocator bounds them.
+    pub(crate) fn instance_slots(&self) -> Option<&Arc<InstanceSlots>> {
+        self.inner.slots.as_ref()
+    }
+
+    /// (instances alive, slots charged, plugins holding a reserved slot) of the host's
+    /// instance slots; `None` without the pooling allocator.
+    pub fn instance_slot_counts(&self) -> Option<(usize, usize, usize)> {
+        self.inner.slots.as_ref().map(|s| s.counts())
+    }
+
+    /// The host is shutting down: every plugin call blocked in a host call (a WASI sleep or
+    /// poll) ends now, and every later one at once, with a trap saying so. Calls running
+    /// guest code go on to their end or their deadline (the drain).
+    pub fn shut_down_calls(&self) {
+        if !self.inner.shutdown.is_cancelled() {
+            tracing::info!("shutting down: plugin calls blocked in host calls are cancelled");
+            self.inner.shutdown.cancel();
+        }
+    }
+
+    /// Cancelled once [`PluginEngine::shut_down_calls`] ran.
+    pub(crate) fn shutdown_token(&self) -> tokio_util::sync::CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
+    /// Why the configured compile cache directory was refused (not this host's, or it could
+    /// not be made private or keyed), when it was; the engine then compiles every load.
+    pub fn compile_cache_refusal(&self) -> Option<&str> {
+        self.inner.cache_refusal.as_deref()
+    }
+
+    /// Compile cache artifacts rejected so far (never loaded), by reason (also the
+    /// `wasmctrl_compile_cache_rejected_artifacts` metric).
+    pub fn rejected_artifacts(&self, reason: &'static str) -> u64 {
+        use super::metrics::RejectedArtifactLabels;
+        self.inner.metrics.rejected_artifacts.get_or_create(&RejectedArtifactLabels { reason }).get()
     }
 
     /// The engine's configuration.
@@ -520,7 +618,7 @@ impl PluginEngine {
         }
         self.validate_component(wasm)?;
         let version = hash.get(..12).unwrap_or(&hash);
-        match Component::new(&baseline.engine, wasm) {
+        match baseline.compile(wasm) {
             Ok(component) => {
                 self.count_load("baseline");
                 let tiered = Arc::new(TieredComponent::new(hash.clone(), component, Tier::Baseline, start));
@@ -532,9 +630,10 @@ impl PluginEngine {
                 });
                 Ok(tiered)
             }
-            Err(e) => {
+            Err(BaselineError::Failed(e)) => Err(e),
+            Err(BaselineError::Refused(e)) => {
                 // A feature Winch lacks (or bytes nobody can compile: Cranelift then says why).
-                tracing::debug!(%version, error = %format!("{e:#}"), "Winch cannot compile this component; compiling with Cranelift");
+                tracing::debug!(%version, error = %e, "Winch cannot compile this component; compiling with Cranelift");
                 let optimizer = &self.inner.optimizer;
                 let component = optimizer.compile(wasm, &hash, optimizer.gate().enter())?;
                 self.count_load("compiled");
@@ -618,14 +717,63 @@ pub(crate) fn wasm_config(config: &EngineConfig) -> Config {
 fn baseline_engine(config: &EngineConfig) -> Option<Baseline> {
     let mut wasm = wasm_config(config);
     wasm.strategy(Strategy::Winch);
-    let built = Engine::new(&wasm).and_then(|engine| Ok(Baseline { linker: link(&engine)?, engine }));
+    let built =
+        Engine::new(&wasm).and_then(|engine| Ok(Baseline { linker: link(&engine)?, engine, child: None }));
     match built {
-        Ok(b) => Some(b),
+        Ok(mut b) => {
+            let settings = CompileSettings::of(config).winch();
+            b.child = match (&config.compile_process, settings.compile_engine()) {
+                (Some(program), Ok(probe)) if compatible(&probe, &b.engine) => {
+                    Some((program.clone(), settings, config.compile_limits.clone()))
+                }
+                (Some(_), _) => {
+                    tracing::warn!(
+                        "a Winch compile engine's artifacts would not load here; Winch compiles in the host"
+                    );
+                    None
+                }
+                (None, _) => None,
+            };
+            Some(b)
+        }
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "Winch is unavailable on this host; tier-up is off (every load compiles with Cranelift)");
             None
         }
     }
+}
+
+impl Baseline {
+    /// `wasm` compiled with Winch: in the compile program when there is one (bounded like
+    /// every compile there), else here. An error is Winch's refusal (Cranelift may compile
+    /// it); a compile that broke the child's limits fails the load.
+    fn compile(&self, wasm: &[u8]) -> Result<Component, BaselineError> {
+        let Some((program, settings, limits)) = &self.child else {
+            return Component::new(&self.engine, wasm).map_err(|e| BaselineError::Refused(format!("{e:#}")));
+        };
+        let fingerprint = EngineFingerprint::of(&self.engine);
+        match compile_in_child(program, settings, &fingerprint, limits, wasm) {
+            // SAFETY: the artifact authenticated as the answer of a Winch engine of this
+            // engine's fingerprint to these bytes (see `compile_process`).
+            Ok(artifact) => unsafe { Component::deserialize(&self.engine, &artifact) }.map_err(|e| {
+                BaselineError::Failed(PluginError::Compile(format!("loading the Winch code: {e:#}")))
+            }),
+            Err(ChildFailure::DoesNotCompile(why)) => Err(BaselineError::Refused(why)),
+            Err(ChildFailure::Refused(why)) => Err(BaselineError::Failed(PluginError::Compile(why))),
+            Err(ChildFailure::Unavailable(why)) => {
+                tracing::warn!(error = %why, "the compile process is unavailable; compiling with Winch in the host");
+                Component::new(&self.engine, wasm).map_err(|e| BaselineError::Refused(format!("{e:#}")))
+            }
+        }
+    }
+}
+
+/// Why Winch gave no code.
+enum BaselineError {
+    /// Winch refused the component: Cranelift may compile it.
+    Refused(String),
+    /// The load fails.
+    Failed(PluginError),
 }
 
 /// Whether `wasm` is a core module (its preamble says so), read by `wasmparser`; anything
@@ -644,7 +792,7 @@ fn is_core_module(wasm: &[u8]) -> bool {
 /// returning only that interface's view of the store's state.
 fn link(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut l = Linker::<HostState>::new(engine);
-    super::wasi::add_to_linker(&mut l)?;
+    super::wasi::add_to_linker(&mut l, HostState::poll)?;
     types::add_to_linker::<HostState, TypesHost>(&mut l, |_| TypesHost)?;
     cache::add_to_linker::<HostState, super::cache::HasCache>(&mut l, HostState::cache)?;
     client::add_to_linker::<HostState, super::client::HasClient>(&mut l, HostState::client)?;

@@ -32,7 +32,8 @@ use super::config::{ConfigCtx, ConfigCtxView};
 use super::events::{EventsCtx, EventsCtxView};
 use super::log::{LogCtx, LogCtxView};
 use super::metrics::RuntimeMetrics;
-use super::spec::{Gvk, Permissions};
+use super::output_limit::GuestOutputLimit;
+use super::spec::{Gvk, Permissions, SandboxLimits};
 use crate::cache::{IndexFunc, IndexSpec, Writer};
 use crate::object::{Object, Transform};
 
@@ -172,8 +173,9 @@ impl ImportHarness {
             [namespace.clone()],
             [config_map.clone(), Gvk::new("v1", "Secret")],
         );
-        let access =
-            Arc::new(Access::new(plugin.clone(), permissions, HARNESS_MAX_OUTPUT, RuntimeMetrics::default()));
+        let limits = SandboxLimits { max_output: HARNESS_MAX_OUTPUT, ..SandboxLimits::default() };
+        let metrics = RuntimeMetrics::default();
+        let access = Arc::new(Access::new(plugin.clone(), permissions, &limits, metrics.clone()));
         let mut caches: HashMap<Gvk, Arc<dyn CacheReader>> = HashMap::new();
         caches.insert(config_map, cache_of("v1", "ConfigMap", &config_maps(), Some("app")));
         caches.insert(
@@ -192,12 +194,16 @@ impl ImportHarness {
         let kube = kube.map(|(client, runtime)| KubeServices::new(client, runtime, "fuzzed-host"));
         ImportHarness {
             cache: CacheCtx { access: access.clone(), caches },
-            client: ClientCtx { access, field_manager: format!("wasmctrl-{plugin}"), kube: kube.clone() },
-            events: EventsCtx { plugin: plugin.clone(), kube },
+            client: ClientCtx {
+                access: access.clone(),
+                field_manager: format!("wasmctrl-{plugin}"),
+                kube: kube.clone(),
+            },
+            events: EventsCtx { access, kube },
             log: LogCtx {
                 plugin: plugin.clone(),
                 version: "0123456789ab".to_owned(),
-                max_output: HARNESS_MAX_OUTPUT,
+                limit: Arc::new(GuestOutputLimit::new(Arc::from(plugin.as_str()), metrics)),
             },
             config: ConfigCtx { plugin, settings: Bytes::from_static(br#"{"fuzzed":true}"#) },
         }
@@ -210,10 +216,11 @@ impl ImportHarness {
             export: "reconcile",
             request: Some("default/cm-0".to_owned()),
             deadline: Instant::now() + Duration::from_secs(2),
+            writes_refused: None,
         };
         let mut cache = CacheCtxView { ctx: &self.cache, call: &info };
         let mut client = ClientCtxView { ctx: &self.client, call: &info };
-        let mut events = EventsCtxView { ctx: &self.events };
+        let mut events = EventsCtxView { ctx: &self.events, call: &info };
         let mut log = LogCtxView { ctx: &self.log, call: &info };
         let mut config = ConfigCtxView { ctx: &self.config };
         use super::bindings::wasmctrl::controller::cache::Host as _;

@@ -5,14 +5,17 @@
 //! - Every compile runs holding a [`Gate`] permit, which the caller takes (a load with
 //!   [`Gate::enter`], a tier-up with [`Gate::enter_background`]); the permit is let go as
 //!   soon as the compile is done, before the artifact is written.
-//! - An artifact is read only from the cache file of the same content hash and the same
-//!   engine compatibility hash; one that fails to load (other wasmtime, corrupted) is
+//! - An artifact is read only from the cache file of the same content hash and engine
+//!   fingerprint, and only once the compile cache checked its file and its MAC (see
+//!   [`super::compile_cache`]); one that fails a check or does not load is removed and
 //!   reported as absent, so it is recompiled and replaced.
 //! - A cache directory that cannot be written never fails a compile: the artifact is then
 //!   used from memory.
 //! - With a compile program configured ([`EngineConfig::compile_process`]), compiles run
-//!   in a child process ([`super::compile_process`]); one that fails there is compiled
-//!   here instead, with a warning.
+//!   in a child process ([`super::compile_process`]), under its time, memory and output
+//!   limits. When the child cannot be used (not started, another build) the compile runs
+//!   here instead, with a warning; when the component failed the compile there (does not
+//!   compile, over a limit, crashed the child) the load fails and it is never compiled here.
 //! - Compiles here run in an engine of their own ([`Compilers`]), which exists only while
 //!   some compile runs; what they produce is loaded into the runtime engine. Cranelift keeps its
 //!   per-thread compile contexts (the buffers of the largest function it compiled) for as
@@ -28,8 +31,8 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::PluginError;
-use super::compile_cache::CompileCache;
-use super::compile_process::{CompileSettings, compatibility, compile_in_child};
+use super::compile_cache::{CompileCache, EngineFingerprint, Rejection};
+use super::compile_process::{ChildFailure, CompileLimits, CompileSettings, compatible, compile_in_child};
 use super::gate::{Gate, Permit};
 
 /// The optimising compiler of one engine, with its compile cache and gate; cheap to clone.
@@ -40,9 +43,13 @@ pub(crate) struct Optimizer {
     compilers: Arc<Compilers>,
     /// The program compiles run in, when not in this process.
     compile_process: Option<PathBuf>,
+    /// What a compile in that program may take.
+    compile_limits: CompileLimits,
     /// Compiles a child process did.
     compiled_in_child: Arc<AtomicU64>,
     disk: Option<CompileCache>,
+    /// The runtime engine's fingerprint (artifact names and MACs).
+    fingerprint: EngineFingerprint,
     gate: Arc<Gate>,
 }
 
@@ -53,11 +60,22 @@ impl Optimizer {
         engine: Engine,
         settings: CompileSettings,
         compile_process: Option<PathBuf>,
+        compile_limits: CompileLimits,
         disk: Option<CompileCache>,
         gate: Arc<Gate>,
     ) -> Self {
         let compilers = Arc::new(Compilers::new(settings, &engine));
-        Optimizer { engine, compilers, compile_process, compiled_in_child: Arc::default(), disk, gate }
+        let fingerprint = EngineFingerprint::of(&engine);
+        Optimizer {
+            engine,
+            compilers,
+            compile_process,
+            compile_limits,
+            compiled_in_child: Arc::default(),
+            disk,
+            fingerprint,
+            gate,
+        }
     }
 
     /// How many compiles a child process did.
@@ -71,37 +89,36 @@ impl Optimizer {
     }
 
     /// Whether the cache has an artifact of the wasm with hex SHA-256 `hash` (not whether
-    /// it loads).
+    /// it passes its checks).
     pub fn has_artifact(&self, hash: &str) -> bool {
-        self.disk.as_ref().is_some_and(|disk| disk.path_of(hash, &self.engine_hash()).is_file())
+        self.disk.as_ref().is_some_and(|disk| disk.has_artifact(hash, &self.fingerprint))
     }
 
-    /// The cached artifact of the wasm with hex SHA-256 `hash`, if one exists and loads
-    /// (its use refreshes its place in the cache).
+    /// The cached artifact of the wasm with hex SHA-256 `hash`, if one exists, passes the
+    /// cache's checks (its MAC above all) and loads (its use refreshes its place in the
+    /// cache). One that fails is removed (see [`CompileCache::open_verified`]).
     pub fn cached(&self, hash: &str) -> Option<Component> {
         let disk = self.disk.as_ref()?;
-        let path = disk.path_of(hash, &self.engine_hash());
-        if !path.is_file() {
-            return None;
-        }
-        disk.settle(&path);
-        // SAFETY: the cache directory holds only artifacts this host wrote with
-        // `precompile_component` for an engine with the same compatibility hash (part of
-        // the file name); it is trusted like the host binary.
-        match unsafe { Component::deserialize_file(&self.engine, &path) } {
+        let artifact = disk.open_verified(hash, &self.fingerprint)?;
+        // SAFETY: the bytes at this inode carry this host's MAC for `hash` and this engine's
+        // fingerprint, checked just now: only this host wrote them, from
+        // `precompile_component` of a compatible engine; only this host's uid can change the
+        // inode (checked on the descriptor). wasmtime maps the checked inode itself (the
+        // descriptor's `/proc/self/fd` link), not whatever the name points to now.
+        match unsafe { Component::deserialize_file(&self.engine, artifact.fd_path()) } {
             Ok(component) => {
-                disk.touch(&path);
+                disk.touch(&artifact);
                 Some(component)
             }
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "cached component unusable; recompiling");
+                disk.reject_artifact(artifact, &Rejection::Unloadable(format!("{e:#}")));
                 None
             }
         }
     }
 
     /// Compiles `wasm` (hex SHA-256 `hash`) while holding `permit`, then stores the
-    /// artifact in the compile cache, when there is one.
+    /// artifact in the compile cache, when there is one, and loads it from there.
     pub fn compile(&self, wasm: &[u8], hash: &str, permit: Permit<'_>) -> Result<Component, PluginError> {
         let artifact = self.precompile(wasm);
         drop(permit);
@@ -109,18 +126,17 @@ impl Optimizer {
         let Some(disk) = &self.disk else {
             return self.load_artifact(&artifact);
         };
-        let path = disk.path_of(hash, &self.engine_hash());
-        match disk.store(&path, &artifact) {
-            // SAFETY: as in `cached`; the file was written by this process just now. Loading
-            // from the file (not the bytes) lets wasmtime map it copy-on-write.
-            Ok(()) => unsafe { Component::deserialize_file(&self.engine, &path) },
-            Err(e) => {
-                // A read-only or full cache directory must not stop plugins from loading.
-                tracing::warn!(error = %e, "compile cache not writable; using the artifact from memory");
-                return self.load_artifact(&artifact);
-            }
+        if let Err(e) = disk.store(hash, &self.fingerprint, &artifact) {
+            // A read-only or full cache directory must not stop plugins from loading.
+            tracing::warn!(error = %e, "compile cache not writable; using the artifact from memory");
+            return self.load_artifact(&artifact);
         }
-        .map_err(|e| PluginError::Compile(format!("loading the compiled component: {e:#}")))
+        // Loaded from the file (not the bytes), so wasmtime maps it copy-on-write and only
+        // the pages that run are resident; through the same checks as any cache hit.
+        match self.cached(hash) {
+            Some(component) => Ok(component),
+            None => self.load_artifact(&artifact),
+        }
     }
 
     /// Compiles `wasm` without touching the cache (waits for a permit like a load).
@@ -136,13 +152,18 @@ impl Optimizer {
     /// compile engine.
     fn precompile(&self, wasm: &[u8]) -> Result<Vec<u8>, PluginError> {
         if let (Some(program), Some(settings)) = (&self.compile_process, &self.compilers.settings) {
-            match compile_in_child(program, settings, compatibility(&self.engine), wasm) {
+            match compile_in_child(program, settings, &self.fingerprint, &self.compile_limits, wasm) {
                 Ok(artifact) => {
                     self.compiled_in_child.fetch_add(1, Ordering::Relaxed);
                     return Ok(artifact);
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "compiling in a child process failed; compiling in the host")
+                // What the component did to the child it would do to the host: not
+                // compiled here.
+                Err(ChildFailure::Refused(reason) | ChildFailure::DoesNotCompile(reason)) => {
+                    return Err(PluginError::Compile(reason));
+                }
+                Err(ChildFailure::Unavailable(e)) => {
+                    tracing::warn!(error = %e, "the compile process is unavailable; compiling in the host")
                 }
             }
         }
@@ -166,11 +187,6 @@ impl Optimizer {
     pub fn compile_engine_exists(&self) -> bool {
         self.compilers.state.lock().engine.is_some()
     }
-
-    /// A short hex digest of what makes compiled artifacts compatible with this engine.
-    fn engine_hash(&self) -> String {
-        format!("{:016x}", compatibility(&self.engine))
-    }
 }
 
 /// The engine compiles run in: made when a compile starts and none runs, shared by the
@@ -193,7 +209,7 @@ struct CompilersState {
 impl Compilers {
     fn new(settings: CompileSettings, runtime: &Engine) -> Self {
         let compatible = match settings.compile_engine() {
-            Ok(probe) if compatibility(&probe) == compatibility(runtime) => true,
+            Ok(probe) if compatible(&probe, runtime) => true,
             Ok(_) => {
                 tracing::warn!(
                     "a compile engine's artifacts would not load into the runtime engine; compiling in the runtime engine"
@@ -267,7 +283,14 @@ mod tests {
         let config = super::super::EngineConfig { pooling: None, ..Default::default() };
         let runtime = Engine::new(&super::super::engine::wasm_config(&config)).unwrap();
         let settings = CompileSettings::of(&config);
-        let optimizer = Optimizer::new(runtime.clone(), settings, None, None, Arc::new(Gate::new(2)));
+        let optimizer = Optimizer::new(
+            runtime.clone(),
+            settings,
+            None,
+            CompileLimits::default(),
+            None,
+            Arc::new(Gate::new(2)),
+        );
         let wasm = wasmctrl_testkit::guests::wasm("test-plugin-panic");
         assert!(!optimizer.compile_engine_exists());
 

@@ -18,16 +18,38 @@
 //!   [`Pool::when_unused_since`] runs its closure under the pool's lock only when no
 //!   instance is alive and the pool has not been active since a cutoff, so no checkout can
 //!   start (or be under way) while it runs.
+//! - With a [`SlotQuota`] ([`Pool::with_quota`]), every live instance holds one of the
+//!   host's instance slots: a new instance is created only once the quota grants a slot,
+//!   else the checkout waits (until the deadline) for one of its own instances or a slot
+//!   to come back. Slots are given back with the pool's lock released.
 
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::slots::{SlotQuota, SlotWaiter};
+
 /// A bounded pool of `T`.
 pub struct Pool<T> {
     max: usize,
+    shared: Arc<Shared<T>>,
+    /// The host's slots this pool's instances take (dropped after the instances).
+    quota: Option<SlotQuota>,
+}
+
+/// What checkouts wait on, shared with the slots (which wake waiting checkouts).
+struct Shared<T> {
     state: Mutex<PoolState<T>>,
     freed: Condvar,
+}
+
+impl<T: Send> SlotWaiter for Shared<T> {
+    fn wake(&self) {
+        // Under the lock: a checkout that was refused a slot is waiting by now.
+        let _s = self.state.lock();
+        self.freed.notify_all();
+    }
 }
 
 struct PoolState<T> {
@@ -43,9 +65,14 @@ struct PoolState<T> {
 /// Why no item could be had.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckoutError<E> {
-    /// All `max` items stayed checked out until the deadline.
+    /// All the items the pool could have (its size, or the instance slots the host could
+    /// grant it) stayed checked out until the deadline.
     #[error("all {0} instances stayed busy until the call's deadline")]
     Exhausted(usize),
+    /// The pool had no instance and the host granted it no slot before the deadline (every
+    /// slot in use by other plugins' calls).
+    #[error("no instance slot of the host became free before the call's deadline")]
+    NoSlot,
     /// Creating a new item failed.
     #[error(transparent)]
     Create(E),
@@ -54,25 +81,30 @@ pub enum CheckoutError<E> {
 impl<T> Pool<T> {
     /// A pool of at most `max` (at least 1) live items.
     pub fn new(max: usize) -> Self {
+        Self::with_quota(max, None)
+    }
+
+    /// A pool of at most `max` (at least 1) live items, each holding a slot of `quota`.
+    pub fn with_quota(max: usize, quota: Option<SlotQuota>) -> Self {
         Pool {
             max: max.max(1),
-            state: Mutex::new(PoolState {
-                idle: Vec::new(),
-                live: 0,
-                generation: 0,
-                last_active: Instant::now(),
+            shared: Arc::new(Shared {
+                state: Mutex::new(PoolState {
+                    idle: Vec::new(),
+                    live: 0,
+                    generation: 0,
+                    last_active: Instant::now(),
+                }),
+                freed: Condvar::new(),
             }),
-            freed: Condvar::new(),
+            quota,
         }
     }
 
-    /// Adds an already created instance (counts against `max`; dropped if the pool is full).
-    pub fn put_new(&self, item: T) {
-        let mut s = self.state.lock();
-        if s.live < self.max {
-            s.live += 1;
-            s.idle.push((item, Instant::now()));
-            self.freed.notify_one();
+    /// Gives back `n` slots of dropped instances (the pool's lock released).
+    fn give_back(&self, n: usize) {
+        if let Some(q) = &self.quota {
+            q.release(n);
         }
     }
 
@@ -82,15 +114,19 @@ impl<T> Pool<T> {
         &self,
         deadline: Instant,
         create: impl FnOnce() -> Result<T, E>,
-    ) -> Result<Lease<'_, T>, CheckoutError<E>> {
-        let mut s = self.state.lock();
+    ) -> Result<Lease<'_, T>, CheckoutError<E>>
+    where
+        T: Send + 'static,
+    {
+        let waiter = Arc::downgrade(&self.shared) as Weak<dyn SlotWaiter>;
+        let mut s = self.shared.state.lock();
         loop {
             s.last_active = Instant::now();
             let generation = s.generation;
             if let Some((item, _)) = s.idle.pop() {
                 return Ok(Lease { pool: self, item: Some(item), poisoned: false, generation });
             }
-            if s.live < self.max {
+            if s.live < self.max && self.quota.as_ref().is_none_or(|q| q.try_acquire(&waiter)) {
                 s.live += 1;
                 drop(s);
                 // Created for this generation: if the pool is renewed while `create` runs,
@@ -103,82 +139,94 @@ impl<T> Pool<T> {
                     }
                 };
             }
-            if self.freed.wait_until(&mut s, deadline).timed_out() {
-                return Err(CheckoutError::Exhausted(self.max));
+            if self.shared.freed.wait_until(&mut s, deadline).timed_out() {
+                return Err(if s.live == 0 {
+                    CheckoutError::NoSlot
+                } else {
+                    CheckoutError::Exhausted(s.live)
+                });
             }
         }
     }
 
     fn release_slot(&self) {
-        let mut s = self.state.lock();
-        s.last_active = Instant::now();
-        s.live -= 1;
-        self.freed.notify_one();
+        {
+            let mut s = self.shared.state.lock();
+            s.last_active = Instant::now();
+            s.live -= 1;
+            self.shared.freed.notify_one();
+        }
+        self.give_back(1);
     }
 
     /// (idle, live) counts.
     pub fn counts(&self) -> (usize, usize) {
-        let s = self.state.lock();
+        let s = self.shared.state.lock();
         (s.idle.len(), s.live)
     }
 
     /// Drops every idle instance (checked-out ones are dropped on return as usual).
     pub fn clear_idle(&self) {
         let idle = {
-            let mut s = self.state.lock();
+            let mut s = self.shared.state.lock();
             let idle = std::mem::take(&mut s.idle);
             s.live -= idle.len();
-            self.freed.notify_all();
+            self.shared.freed.notify_all();
             idle
         };
+        let n = idle.len();
         drop(idle);
+        self.give_back(n);
     }
 
     /// Starts a new generation: drops the idle instances now and each checked-out one when
     /// its lease ends; later checkouts get only instances created from now on.
     pub fn renew(&self) {
         let idle = {
-            let mut s = self.state.lock();
+            let mut s = self.shared.state.lock();
             s.generation += 1;
             let idle = std::mem::take(&mut s.idle);
             s.live -= idle.len();
-            self.freed.notify_all();
+            self.shared.freed.notify_all();
             idle
         };
         // Dropped outside the lock: tearing a store down is not free.
+        let n = idle.len();
         drop(idle);
+        self.give_back(n);
     }
 
     /// Whether the pool has been inactive (nothing checked out or returned) since `cutoff`
     /// or earlier.
     pub fn inactive_since(&self, cutoff: Instant) -> bool {
-        self.state.lock().last_active <= cutoff
+        self.shared.state.lock().last_active <= cutoff
     }
 
     /// Runs `f` under the pool's lock when no instance is alive (idle or checked out) and
     /// the pool has been inactive since `cutoff` or earlier; `None` otherwise. A checkout
     /// waits for `f`, so keep it short (take something out; drop it after).
     pub fn when_unused_since<R>(&self, cutoff: Instant, f: impl FnOnce() -> R) -> Option<R> {
-        let s = self.state.lock();
+        let s = self.shared.state.lock();
         (s.live == 0 && s.last_active <= cutoff).then(f)
     }
 
     /// Drops the instances idle since `cutoff` or earlier; returns how many.
     pub fn release_idle_since(&self, cutoff: Instant) -> usize {
         let released = {
-            let mut s = self.state.lock();
+            let mut s = self.shared.state.lock();
             // Oldest first: the instances to release are a prefix.
             let n = s.idle.partition_point(|(_, since)| *since <= cutoff);
             let released: Vec<_> = s.idle.drain(..n).collect();
             s.live -= released.len();
             if !released.is_empty() {
-                self.freed.notify_all();
+                self.shared.freed.notify_all();
             }
             released
         };
         let n = released.len();
         // Dropped outside the lock: tearing a store down is not free.
         drop(released);
+        self.give_back(n);
         n
     }
 }
@@ -210,11 +258,11 @@ impl<T> Drop for Lease<'_, T> {
     fn drop(&mut self) {
         let Some(item) = self.item.take() else { return };
         if !self.poisoned {
-            let mut s = self.pool.state.lock();
+            let mut s = self.pool.shared.state.lock();
             s.last_active = Instant::now();
             if s.generation == self.generation {
                 s.idle.push((item, Instant::now()));
-                self.pool.freed.notify_one();
+                self.pool.shared.freed.notify_one();
                 return;
             }
         }
@@ -341,6 +389,31 @@ mod tests {
         drop(pool.checkout(far, ok(2)).unwrap_or_else(|_| panic!()));
         pool.clear_idle();
         assert_eq!(pool.when_unused_since(cleared, || ()), None, "active since the cutoff");
+    }
+
+    #[test]
+    fn a_checkout_waiting_for_a_slot_is_woken_when_another_pool_gives_one_back() {
+        let slots = super::super::slots::InstanceSlots::new(2, 2);
+        let quota = |n| slots.register(n, n - 1).unwrap_or_else(|e| panic!("{e}"));
+        let hog = Pool::with_quota(2, Some(quota(2)));
+        let far = Instant::now() + Duration::from_secs(60);
+        let held = hog.checkout(far, ok(1)).unwrap_or_else(|_| panic!());
+        // Alone, the hog may take the second slot too; the late pool's floor then waits.
+        let extra = hog.checkout(far, ok(2)).unwrap_or_else(|_| panic!());
+        let late = Arc::new(Pool::with_quota(2, Some(quota(2))));
+        assert!(matches!(late.checkout(Instant::now(), ok(3)), Err(CheckoutError::NoSlot)));
+        let l = late.clone();
+        let waiter = std::thread::spawn(move || {
+            let mut lease = l.checkout(far, ok(4)).unwrap_or_else(|_| panic!());
+            *lease.get()
+        });
+        // The hog's extra goes (its call trapped): its slot goes to the late pool.
+        let mut extra = extra;
+        extra.poison();
+        drop(extra);
+        assert_eq!(waiter.join().unwrap_or_default(), 4);
+        drop(held);
+        assert_eq!(late.counts(), (1, 1));
     }
 
     #[test]

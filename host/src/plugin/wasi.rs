@@ -18,20 +18,35 @@
 //!
 //! Invariants: [`add_to_linker`] links exactly `GRANTED` and `DENIED_AT_CALL` (keep the
 //! lists and the calls in step: the lists decide what is refused), and [`context`] builds the one WASI context every instance gets: no preopens, no environment,
-//! no arguments, no network. This module imports nothing of the runtime but [`super::stdio`].
+//! no arguments, no network.
+//!
+//! Waiting: the one WASI call that blocks is `wasi:io/poll` (`poll` and `pollable.block`,
+//! behind every sleep: a monotonic-clock `subscribe-duration` or `subscribe-instant` is
+//! waited for there). It is linked through [`PollView`], which waits only until the call's
+//! deadline, the host's shutdown or the loss of the leader lease, then traps naming the
+//! host call ([`super::call::Interrupts::block_on`]); epoch interruption alone cannot stop a
+//! guest blocked in the host. The streams' blocking operations never wait here: stdin is
+//! always at its end and stdout and stderr take every write at once (into the log).
+//!
+//! This module imports nothing of the runtime but [`super::stdio`], [`super::call`] and the
+//! plugin's line budget ([`super::output_limit`]).
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use wasmtime::component::{HasData, Linker, ResourceTable};
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::cli::{WasiCli, WasiCliView};
 use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
 use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
+use wasmtime_wasi::p2::DynPollable;
 use wasmtime_wasi::p2::bindings;
+use wasmtime_wasi::p2::bindings::io::poll as async_poll;
 use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
 use wasmtime_wasi::sockets::{WasiSockets, WasiSocketsView};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiView};
 
+use super::call::{CallInfo, Interrupts};
+use super::output_limit::GuestOutputLimit;
 use super::stdio::{GuestOutput, GuestStderr};
 
 /// WASI interfaces linked with a real (read-only or log-only) capability.
@@ -96,11 +111,15 @@ pub fn refusal(ungranted: &[String]) -> String {
 }
 
 /// Links the WASI interfaces of [`GRANTED`] and [`DENIED_AT_CALL`] (synchronous
-/// implementations of wasmtime-wasi, each through its own view of `T`'s WASI context).
-pub(crate) fn add_to_linker<T: WasiView + 'static>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+/// implementations of wasmtime-wasi, each through its own view of `T`'s WASI context;
+/// `wasi:io/poll` through the deadline-aware [`PollView`] that `poll` gives).
+pub(crate) fn add_to_linker<T: WasiView + 'static>(
+    linker: &mut Linker<T>,
+    poll: fn(&mut T) -> PollView<'_>,
+) -> wasmtime::Result<()> {
     let l = linker;
     bindings::sync::io::error::add_to_linker::<T, HasTable>(l, |t| t.ctx().table)?;
-    bindings::sync::io::poll::add_to_linker::<T, HasTable>(l, |t| t.ctx().table)?;
+    bindings::sync::io::poll::add_to_linker::<T, HasPoll>(l, poll)?;
     bindings::sync::io::streams::add_to_linker::<T, HasTable>(l, |t| t.ctx().table)?;
 
     bindings::clocks::wall_clock::add_to_linker::<T, WasiClocks>(l, T::clocks)?;
@@ -140,12 +159,54 @@ impl HasData for HasTable {
     type Data<'a> = &'a mut ResourceTable;
 }
 
-/// The WASI context of one instance: stdout and stderr into the log (the last stderr lines
-/// also into `stderr`), nothing else.
-pub(crate) fn context(plugin: Arc<str>, stderr: Arc<Mutex<GuestStderr>>) -> WasiCtx {
+/// `wasi:io/poll` of one instance: wasmtime-wasi's, on the instance's resource table, with
+/// every wait bounded by the call in progress (see the module's description).
+pub(crate) struct PollView<'a> {
+    pub table: &'a mut ResourceTable,
+    pub call: &'a CallInfo,
+    pub interrupts: &'a Interrupts,
+}
+
+/// The poll interface's host: a [`PollView`].
+struct HasPoll;
+
+impl HasData for HasPoll {
+    type Data<'a> = PollView<'a>;
+}
+
+impl bindings::sync::io::poll::Host for PollView<'_> {
+    fn poll(&mut self, pollables: Vec<Resource<DynPollable>>) -> wasmtime::Result<Vec<u32>> {
+        let table = &mut *self.table;
+        self.interrupts.block_on("wasi:io/poll.poll", self.call.deadline, async move {
+            async_poll::Host::poll(table, pollables).await
+        })
+    }
+}
+
+impl bindings::sync::io::poll::HostPollable for PollView<'_> {
+    fn ready(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<bool> {
+        // Never waits: one look at the pollable.
+        bindings::sync::io::poll::HostPollable::ready(&mut *self.table, pollable)
+    }
+
+    fn block(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
+        let table = &mut *self.table;
+        self.interrupts.block_on("wasi:io/poll.pollable.block", self.call.deadline, async move {
+            async_poll::HostPollable::block(table, pollable).await
+        })
+    }
+
+    fn drop(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
+        bindings::sync::io::poll::HostPollable::drop(&mut *self.table, pollable)
+    }
+}
+
+/// The WASI context of one instance: stdout and stderr into the log within the plugin's
+/// line budget `limit` (the last stderr lines also into `stderr`), nothing else.
+pub(crate) fn context(limit: Arc<GuestOutputLimit>, stderr: Arc<Mutex<GuestStderr>>) -> WasiCtx {
     WasiCtxBuilder::new()
-        .stdout(GuestOutput::stdout(plugin.clone()))
-        .stderr(GuestOutput::stderr(plugin, stderr))
+        .stdout(GuestOutput::stdout(limit.clone()))
+        .stderr(GuestOutput::stderr(limit, stderr))
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false)

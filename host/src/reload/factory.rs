@@ -77,6 +77,29 @@ impl InformerLeases for FactoryLeases {
             }
         })
     }
+
+    fn exists<'a>(
+        &'a self,
+        kind: &'a Gvk,
+        namespace: Option<&'a str>,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, String>> {
+        Box::pin(self.get_live(kind, namespace, name))
+    }
+}
+
+impl FactoryLeases {
+    async fn get_live(&self, kind: &Gvk, namespace: Option<&str>, name: &str) -> Result<bool, String> {
+        let resource =
+            self.0.discovery().resolve(&kind.api_version, &kind.kind).await.map_err(|e| e.to_string())?;
+        let path = format!("{}/{name}", resource.collection_path(namespace.filter(|_| resource.namespaced)));
+        let request = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string())?;
+        match self.0.client().request_text(request).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 impl LeasedInformer for Lease {
@@ -86,6 +109,13 @@ impl LeasedInformer for Lease {
 
     fn has_synced(&self) -> bool {
         self.lease.has_synced()
+    }
+
+    fn synced(&self) -> BoxFuture<'static, ()> {
+        let mut synced = self.lease.fifo().synced();
+        Box::pin(async move {
+            let _ = synced.wait_for(|v| *v).await;
+        })
     }
 
     fn cache(&self) -> Arc<dyn CacheReader> {
@@ -168,6 +198,10 @@ impl LeasedRegistration for Registration {
 
     fn finished(&self) -> BoxFuture<'static, ()> {
         Box::pin(self.0.finished())
+    }
+
+    fn synced(&self) -> BoxFuture<'static, ()> {
+        Box::pin(self.0.synced())
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

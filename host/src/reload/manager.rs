@@ -1,75 +1,75 @@
-//! The plugins directory manager: turns `<name>.toml` + `<name>.wasm` pairs into running
+//! The plugins directory manager: turns plugin TOMLs (and the code they name) into running
 //! controllers and follows the directory as files change.
 //!
-//! Life of a plugin (one per TOML stem):
-//! - **Load**: parse + check the TOML (kinds against discovery), read the `.wasm` once it
-//!   has settled, take leases on its informers and wait for them to sync, compile the
-//!   component and run `init` — all *before* anything running is touched. Any failure
-//!   rejects this version: logged, counted in `wasmctrl_plugin_reloads_total{result="rejected"}`,
-//!   shown in `/plugins` and `/readyz`; a running version keeps running.
-//! - **Start**: a controller per plugin whose queue lives as long as the plugin's `for`
-//!   kind, concurrency and name stay the same.
+//! A plugin is its `name` (the TOML's `name`, or the file's stem), not its file. Each round
+//! reads the directory as one snapshot (`snapshot`), decides what each name should run
+//! ([`Shared::plan`]), and brings every name in line, concurrently (one task per name, a
+//! per-name lock serializing the loads, hand-offs and stops of one plugin):
 //!
-//! Every reload is a hand-off, never a drop:
+//! - a name whose TOML moved to another file is the same plugin: the move is a reload like
+//!   any other (its queue, retries and pending deletes follow it);
+//! - two files renamed together (TOML and code, contents unchanged, within one quiet
+//!   period) are a rename of the same plugin even with default names: a controller restart
+//!   under the new name that hands the queue over (and what it parked moves along). A
+//!   round that reads the TOML renamed and its code not yet (the old code still there: a
+//!   slow script, or a periodic rescan between the two renames) leaves the plugin as it is
+//!   and waits for the code to follow, for [`RENAME_GRACE`] or a few quiet periods;
+//! - two files that claim one name: the file the running version came from keeps it (else
+//!   the first by path), the other is refused, in `/plugins` and `/readyz`, and loads once
+//!   the conflict is gone (decided in one place, the plan, so there is no race);
+//! - a name no file claims any more stops (its pending keys are parked with their kind, see
+//!   `parked`).
 //!
-//! - **Swap** (new `.wasm`, or a TOML change that keeps the `for` kind, concurrency and
-//!   name): the controller's reconciler is replaced (calls in flight finish on the old
-//!   version, every later call — queued keys included — goes to the new one; the queue's
-//!   processing set keeps a key from being reconciled by both at once); the new version's
-//!   handlers are wired from the old ones (see `wiring`: carried over, replaced with their
-//!   buffer handed over, or added) and every cached object of the `for` kind is enqueued;
-//!   once the new handlers have synced, the old generation retires (its remaining handlers
-//!   deliver their buffers, its last hook call returns), and only then does the new
-//!   version receive hook calls.
-//! - **Restart** (the `for` kind, concurrency or name changed): a new controller is built
-//!   with the old one's rate limiter (failure counts and backoff kept) and the old queue is
-//!   handed over to it (ready keys, delayed keys with their ready time; keys in flight stay
-//!   borrowed until their reconcile ends, then are added again); the new generation is wired
-//!   into the new queue as for a swap, the old one retires, and the old controller winds
-//!   down in the background (its in-flight reconciles finish; it hands out nothing more).
-//!   The new controller's workers start once its handlers have synced.
-//! - **Stop** (TOML removed): the queue is handed over to a parked queue, the handlers
-//!   drain into it, in-flight reconciles finish; the informers are released. If the
-//!   plugin comes back (same stem), the parked keys are handed to its new controller.
-//! - A reload that comes while the previous version is still syncing follows the same
-//!   rules: it is wired from that version, whatever it has received so far.
+//! Loading one version: the checked TOML from the snapshot, its kinds resolved against
+//! discovery, its code fetched ([`CodeSource`]: the one seam between a TOML and its bytes),
+//! the TOML checked unchanged since the snapshot (so code and TOML are of one moment),
+//! leases on its informers synced, the component compiled and its `init` run — all before
+//! anything running is touched. Any failure rejects this version: logged, counted in
+//! `wasmctrl_plugin_reloads_total{result="rejected"}`, shown in `/plugins` and `/readyz`;
+//! a running version keeps running. The hand-offs themselves are in `handoff`.
 //!
-//! Files are read only after the directory has been quiet for the debounce period and a
-//! whole read saw no change in size or modification time; hidden files (`.x.wasm.tmp`) are
-//! ignored, so writing a temporary file and renaming it is atomic for the manager. A
-//! half-written `.wasm` that slips through is not a valid component and is rejected like any
-//! broken build, leaving the running version in place.
+//! Admission (a plugin with `[[admission]]`, see [`crate::admission`]): once a new version
+//! took over, the admission router is pointed at it in one swap — reviews after it go to the
+//! new version, reviews in flight finish on the old one; a stopped plugin's webhooks go
+//! first. A version whose sections need exports its component lacks, or a host without an
+//! admission server, is rejected like any broken version.
 //!
-//! Invariants: at most one load/swap/stop runs per plugin at a time (a per-stem lock);
-//! plugin names are unique across the directory; at most one version of a plugin receives
-//! hook calls at any moment.
+//! A running version whose code file is gone keeps running (its compiled code is kept
+//! loaded from then on) and says so in `/plugins` and `/readyz`; a TOML edit meanwhile is
+//! applied with the running version's compiled code, or refused saying why.
+//!
+//! Changes are seen through directory watches that follow symlinks (`watcher`), debounced,
+//! through SIGHUP, and through a periodic full rescan, the safety net for whatever a watch
+//! cannot see (a network file system, say).
+//!
+//! Field managers are unique like names: no plugin's manager is another's, or another's
+//! followed by `/` (no plugin writes as another). The plan decides it as it decides names:
+//! the running plugin keeps its manager, the other claim is refused until the overlap goes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::core::GroupVersionKind;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::check::version_of;
-use super::scan::{is_plugin_file, plugin_tomls, read_settled};
+use super::code_source::{Code, CodeSource, Fetched};
+use super::handoff::{Candidate, Running, needs_restart};
+use super::parked::ParkedQueues;
+use super::snapshot::{Claim, FileId};
 use super::status::{PluginState, StatusBoard};
-use super::wiring::{Generation, InformerLeases, Leases, PluginSlot, kube_gvk};
+use super::watcher::DirWatcher;
+use super::wiring::{Generation, InformerLeases, Leases};
+use crate::admission::AdmissionRouter;
 use crate::config::{
-    ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, ResolvedKind,
+    ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, PluginToml, ResolvedKind,
 };
-use crate::controller::{
-    Controller, ControllerError, EventRegistration, EventSource, Reconciler, Request, source::SourceError,
-};
-use crate::informer::ResourceEventHandler;
 use crate::metrics::Metrics;
+use crate::plugin::spec::field_managers_overlap;
 use crate::plugin::{Gvk, KubeServices, Plugin, PluginEngine, PluginEnv, PluginReconciler};
-use crate::queue::{Priority, RateLimiter, RateLimitingQueue};
 
 /// Where the plugins are and how to treat them.
 #[derive(Clone, Debug)]
@@ -81,12 +81,26 @@ pub struct ManagerOptions {
     pub cache_sync_timeout: Duration,
     /// Quiet period after the last file event before files are read.
     pub debounce: Duration,
-    /// Follow the directory (file events and SIGHUP). Off: load once.
+    /// Follow the directory (file events and SIGHUP). Off: load once (and on
+    /// [`PluginManager::rescan`] or the periodic rescan).
     pub watch: bool,
+    /// Read the whole directory again this often, whatever the watches saw (`None`: never).
+    pub rescan_interval: Option<Duration>,
+    /// How long the pending keys of a stopped plugin are kept for its return.
+    pub parked_keys_ttl: Duration,
+    /// Where admitting plugins' versions are installed (the host's admission server);
+    /// `None`: the host serves no admission, and a plugin with `[[admission]]` is refused.
+    pub admission: Option<AdmissionRouter>,
 }
 
+/// Default of [`ManagerOptions::rescan_interval`].
+pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
+/// Default of [`ManagerOptions::parked_keys_ttl`].
+pub const DEFAULT_PARKED_KEYS_TTL: Duration = Duration::from_secs(3600);
+
 impl ManagerOptions {
-    /// Options for `plugins_dir` with defaults (200 ms debounce, 2 min sync timeout, watching).
+    /// Options for `plugins_dir` with defaults (200 ms debounce, 2 min sync timeout,
+    /// watching, a full rescan every minute, pending keys kept for an hour).
     pub fn new(plugins_dir: impl Into<PathBuf>) -> Self {
         ManagerOptions {
             plugins_dir: plugins_dir.into(),
@@ -94,6 +108,9 @@ impl ManagerOptions {
             cache_sync_timeout: Duration::from_secs(120),
             debounce: Duration::from_millis(200),
             watch: true,
+            rescan_interval: Some(DEFAULT_RESCAN_INTERVAL),
+            parked_keys_ttl: DEFAULT_PARKED_KEYS_TTL,
+            admission: None,
         }
     }
 }
@@ -163,15 +180,26 @@ impl PluginManager {
         let status = StatusBoard::new(deps.metrics.clone());
         let (events_tx, events_rx) = mpsc::unbounded_channel::<PathBuf>();
         // Watch before the first scan, so a change made during it is not missed.
-        let watcher = if options.watch { Some(watch_dir(&dir, events_tx.clone())?) } else { None };
+        let watcher = if options.watch {
+            Some(
+                DirWatcher::new(&dir, events_tx.clone())
+                    .map_err(|source| ManagerError::Watch { dir: dir.clone(), source })?,
+            )
+        } else {
+            None
+        };
+        let parked = ParkedQueues::new(options.parked_keys_ttl, deps.metrics.clone());
         let shared = Arc::new(Shared {
             options,
             deps,
             status: status.clone(),
             slots: Mutex::default(),
-            names: Mutex::default(),
-            wasm_users: Mutex::default(),
-            parked: Mutex::default(),
+            desired: Mutex::default(),
+            runs: Mutex::default(),
+            refused_managers: Mutex::default(),
+            parked: Mutex::new(parked),
+            watch_dirs: Mutex::default(),
+            rename_wait: Mutex::default(),
             shutdown: shutdown.clone(),
             retry: events_tx,
         });
@@ -202,86 +230,52 @@ impl PluginManager {
     }
 }
 
-/// A running plugin: its controller and current generation.
-struct Running {
-    controller: Controller,
-    /// The running version, as the handlers' `map` / `filter` see it.
-    slot: PluginSlot,
-    stop: CancellationToken,
-    task: JoinHandle<Result<(), ControllerError>>,
-    generation: Arc<Generation>,
-    /// The generation the controller's start gate waits for.
-    current: Arc<Mutex<Weak<Generation>>>,
-    /// Earlier controllers of this plugin still finishing their in-flight reconciles.
-    retiring: Vec<JoinHandle<()>>,
-}
-
-impl Running {
-    fn name(&self) -> &str {
-        &self.generation.config.name
-    }
-}
-
 type Slot = Arc<tokio::sync::Mutex<Option<Running>>>;
 
-struct Shared {
-    options: ManagerOptions,
-    deps: ManagerDeps,
-    status: StatusBoard,
-    /// Per TOML stem; the async mutex serializes loads, swaps and stops of one plugin.
-    slots: Mutex<BTreeMap<String, Slot>>,
-    /// Plugin name → stem that runs it.
-    names: Mutex<BTreeMap<String, String>>,
-    /// `.wasm` path → stems whose TOML names it.
-    wasm_users: Mutex<BTreeMap<PathBuf, BTreeSet<String>>>,
-    /// Stem → the queue of a removed plugin, handed to it if it comes back.
-    parked: Mutex<BTreeMap<String, RateLimitingQueue<Request>>>,
-    shutdown: CancellationToken,
-    /// Feeds a path back into the debouncer (a file that was still being written).
-    retry: mpsc::UnboundedSender<PathBuf>,
+/// What runs under a name, as the plan needs to know it.
+#[derive(Clone, Debug)]
+struct RunInfo {
+    toml: PathBuf,
+    file: PluginToml,
+    version: String,
+    /// The field manager the running version writes as.
+    field_manager: String,
+    /// Where its code came from.
+    wasm: PathBuf,
 }
 
-fn watch_dir(
-    dir: &Path,
-    tx: mpsc::UnboundedSender<PathBuf>,
-) -> Result<notify::RecommendedWatcher, ManagerError> {
-    use notify::Watcher;
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
-        // Only changes count: reading a file (ours included) reports access events, which
-        // must not trigger another read.
-        Ok(event)
-            if matches!(
-                event.kind,
-                notify::EventKind::Create(_)
-                    | notify::EventKind::Modify(_)
-                    | notify::EventKind::Remove(_)
-                    | notify::EventKind::Any
-            ) && !matches!(
-                event.kind,
-                notify::EventKind::Modify(notify::event::ModifyKind::Metadata(
-                    notify::event::MetadataKind::AccessTime
-                ))
-            ) =>
-        {
-            for path in event.paths {
-                let _ = tx.send(path);
-            }
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "plugins directory watch error"),
-    })
-    .map_err(|source| ManagerError::Watch { dir: dir.to_owned(), source })?;
-    watcher
-        .watch(dir, notify::RecursiveMode::NonRecursive)
-        .map_err(|source| ManagerError::Watch { dir: dir.to_owned(), source })?;
-    Ok(watcher)
+/// How long a rename whose TOML moved before its code is waited for (at least; four quiet
+/// periods when that is longer), before the two files are taken for what they are.
+pub const RENAME_GRACE: Duration = Duration::from_secs(2);
+
+pub(super) struct Shared {
+    pub(super) options: ManagerOptions,
+    pub(super) deps: ManagerDeps,
+    pub(super) status: StatusBoard,
+    /// Per plugin name; the async mutex serializes loads, swaps and stops of one plugin.
+    slots: Mutex<BTreeMap<String, Slot>>,
+    /// Name → the TOML it should run (the latest plan).
+    desired: Mutex<BTreeMap<String, Claim>>,
+    /// Name → what runs under it.
+    runs: Mutex<BTreeMap<String, RunInfo>>,
+    /// Names whose claim the latest plan refused for its field manager.
+    refused_managers: Mutex<BTreeSet<String>>,
+    /// Queues of plugins that are not running, by name and kind.
+    pub(super) parked: Mutex<ParkedQueues>,
+    /// The directories the latest plan wants watched.
+    watch_dirs: Mutex<BTreeSet<PathBuf>>,
+    /// Since when a rename has waited for its code to follow (see [`RENAME_GRACE`]).
+    rename_wait: Mutex<Option<Instant>>,
+    pub(super) shutdown: CancellationToken,
+    /// Feeds a path back into the debouncer (a file that was still being written).
+    retry: mpsc::UnboundedSender<PathBuf>,
 }
 
 async fn run_loop(
     shared: Arc<Shared>,
     mut events: mpsc::UnboundedReceiver<PathBuf>,
     mut commands: mpsc::UnboundedReceiver<Command>,
-    _watcher: Option<notify::RecommendedWatcher>,
+    mut watcher: Option<DirWatcher>,
 ) {
     let mut hangup = if shared.options.watch {
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -290,42 +284,67 @@ async fn run_loop(
     } else {
         None
     };
-    // Stem → time of its last file event.
-    let mut pending: BTreeMap<String, Instant> = BTreeMap::new();
+    if let Some(w) = watcher.as_mut() {
+        shared.repoint(w);
+    }
+    let mut rescan = shared.options.rescan_interval.map(|every| {
+        let mut t = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    // The time of the last file event not yet acted on.
+    let mut pending: Option<Instant> = None;
     let mut tasks = tokio::task::JoinSet::new();
     loop {
-        let due = pending.values().min().map(|t| *t + shared.options.debounce);
+        let due = pending.map(|t| t + shared.options.debounce);
+        let expiry = shared.parked.lock().next_expiry();
         tokio::select! {
             _ = shared.shutdown.cancelled() => break,
             Some(path) = events.recv() => {
-                for stem in shared.stems_for(&path) {
-                    pending.insert(stem, Instant::now());
+                if watcher.as_ref().is_none_or(|w| w.concerns(&path)) {
+                    pending = Some(Instant::now());
                 }
             }
             Some(cmd) = commands.recv() => match cmd {
                 Command::Rescan(done) => {
-                    pending.clear();
+                    pending = None;
                     shared.rescan().await;
+                    if let Some(w) = watcher.as_mut() {
+                        shared.repoint(w);
+                    }
                     let _ = done.send(());
                 }
             },
             Some(()) = async { match &mut hangup { Some(h) => h.recv().await, None => std::future::pending().await } } => {
                 tracing::info!("SIGHUP: rescanning the plugins directory");
-                pending.clear();
+                pending = None;
                 shared.rescan().await;
+                if let Some(w) = watcher.as_mut() {
+                    shared.repoint(w);
+                }
+            }
+            _ = async { match &mut rescan { Some(t) => { t.tick().await; } None => std::future::pending().await } } => {
+                tracing::debug!("periodic rescan of the plugins directory");
+                for name in shared.plan().await {
+                    let shared = shared.clone();
+                    tasks.spawn(async move { shared.sync_name(&name).await });
+                }
+                if let Some(w) = watcher.as_mut() {
+                    shared.repoint(w);
+                }
             }
             _ = tokio::time::sleep_until(due.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std)), if due.is_some() => {
-                let now = Instant::now();
-                let ready: Vec<String> = pending
-                    .iter()
-                    .filter(|(_, t)| **t + shared.options.debounce <= now)
-                    .map(|(s, _)| s.clone())
-                    .collect();
-                for stem in ready {
-                    pending.remove(&stem);
+                pending = None;
+                for name in shared.plan().await {
                     let shared = shared.clone();
-                    tasks.spawn(async move { shared.sync_stem(&stem).await });
+                    tasks.spawn(async move { shared.sync_name(&name).await });
                 }
+                if let Some(w) = watcher.as_mut() {
+                    shared.repoint(w);
+                }
+            }
+            _ = tokio::time::sleep_until(expiry.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std)), if expiry.is_some() => {
+                shared.parked.lock().expire(Instant::now());
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
@@ -336,7 +355,7 @@ async fn run_loop(
 }
 
 /// A failed load, with the reason shown to users.
-struct Rejection(String);
+pub(super) struct Rejection(pub String);
 
 impl From<ConfigErrors> for Rejection {
     fn from(e: ConfigErrors) -> Self {
@@ -353,19 +372,21 @@ impl KindResolver for ResolvedKinds {
     }
 }
 
-/// A new version that passed every check, ready to be handed the plugin.
-struct Candidate {
-    config: PluginConfig,
-    version: String,
-    /// Its hooks stay closed until the previous version's last hook call returned.
-    reconciler: Arc<PluginReconciler>,
-    leases: Leases,
+/// The code a candidate version is built from.
+enum CodeInput {
+    /// Bytes just fetched.
+    Bytes(Code),
+    /// The running version's compiled code (its file is gone): its full content hash.
+    Loaded { full: String, short: String },
 }
 
-/// Whether going from `old` to `new` needs a new controller (restart) rather than a swap:
-/// the `for` kind, the concurrency or the name changed.
-fn needs_restart(old: &PluginConfig, new: &PluginConfig) -> bool {
-    old.for_source.kind != new.for_source.kind || old.concurrency != new.concurrency || old.name != new.name
+impl CodeInput {
+    fn version(&self) -> &str {
+        match self {
+            CodeInput::Bytes(c) => &c.version,
+            CodeInput::Loaded { short, .. } => short,
+        }
+    }
 }
 
 /// Step 6: checks a compiled component against its TOML (the hooks it exports, the
@@ -380,83 +401,368 @@ fn check_component(
     config.check_hooks(hooks.map, hooks.filter)?;
     let reconciler = PluginReconciler::new_gated(plugin)
         .map_err(|e| Rejection(format!("cannot start the plugin's dispatcher: {e}")))?;
-    Generation::check(config, leases, &PluginSlot::new(reconciler.clone())).map_err(Rejection)?;
+    Generation::check(config, leases, &super::slot::VersionSlot::new(reconciler.clone()))
+        .map_err(Rejection)?;
     Ok(reconciler)
 }
 
 impl Shared {
-    fn toml_of(&self, stem: &str) -> PathBuf {
-        self.options.plugins_dir.join(format!("{stem}.toml"))
+    fn slot(&self, name: &str) -> Slot {
+        self.slots.lock().entry(name.to_owned()).or_default().clone()
     }
 
-    fn slot(&self, stem: &str) -> Slot {
-        self.slots.lock().entry(stem.to_owned()).or_default().clone()
+    /// Asks for another round after the next quiet period.
+    fn retry_later(&self) {
+        let _ = self.retry.send(self.options.plugins_dir.clone());
     }
 
-    /// The plugins a changed file concerns.
-    fn stems_for(&self, path: &Path) -> Vec<String> {
-        if !is_plugin_file(path) {
-            return Vec::new();
-        }
-        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else { return Vec::new() };
-        let mut stems = vec![stem.to_owned()];
-        if path.extension().is_some_and(|e| e == "wasm")
-            && let Some(users) = self.wasm_users.lock().get(path)
+    /// Points the watches at what the latest plan needs.
+    fn repoint(&self, watcher: &mut DirWatcher) {
+        let dirs = self.watch_dirs.lock().clone();
+        if !dirs.is_empty()
+            && let Err(error) = watcher.point_at(dirs)
         {
-            stems.extend(users.iter().filter(|u| *u != stem).cloned());
+            tracing::warn!(%error, "cannot watch the plugins directory");
         }
-        stems
     }
 
-    /// Syncs every plugin of the directory and every running one, concurrently.
+    /// Plans a round and syncs every plugin it concerns, concurrently; returns when done.
     async fn rescan(self: &Arc<Self>) {
-        let mut stems: BTreeSet<String> = self.slots.lock().keys().cloned().collect();
-        match plugin_tomls(&self.options.plugins_dir) {
-            Ok(tomls) => {
-                stems.extend(tomls.iter().filter_map(|t| t.file_stem()?.to_str().map(str::to_owned)))
-            }
-            Err(e) => {
-                tracing::error!(dir = %self.options.plugins_dir.display(), error = %e, "cannot list plugins directory")
-            }
-        }
+        let names = self.plan().await;
         let mut set = tokio::task::JoinSet::new();
-        for stem in stems {
+        for name in names {
             let me = self.clone();
-            set.spawn(async move { me.sync_stem(&stem).await });
+            set.spawn(async move { me.sync_name(&name).await });
         }
         while set.join_next().await.is_some() {}
     }
 
-    /// Brings one plugin in line with its files.
-    async fn sync_stem(self: &Arc<Self>, stem: &str) {
-        let slot = self.slot(stem);
-        let mut running = slot.lock().await;
+    /// Reads the directory as one snapshot and decides which file each plugin name runs
+    /// from (see the module doc). Returns the names to sync: every one claimed or running.
+    async fn plan(self: &Arc<Self>) -> Vec<String> {
+        let dir = self.options.plugins_dir.clone();
+        let defaults = self.options.defaults.clone();
+        let read = tokio::task::spawn_blocking(move || super::snapshot::read(&dir, &defaults)).await;
+        let snapshot = match read {
+            Ok(Ok(Some(s))) => s,
+            Ok(Ok(None)) => {
+                tracing::debug!("the plugins directory changed while being read; reading it again later");
+                self.retry_later();
+                return Vec::new();
+            }
+            Ok(Err(e)) => {
+                tracing::error!(dir = %self.options.plugins_dir.display(), error = %e, "cannot read the plugins directory");
+                return Vec::new();
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "reading the plugins directory failed");
+                return Vec::new();
+            }
+        };
+        let runs = self.runs.lock().clone();
+        let mut by_name: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
+        for claim in snapshot.claims {
+            let name = match &claim.config {
+                Ok(c) => c.name.clone(),
+                // A broken TOML concerns the plugin that runs from it, else its stem's.
+                Err(_) => runs
+                    .iter()
+                    .find(|(_, r)| r.toml == claim.toml)
+                    .map(|(n, _)| n.clone())
+                    .unwrap_or_else(|| claim.stem()),
+            };
+            by_name.entry(name).or_default().push(claim);
+        }
+        let mut desired: BTreeMap<String, Claim> = BTreeMap::new();
+        let mut refused: Vec<(Claim, String, Refusal)> = Vec::new();
+        for (name, mut claims) in by_name {
+            // The file the running version came from keeps its name; else the first by path.
+            let at =
+                claims.iter().position(|c| runs.get(&name).is_some_and(|r| r.toml == c.toml)).unwrap_or(0);
+            let winner = claims.remove(at);
+            for other in claims {
+                refused.push((other, name.clone(), Refusal::Name(winner.toml.clone())));
+            }
+            desired.insert(name, winner);
+        }
+        self.refuse_shared_field_managers(&runs, &mut desired, &mut refused);
+        let waiting = self.find_renames(&runs, &desired).await;
+        if !waiting.is_empty() {
+            // A rename half-way: both names stay as the previous plan had them.
+            let previous = self.desired.lock();
+            for name in &waiting {
+                match previous.get(name) {
+                    Some(claim) => desired.insert(name.clone(), claim.clone()),
+                    None => desired.remove(name),
+                };
+            }
+        }
+        self.record_refused(refused, &desired);
+        let mut dirs: BTreeSet<PathBuf> = snapshot.real_dir.into_iter().collect();
+        for claim in desired.values() {
+            if let Ok(config) = &claim.config
+                && let Some(d) = CodeSource::of(config).watch_dir()
+                && let Ok(d) = std::fs::canonicalize(d)
+            {
+                dirs.insert(d);
+            }
+        }
+        *self.watch_dirs.lock() = dirs;
+        let mut names: BTreeSet<String> = desired.keys().cloned().collect();
+        names.extend(self.slots.lock().keys().cloned());
+        *self.desired.lock() = desired;
+        names.into_iter().filter(|n| !waiting.contains(n)).collect()
+    }
+
+    /// A running plugin with a default name whose files were renamed together (same TOML
+    /// contents, same code) is the same plugin under its new name: its slot and the queues
+    /// it parked move there, and the load that follows is a restart that hands its queue
+    /// over.
+    ///
+    /// Returns the names to leave alone this round: a rename read half-way (the TOML under
+    /// its new name, the code not yet, the old code still there) waits for the code to
+    /// follow, for at most [`RENAME_GRACE`] (or four quiet periods), before the files are
+    /// taken for what they are (the old plugin stopped, the new one waiting for its code).
+    async fn find_renames(
+        &self,
+        runs: &BTreeMap<String, RunInfo>,
+        desired: &BTreeMap<String, Claim>,
+    ) -> BTreeSet<String> {
+        let gone: Vec<(&String, &RunInfo)> =
+            runs.iter().filter(|(n, r)| !desired.contains_key(*n) && r.file.name.is_none()).collect();
+        let mut waiting = BTreeSet::new();
+        let mut taken = BTreeSet::new();
+        for (name, claim) in desired {
+            let Ok(config) = &claim.config else { continue };
+            if gone.is_empty() || runs.contains_key(name) || claim.explicit_name() {
+                continue;
+            }
+            let Some((old, info)) =
+                gone.iter().find(|(o, r)| !taken.contains(*o) && r.file == config.file).copied()
+            else {
+                continue;
+            };
+            match CodeSource::of(config).fetch().await {
+                Ok(Fetched::Ready(code)) if code.version == info.version => {}
+                Ok(Fetched::Missing) => {
+                    let old_code = CodeSource::File(info.wasm.clone()).fetch().await;
+                    if matches!(old_code, Ok(Fetched::Ready(code)) if code.version == info.version) {
+                        tracing::debug!(plugin = %name, previous_name = %old,
+                            "a plugin's TOML was renamed and its code not yet: waiting for the code to follow");
+                        waiting.extend([name.clone(), old.clone()]);
+                    }
+                    continue;
+                }
+                _ => continue,
+            }
+            taken.insert(old.clone());
+            tracing::info!(plugin = %name, previous_name = %old, file = %claim.toml.display(),
+                "plugin files renamed together: the same plugin under a new name");
+            let mut slots = self.slots.lock();
+            if slots.get(name).is_none_or(|s| Arc::strong_count(s) <= 1)
+                && let Some(slot) = slots.remove(old)
+            {
+                slots.insert(name.clone(), slot);
+                drop(slots);
+                let mut runs = self.runs.lock();
+                if let Some(info) = runs.remove(old) {
+                    runs.insert(name.clone(), info);
+                }
+                drop(runs);
+                // What it parked (keys of a `for` kind it left) is its too.
+                self.parked.lock().rename(old, name);
+                self.status.remove(old);
+            }
+        }
+        let mut since = self.rename_wait.lock();
+        if waiting.is_empty() {
+            *since = None;
+            return waiting;
+        }
+        let grace = RENAME_GRACE.max(self.options.debounce * 4);
+        if since.get_or_insert_with(Instant::now).elapsed() >= grace {
+            tracing::info!(plugins = ?waiting, "the code of a renamed plugin TOML did not follow in time; taking the files as they are");
+            *since = None;
+            return BTreeSet::new();
+        }
+        drop(since);
+        self.retry_later();
+        waiting
+    }
+
+    /// Refuses every desired claim of a plugin that does not run whose field manager
+    /// overlaps (see [`field_managers_overlap`]) the manager of a running plugin, or of
+    /// another such claim first by name. The refused claims leave `desired` and load once
+    /// the overlap is gone. A running plugin's new version is checked when it loads
+    /// ([`Self::check_field_manager`]): refused there, its running version keeps running.
+    fn refuse_shared_field_managers(
+        &self,
+        runs: &BTreeMap<String, RunInfo>,
+        desired: &mut BTreeMap<String, Claim>,
+        refused: &mut Vec<(Claim, String, Refusal)>,
+    ) {
+        let mut kept: Vec<(String, PathBuf)> = runs
+            .iter()
+            .filter(|(name, _)| desired.contains_key(*name))
+            .map(|(_, r)| (r.field_manager.clone(), r.toml.clone()))
+            .collect();
+        let mut losers = Vec::new();
+        for (name, claim) in desired.iter() {
+            let Ok(config) = &claim.config else { continue };
+            if runs.contains_key(name) {
+                continue;
+            }
+            match kept.iter().find(|(theirs, _)| field_managers_overlap(theirs, &config.field_manager)) {
+                Some((theirs, toml)) => losers.push((
+                    name.clone(),
+                    Refusal::FieldManager {
+                        mine: config.field_manager.clone(),
+                        theirs: theirs.clone(),
+                        toml: toml.clone(),
+                    },
+                )),
+                None => kept.push((config.field_manager.clone(), claim.toml.clone())),
+            }
+        }
+        for (name, why) in losers {
+            if let Some(claim) = desired.remove(&name) {
+                refused.push((claim, name, why));
+            }
+        }
+    }
+
+    /// Refuses a new version of `name` whose field manager overlaps the manager of another
+    /// running plugin (no plugin writes as another).
+    fn check_field_manager(&self, name: &str, config: &PluginConfig) -> Result<(), Rejection> {
+        let runs = self.runs.lock();
+        let Some((other, info)) = runs.iter().find(|(n, r)| {
+            n.as_str() != name && field_managers_overlap(&r.field_manager, &config.field_manager)
+        }) else {
+            return Ok(());
+        };
+        Err(Rejection(
+            config
+                .field_error(
+                    "field-manager",
+                    format!(
+                        "field manager `{}` overlaps `{}`, the field manager of plugin {other} ({}): \
+                         a plugin writes only as its own manager",
+                        config.field_manager,
+                        info.field_manager,
+                        info.toml.display()
+                    ),
+                )
+                .with_hint("give each plugin a field manager of its own (the default, `wasmctrl-<name>`, is)")
+                .to_string(),
+        ))
+    }
+
+    /// Shows each refused claim (another file has its name or its field manager) in the
+    /// status, and clears the entries of claims no longer refused.
+    fn record_refused(&self, refused: Vec<(Claim, String, Refusal)>, desired: &BTreeMap<String, Claim>) {
+        let mut ids = BTreeSet::new();
+        let mut by_manager = BTreeSet::new();
+        for (claim, name, why) in refused {
+            // A claim refused for its name is shown under its file (the name is another's);
+            // one refused for its field manager under its own name, which nothing else runs.
+            let id = match why {
+                Refusal::Name(_) => claim.toml.display().to_string(),
+                Refusal::FieldManager { .. } => {
+                    by_manager.insert(name.clone());
+                    name.clone()
+                }
+            };
+            let file_name = |p: &PathBuf| {
+                p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
+            };
+            let error = match (&claim.config, why) {
+                (Ok(config), Refusal::Name(winner)) => config
+                    .field_error(
+                        "name",
+                        format!(
+                            "plugin name `{name}` is already used by {}; a name can run from one file only (this one loads once the other is gone or renamed)",
+                            file_name(&winner)
+                        ),
+                    )
+                    .to_string(),
+                (Ok(config), Refusal::FieldManager { mine, theirs, toml }) => config
+                    .field_error(
+                        "field-manager",
+                        format!(
+                            "field manager `{mine}` overlaps `{theirs}`, the field manager of {}: \
+                             a plugin writes only as its own manager (this one loads once the overlap is gone)",
+                            file_name(&toml)
+                        ),
+                    )
+                    .with_hint("give each plugin a field manager of its own (the default, `wasmctrl-<name>`, is)")
+                    .to_string(),
+                (Err(e), _) => e.clone(),
+            };
+            self.status.update(&id, claim.toml.clone(), |s| {
+                s.name = name.clone();
+                s.state = PluginState::Failed;
+                if s.last_error.as_deref() != Some(error.as_str()) {
+                    s.rejected += 1;
+                }
+                s.last_error = Some(error);
+            });
+            ids.insert(id);
+        }
+        for id in self.status.ids() {
+            if id.contains('/') && !ids.contains(&id) {
+                self.status.remove(&id);
+            }
+        }
+        // A name refused for its field manager in an earlier round whose claim is neither
+        // refused nor wanted now (its file is gone) leaves the status.
+        let mut previous = self.refused_managers.lock();
+        for name in previous.difference(&by_manager) {
+            if !desired.contains_key(name) && !self.runs.lock().contains_key(name) {
+                self.status.remove(name);
+            }
+        }
+        *previous = by_manager;
+    }
+
+    /// Brings the plugin `name` in line with the latest plan.
+    async fn sync_name(self: &Arc<Self>, name: &str) {
+        let (slot, mut running) = loop {
+            let slot = self.slot(name);
+            let guard = slot.clone().lock_owned().await;
+            // The slot may have moved (a rename) or gone (a stop) while this task waited.
+            if self.slots.lock().get(name).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                break (slot, guard);
+            }
+        };
         if self.shutdown.is_cancelled() {
             return;
         }
-        let toml = self.toml_of(stem);
-        if !toml.is_file() {
+        let claim = self.desired.lock().get(name).cloned();
+        let Some(claim) = claim else {
             if let Some(r) = running.take() {
-                self.stop_plugin(stem, r).await;
+                self.stop_plugin(name, r).await;
             }
-            self.status.remove(stem);
-            self.forget_stem(stem);
+            self.status.remove(name);
+            self.runs.lock().remove(name);
+            let mut slots = self.slots.lock();
+            if slots.get(name).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                slots.remove(name);
+            }
             return;
-        }
-        let result = self.load(stem, &toml, &mut running).await;
-        if let Err(Rejection(error)) = result {
-            let name = running.as_ref().map(|r| r.name().to_owned()).unwrap_or_else(|| stem.to_owned());
+        };
+        if let Err(Rejection(error)) = self.load(name, &claim, &mut running).await {
             let keeps = running.as_ref().map(|r| r.generation.version.clone());
             tracing::warn!(
                 plugin = %name,
-                file = %toml.display(),
+                file = %claim.toml.display(),
                 running_version = keeps.as_deref().unwrap_or("none"),
                 error = %error,
                 "plugin rejected{}",
                 if keeps.is_some() { "; the running version keeps running" } else { "" }
             );
-            self.status.count_reload(&name, false);
-            self.status.update(stem, toml.clone(), |s| {
+            self.status.count_reload(name, false);
+            self.status.update(name, claim.toml.clone(), |s| {
+                s.name = name.to_owned();
                 s.last_error = Some(error);
                 s.rejected += 1;
                 if keeps.is_none() {
@@ -466,99 +772,154 @@ impl Shared {
         }
     }
 
-    fn forget_stem(&self, stem: &str) {
-        self.names.lock().retain(|_, s| s != stem);
-        for users in self.wasm_users.lock().values_mut() {
-            users.remove(stem);
-        }
-    }
-
-    /// Loads the files of `stem` and starts, swaps or restarts its plugin. Nothing running
-    /// changes unless every check passed.
+    /// Loads the version `claim` describes and starts, swaps or restarts the plugin.
+    /// Nothing running changes unless every check passed.
     ///
-    /// The steps, in this order: read the TOML ([`Self::read_config`]), resolve its kinds
-    /// ([`Self::resolve_kinds`]), read the `.wasm` ([`Self::read_wasm`]), take the informer
-    /// leases and wait for them to sync ([`Self::sync_leases`]), compile the component
-    /// ([`Self::compile`]), check it against the TOML ([`check_component`]); only then the
-    /// hand-off — [`Self::swap`], [`Self::restart`] or [`Self::first_start`] — and the record
-    /// of the new version ([`Self::record_loaded`]).
+    /// The steps, in this order: the TOML as read by the plan, its kinds resolved
+    /// ([`Self::resolve_kinds`]), its code fetched ([`CodeSource::fetch`]) and the TOML
+    /// checked unchanged since, then [`Self::apply`].
     async fn load(
         self: &Arc<Self>,
-        stem: &str,
-        toml: &Path,
+        name: &str,
+        claim: &Claim,
         running: &mut Option<Running>,
     ) -> Result<(), Rejection> {
         let started = Instant::now();
-        let config = self.read_config(stem, toml, running.is_none())?;
+        let config = claim.config.clone().map_err(Rejection)?;
+        if running.is_none() {
+            self.status.update(name, claim.toml.clone(), |s| {
+                s.name = name.to_owned();
+                s.state = PluginState::Starting;
+            });
+        }
         self.resolve_kinds(&config).await?;
-        let Some(bytes) = self.read_wasm(stem, toml, &config, running.is_none())? else {
+        let source = CodeSource::of(&config);
+        let code = match source.fetch().await.map_err(Rejection)? {
+            Fetched::Ready(code) => code,
+            Fetched::Unsettled => {
+                self.retry_later();
+                return Ok(());
+            }
+            Fetched::Missing => {
+                return self.without_code(name, claim, config, &source, running, started).await;
+            }
+        };
+        // One snapshot: the TOML this code goes with is still the one read.
+        if FileId::of(&claim.toml).ok().flatten().as_ref() != Some(&claim.id) {
+            self.retry_later();
+            return Ok(());
+        }
+        self.apply(name, claim, config, CodeInput::Bytes(code), &source, running, started).await
+    }
+
+    /// The plugin's code is missing. With no running version, the plugin waits for it; a
+    /// running version keeps running (its compiled code kept loaded) and says so, and a
+    /// changed TOML is applied with that code.
+    async fn without_code(
+        self: &Arc<Self>,
+        name: &str,
+        claim: &Claim,
+        config: PluginConfig,
+        source: &CodeSource,
+        running: &mut Option<Running>,
+        started: Instant,
+    ) -> Result<(), Rejection> {
+        let Some(r) = running.as_ref() else {
+            tracing::info!(plugin = %name, code = %source, "waiting for the plugin's code");
+            self.status.update(name, claim.toml.clone(), |s| {
+                s.state = PluginState::WaitingForWasm;
+                s.wasm = Some(config.wasm_path.clone());
+            });
             return Ok(());
         };
-        let version = version_of(&bytes);
+        let plugin = r.generation.plugin.plugin().clone();
+        let mut note = format!(
+            "running version {} keeps running without its file: {} is gone (restore it to reload the code)",
+            r.generation.version, source
+        );
+        if let Err(e) = plugin.keep_code() {
+            note.push_str(&format!("; its compiled code can no longer be loaded: {e}"));
+        }
+        if r.generation.config != config {
+            note.push_str("; TOML edits are applied with the running version's compiled code");
+        }
+        tracing::warn!(plugin = %name, version = %r.generation.version, code = %source, "{note}");
+        self.status.update(name, claim.toml.clone(), |s| s.note = Some(note.clone()));
+        let input =
+            CodeInput::Loaded { full: plugin.version().to_owned(), short: r.generation.version.clone() };
+        self.apply(name, claim, config, input, source, running, started).await
+    }
+
+    /// Takes the informer leases and waits for them to sync, compiles the component, checks
+    /// it; only then the hand-off — swap, restart or first start (see `handoff`) — and the
+    /// record of the new version.
+    #[allow(clippy::too_many_arguments)]
+    async fn apply(
+        self: &Arc<Self>,
+        name: &str,
+        claim: &Claim,
+        config: PluginConfig,
+        code: CodeInput,
+        source: &CodeSource,
+        running: &mut Option<Running>,
+        started: Instant,
+    ) -> Result<(), Rejection> {
+        let version = code.version().to_owned();
         if let Some(r) = running.as_ref()
             && r.generation.config == config
             && r.generation.version == version
+            && r.name() == name
+            && r.alive()
         {
             // The files are back to what runs: an earlier rejection no longer applies.
-            self.status.update(stem, toml.to_owned(), |s| s.last_error = None);
+            let has_file = matches!(code, CodeInput::Bytes(_));
+            self.status.update(name, claim.toml.clone(), |s| {
+                s.last_error = None;
+                if has_file {
+                    s.note = None;
+                }
+            });
             return Ok(());
         }
 
+        self.check_field_manager(name, &config)?;
         // Everything the new version needs, before touching the running one.
         let Some(leases) = self.sync_leases(&config).await? else {
             return Ok(());
         };
-        let plugin = self.compile(&config, &leases, bytes).await?;
+        let plugin = self.compile(&config, &leases, code, source).await?;
+        config.check_admission_served(self.options.admission.is_some())?;
+        config.check_admission_exports(plugin.admission_exports())?;
+        let admitting = (plugin.clone(), config.admission.clone());
         let reconciler = check_component(&config, &leases, plugin)?;
+        let previous_name = running.as_ref().map(|r| r.name().to_owned());
 
-        let name = config.name.clone();
         let previous = running.as_ref().map(|r| r.generation.version.clone());
-        let restart = running.as_ref().is_some_and(|r| needs_restart(&r.generation.config, &config));
+        let restart =
+            running.as_ref().is_some_and(|r| needs_restart(&r.generation.config, &config) || !r.alive());
         let for_keys = leases.for_keys(&config);
+        let (file, wasm) = (config.file.clone(), config.wasm_path.clone());
+        let field_manager = config.field_manager.clone();
         let candidate = Candidate { config, version: version.clone(), reconciler, leases };
         match running.take() {
             Some(r) if !restart => self.swap(running, r, candidate, for_keys).await?,
             Some(old) => self.restart(running, old, candidate).await?,
-            None => self.first_start(stem, running, candidate)?,
+            None => self.first_start(running, candidate)?,
         }
-        self.record_loaded(stem, toml, running, &name, &version, previous.as_deref(), started);
+        if let Some(router) = &self.options.admission {
+            // Reviews from now on go to this version; those in flight finish on the old one.
+            router.install(previous_name.as_deref(), admitting.0, admitting.1).await;
+        }
+        self.runs.lock().insert(
+            name.to_owned(),
+            RunInfo { toml: claim.toml.clone(), file, version: version.clone(), field_manager, wasm },
+        );
+        self.record_loaded(name, &claim.toml, running, &version, previous.as_deref(), started);
         Ok(())
     }
 
-    /// Step 1: parses and checks the TOML, records which `.wasm` it names, and refuses a
-    /// plugin name another TOML already uses. A plugin with no running version shows as
-    /// starting from here on.
-    fn read_config(&self, stem: &str, toml: &Path, first: bool) -> Result<PluginConfig, Rejection> {
-        let config = PluginConfig::load(toml, &self.options.defaults)?;
-        {
-            let mut users = self.wasm_users.lock();
-            for u in users.values_mut() {
-                u.remove(stem);
-            }
-            users.entry(config.wasm_path.clone()).or_default().insert(stem.to_owned());
-        }
-        if let Some(other) = self.names.lock().get(&config.name).filter(|s| *s != stem) {
-            return Err(Rejection(
-                config
-                    .field_error(
-                        "name",
-                        format!("plugin name `{}` is already used by {other}.toml", config.name),
-                    )
-                    .to_string(),
-            ));
-        }
-        if first {
-            // Loading: no version of it runs yet.
-            self.status.update(stem, toml.to_owned(), |s| {
-                s.name = config.name.clone();
-                s.state = PluginState::Starting;
-            });
-        }
-        Ok(config)
-    }
-
-    /// Step 2: asks discovery about every kind the TOML names (each once) and checks the
-    /// TOML's use of them.
+    /// Asks discovery about every kind the TOML names (each once) and checks the TOML's use
+    /// of them.
     async fn resolve_kinds(&self, config: &PluginConfig) -> Result<(), Rejection> {
         let mut kinds = BTreeMap::new();
         for (_, kind) in config.kinds() {
@@ -570,242 +931,83 @@ impl Shared {
         Ok(())
     }
 
-    /// Step 3: reads the `.wasm` once it has settled. `None`: nothing to load yet — the file
-    /// is missing (a first load shows as waiting for it) or still being written (it is looked
-    /// at again after another quiet period).
-    fn read_wasm(
-        &self,
-        stem: &str,
-        toml: &Path,
-        config: &PluginConfig,
-        first: bool,
-    ) -> Result<Option<Vec<u8>>, Rejection> {
-        match read_settled(&config.wasm_path) {
-            Ok((bytes, _)) => Ok(Some(bytes)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if first {
-                    tracing::info!(plugin = %config.name, wasm = %config.wasm_path.display(), "waiting for the plugin's .wasm");
-                    self.status.update(stem, toml.to_owned(), |s| {
-                        s.state = PluginState::WaitingForWasm;
-                        s.wasm = Some(config.wasm_path.clone());
-                    });
-                }
-                Ok(None)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                // Still being written: look again after another quiet period.
-                let _ = self.retry.send(config.wasm_path.clone());
-                Ok(None)
-            }
-            Err(e) => Err(Rejection(format!("cannot read {}: {e}", config.wasm_path.display()))),
-        }
-    }
-
-    /// Step 4: takes leases on the plugin's informers and waits (bounded by the sync timeout)
-    /// until all have synced. `None`: the manager is shutting down.
+    /// Takes leases on the plugin's informers and waits (bounded by the sync timeout) until
+    /// all have synced. `None`: the manager is shutting down.
     async fn sync_leases(&self, config: &PluginConfig) -> Result<Option<Leases>, Rejection> {
         let leases = Leases::acquire(config, &*self.deps.informers).await.map_err(Rejection)?;
-        let deadline = tokio::time::Instant::now() + self.options.cache_sync_timeout;
-        while !leases.all_synced() {
-            if tokio::time::Instant::now() >= deadline {
-                let pending: Vec<String> = leases
-                    .informers
-                    .iter()
-                    .filter(|(_, i)| !i.has_synced())
-                    .map(|(k, _)| k.to_string())
-                    .collect();
-                return Err(Rejection(format!(
-                    "informers did not sync within {:?}: {}",
-                    self.options.cache_sync_timeout,
-                    pending.join(", ")
-                )));
-            }
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return Ok(None),
-                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+        let all = futures::future::join_all(leases.informers.values().map(|i| i.synced()));
+        tokio::select! {
+            _ = self.shutdown.cancelled() => Ok(None),
+            synced = tokio::time::timeout(self.options.cache_sync_timeout, all) => match synced {
+                Ok(_) => Ok(Some(leases)),
+                Err(_) => {
+                    let pending: Vec<String> = leases
+                        .informers
+                        .iter()
+                        .filter(|(_, i)| !i.has_synced())
+                        .map(|(k, _)| k.to_string())
+                        .collect();
+                    Err(Rejection(format!(
+                        "informers did not sync within {:?}: {}",
+                        self.options.cache_sync_timeout,
+                        pending.join(", ")
+                    )))
+                }
             }
         }
-        Ok(Some(leases))
     }
 
-    /// Step 5: compiles the component and runs its `init` (on a blocking thread), with the
-    /// leased caches as its view of the cluster.
+    /// Compiles the component (or takes the running version's compiled code) and runs its
+    /// `init` (on a blocking thread), with the leased caches as its view of the cluster.
     async fn compile(
         &self,
         config: &PluginConfig,
         leases: &Leases,
-        bytes: Vec<u8>,
+        code: CodeInput,
+        source: &CodeSource,
     ) -> Result<Plugin, Rejection> {
         let spec = config.to_plugin_spec();
         let env = PluginEnv { caches: leases.caches(), kube: self.deps.kube.clone() };
         let engine = self.deps.engine.clone();
-        let path = config.wasm_path.clone();
+        let path = source.file().map_or_else(|| config.wasm_path.clone(), Path::to_path_buf);
         // Many plugins starting together take turns (a few threads load them all).
         let _slot = engine.load_slot().await;
-        tokio::task::spawn_blocking(move || Plugin::load_file(&engine, spec, &path, &bytes, env))
-            .await
-            .map_err(|e| Rejection(format!("loading the component failed: {e}")))?
-            .map_err(|e| Rejection(e.to_string()))
+        tokio::task::spawn_blocking(move || match code {
+            CodeInput::Bytes(code) => Plugin::load_file(&engine, spec, &path, &code.bytes, env),
+            CodeInput::Loaded { full, .. } => {
+                let plugin = Plugin::load_version(&engine, spec, &full, &path, env)?;
+                plugin.keep_code()?;
+                Ok(plugin)
+            }
+        })
+        .await
+        .map_err(|e| Rejection(format!("loading the component failed: {e}")))?
+        .map_err(|e| Rejection(e.to_string()))
     }
 
-    /// Swap: the new reconciler first, then the new handlers (wired from the old ones), then
-    /// every `for` key once more (a key the old version took meanwhile is done again by the
-    /// new one); the old generation retires before the new one receives hook calls. A wiring
-    /// failure puts the old version back, untouched.
-    async fn swap(
-        &self,
-        running: &mut Option<Running>,
-        mut r: Running,
-        next: Candidate,
-        for_keys: Vec<String>,
-    ) -> Result<(), Rejection> {
-        let Candidate { config, version, reconciler, leases } = next;
-        r.controller.swap_reconciler(reconciler.clone() as Arc<dyn Reconciler>);
-        r.slot.store(reconciler.clone());
-        let wired = Generation::wire(
-            config,
-            version,
-            reconciler.clone(),
-            &r.slot,
-            leases,
-            r.controller.queue(),
-            Some(&r.generation),
-            true,
-        );
-        let generation = match wired {
-            Ok(g) => Arc::new(g),
-            Err(e) => {
-                // Nothing was taken from the old generation: put its version back.
-                r.controller.swap_reconciler(r.generation.plugin.clone() as Arc<dyn Reconciler>);
-                r.slot.store(r.generation.plugin.clone());
-                *running = Some(r);
-                return Err(Rejection(e));
-            }
-        };
-        *r.current.lock() = Arc::downgrade(&generation);
-        for key in for_keys {
-            r.controller.queue().add_with_priority(Request::from_key(&key), Priority::Low);
-        }
-        self.hand_over_hooks(&r.generation, &generation).await;
-        r.generation = generation;
-        *running = Some(r);
-        Ok(())
-    }
-
-    /// Restart: a new controller with the old one's rate limiter takes over the old queue;
-    /// the old generation retires before the new one receives hook calls, and the old
-    /// controller winds down in the background. A refusal before the queue was handed over
-    /// leaves the old controller running.
-    async fn restart(
-        &self,
-        running: &mut Option<Running>,
-        old: Running,
-        next: Candidate,
-    ) -> Result<(), Rejection> {
-        let Candidate { config, version, reconciler, leases } = next;
-        tracing::info!(plugin = %old.name(), version = %version, previous = %old.generation.version,
-            "the `for` kind, concurrency or name changed: restarting the plugin's controller, handing its queue over");
-        let name = config.name.clone();
-        let limiter = old.controller.queue().limiter().clone();
-        let started = self.start_controller(
-            config,
-            version,
-            reconciler,
-            leases,
-            Some(limiter),
-            Some(old.controller.queue()),
-            Some(&old.generation),
-        );
-        let mut new = match started {
-            Ok(new) => new,
-            Err(e) => {
-                // Refused before the queue was handed over: the old one runs on.
-                *running = Some(old);
-                return Err(Rejection(e));
-            }
-        };
-        self.hand_over_hooks(&old.generation, &new.generation).await;
-        let Running { stop, task, generation, mut retiring, .. } = old;
-        // The old controller hands out nothing more; let its in-flight reconciles
-        // finish without holding up the new one.
-        let plugin = name;
-        retiring.push(tokio::spawn(async move {
-            stop.cancel();
-            match task.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(plugin = %plugin, error = %e, "previous controller ended with an error")
-                }
-                Err(e) => tracing::error!(plugin = %plugin, error = %e, "previous controller task failed"),
-            }
-            drop(generation);
-        }));
-        new.retiring = retiring;
-        *running = Some(new);
-        Ok(())
-    }
-
-    /// First start: a new controller, taking over the queue parked when the plugin was last
-    /// removed (if any, with its rate limiter); its hooks open at once. A refusal parks that
-    /// queue again.
-    fn first_start(
-        &self,
-        stem: &str,
-        running: &mut Option<Running>,
-        next: Candidate,
-    ) -> Result<(), Rejection> {
-        let Candidate { config, version, reconciler, leases } = next;
-        let parked = self.parked.lock().remove(stem);
-        let limiter = parked.as_ref().map(|q| q.limiter().clone());
-        let started = self.start_controller(
-            config,
-            version,
-            reconciler.clone(),
-            leases,
-            limiter,
-            parked.as_ref(),
-            None,
-        );
-        let started = match started {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(q) = parked {
-                    self.parked.lock().insert(stem.to_owned(), q);
-                }
-                return Err(Rejection(e));
-            }
-        };
-        reconciler.open_hooks();
-        *running = Some(started);
-        Ok(())
-    }
-
-    /// Records a loaded version: the plugin's name, readiness probe, status and metrics.
-    #[allow(clippy::too_many_arguments)]
+    /// Records a loaded version: readiness probe, status and metrics.
     fn record_loaded(
         &self,
-        stem: &str,
+        name: &str,
         toml: &Path,
         running: &Option<Running>,
-        name: &str,
         version: &str,
         previous: Option<&str>,
         started: Instant,
     ) {
-        let r = running.as_ref().map(|r| (r.controller.clone(), r.generation.config.wasm_path.clone()));
-        self.names.lock().retain(|_, s| s != stem);
-        self.names.lock().insert(name.to_owned(), stem.to_owned());
-        if let Some((controller, wasm)) = r {
-            let probe_controller = controller.clone();
+        if let Some(r) = running.as_ref() {
+            let controller = r.controller.clone();
+            let wasm = r.generation.config.wasm_path.clone();
             self.status.set_probe(
-                stem,
+                name,
                 Some(Arc::new(move || {
-                    let r = probe_controller.readiness();
+                    let r = controller.readiness();
                     (r.is_ready(), r.error)
                 })),
             );
-            self.status.update(stem, toml.to_owned(), |s| {
+            self.status.update(name, toml.to_owned(), |s| {
                 s.name = name.to_owned();
+                s.toml = toml.to_owned();
                 s.wasm = Some(wasm);
                 s.version = Some(version.to_owned());
                 s.last_error = None;
@@ -827,113 +1029,12 @@ impl Shared {
         );
     }
 
-    /// Builds the plugin's controller (with `limiter`, to keep a predecessor's backoff),
-    /// takes over `predecessor`'s queue, wires the generation (from `previous`) and starts
-    /// the controller; its workers start once the generation has synced.
-    #[allow(clippy::too_many_arguments)]
-    fn start_controller(
-        &self,
-        config: PluginConfig,
-        version: String,
-        reconciler: Arc<PluginReconciler>,
-        leases: Leases,
-        limiter: Option<Arc<dyn RateLimiter<Request>>>,
-        predecessor: Option<&RateLimitingQueue<Request>>,
-        previous: Option<&Generation>,
-    ) -> Result<Running, String> {
-        let current: Arc<Mutex<Weak<Generation>>> = Arc::new(Mutex::new(Weak::new()));
-        let source = Arc::new(GateSource {
-            kind: kube_gvk(&config.for_source.kind),
-            namespaced: leases.for_namespaced(&config),
-            current: current.clone(),
-        });
-        let mut builder = Controller::builder(config.name.clone(), reconciler.clone() as Arc<dyn Reconciler>)
-            .for_source(source as Arc<dyn EventSource>)
-            .max_concurrent_reconciles(config.concurrency)
-            .cache_sync_timeout(self.options.cache_sync_timeout)
-            .metrics(self.deps.metrics.clone());
-        if let Some(limiter) = limiter {
-            builder = builder.rate_limiter(limiter);
-        }
-        let controller = builder.build().map_err(|e| e.to_string())?;
-        if let Some(old) = predecessor {
-            let (ready, delayed, in_flight) = old.hand_over_to(controller.queue());
-            tracing::info!(plugin = %config.name, ready, delayed, in_flight, "queue handed over to the new controller");
-        }
-        let slot = PluginSlot::new(reconciler.clone());
-        let generation = Arc::new(Generation::wire(
-            config,
-            version,
-            reconciler,
-            &slot,
-            leases,
-            controller.queue(),
-            previous,
-            false,
-        )?);
-        *current.lock() = Arc::downgrade(&generation);
-        let stop = self.shutdown.child_token();
-        let run = controller.clone();
-        let token = stop.clone();
-        let task = tokio::spawn(async move { run.run(token).await });
-        Ok(Running { controller, slot, stop, task, generation, current, retiring: Vec::new() })
-    }
-
-    /// Waits (bounded by the sync timeout) for `new`'s handlers to sync, retires `old` —
-    /// its remaining handlers deliver their buffers, its last hook call returns — and only
-    /// then lets `new`'s version receive hook calls.
-    async fn hand_over_hooks(&self, old: &Generation, new: &Generation) {
-        let deadline = tokio::time::Instant::now() + self.options.cache_sync_timeout;
-        while !new.has_synced() && tokio::time::Instant::now() < deadline && !self.shutdown.is_cancelled() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        if !new.has_synced() {
-            tracing::warn!(plugin = %new.config.name, version = %new.version,
-                "the new version's handlers did not sync in time; retiring the old version anyway");
-        }
-        old.retire(Some(new)).await;
-        new.plugin.open_hooks();
-    }
-
-    /// Stops a plugin without dropping its work: its informers first catch up with the
-    /// server (every change made before the stop began reaches its handlers), its queue is
-    /// parked (handed to the plugin if it comes back), its handlers drain into it, its
-    /// in-flight reconciles finish; then its informers are released.
-    async fn stop_plugin(&self, stem: &str, r: Running) {
-        let name = r.name().to_owned();
-        self.status.update(stem, self.toml_of(stem), |s| s.state = PluginState::Stopping);
-        r.generation.catch_up_with_server(&*self.deps.informers).await;
-        let parked = RateLimitingQueue::new(r.controller.queue().limiter().clone());
-        r.controller.queue().hand_over_to(&parked);
-        r.generation.retire(None).await;
-        r.stop.cancel();
-        match r.task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(plugin = %name, error = %e, "controller ended with an error"),
-            Err(e) => tracing::error!(plugin = %name, error = %e, "controller task failed"),
-        }
-        for t in r.retiring {
-            let _ = t.await;
-        }
-        self.status.set_probe(stem, None);
-        self.status.set_info(&name, Some(&r.generation.version), None);
-        drop(r.generation);
-        let pending = parked.len() + parked.queue().waiting_len();
-        if pending > 0 {
-            tracing::info!(plugin = %name, pending, "plugin stopped; its pending keys are kept for its return");
-        } else {
-            tracing::info!(plugin = %name, "plugin stopped");
-        }
-        self.parked.lock().insert(stem.to_owned(), parked);
-    }
-
     async fn stop_all(&self) {
         let slots: Vec<(String, Slot)> =
             self.slots.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let mut set = tokio::task::JoinSet::new();
-        for (stem, slot) in slots {
+        for (name, slot) in slots {
             let Some(r) = slot.lock().await.take() else { continue };
-            let name = r.name().to_owned();
             // Stop concurrently: each drains its own in-flight reconciles.
             r.stop.cancel();
             set.spawn(async move {
@@ -942,59 +1043,17 @@ impl Shared {
                     let _ = t.await;
                 }
                 drop(r.generation);
-                tracing::info!(plugin = %name, stem = %stem, "plugin stopped");
+                tracing::info!(plugin = %name, "plugin stopped");
             });
         }
         while set.join_next().await.is_some() {}
     }
 }
 
-/// The controller's `for` source: events come from the plugin's generations (wired by the
-/// manager, so they can change while the controller runs); this source only tells the
-/// controller when the generation it runs has synced (the latest one, also when a reload
-/// came before the first one synced).
-struct GateSource {
-    kind: GroupVersionKind,
-    namespaced: bool,
-    current: Arc<Mutex<Weak<Generation>>>,
-}
-
-struct GateRegistration {
-    current: Arc<Mutex<Weak<Generation>>>,
-    /// Latched: once synced, the controller runs on.
-    synced: AtomicBool,
-}
-
-impl EventSource for GateSource {
-    fn gvk(&self) -> GroupVersionKind {
-        self.kind.clone()
-    }
-
-    fn namespaced(&self) -> bool {
-        self.namespaced
-    }
-
-    fn register(
-        &self,
-        _handler: Arc<dyn ResourceEventHandler>,
-    ) -> Result<Box<dyn EventRegistration>, SourceError> {
-        // The controller's own handler is not needed: generations enqueue into its queue.
-        Ok(Box::new(GateRegistration { current: self.current.clone(), synced: AtomicBool::new(false) }))
-    }
-}
-
-impl EventRegistration for GateRegistration {
-    fn has_synced(&self) -> bool {
-        if self.synced.load(Ordering::Acquire) {
-            return true;
-        }
-        let current = self.current.lock().upgrade();
-        let synced = current.is_some_and(|g| g.has_synced());
-        if synced {
-            self.synced.store(true, Ordering::Release);
-        }
-        synced
-    }
-
-    fn remove(&self) {}
+/// Why a claim in the plugins directory was refused.
+enum Refusal {
+    /// Another file (this one) runs the same plugin name.
+    Name(PathBuf),
+    /// The claim's field manager `mine` overlaps `theirs`, of the plugin in `toml`.
+    FieldManager { mine: String, theirs: String, toml: PathBuf },
 }

@@ -11,7 +11,11 @@
 //! or failed (no version runs) makes the host not ready, and is named in the details. A
 //! rejected reload is reported but does not: the running version keeps serving. A reload
 //! in progress (a swap, or a controller restart handing its queue over) keeps a plugin
-//! `running`; a plugin being removed no longer counts.
+//! `running`; a plugin being removed no longer counts. A running version whose `.wasm` is
+//! gone keeps running and says so (`note`), without making the host unready.
+//!
+//! Entries are keyed by plugin name; a TOML refused because another file claims its name
+//! has an entry of its own, keyed by its path.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -55,6 +59,8 @@ pub struct PluginStatus {
     pub ready: bool,
     /// The last load or reload error (cleared by the next successful load).
     pub last_error: Option<String>,
+    /// Something about the running version worth knowing (e.g. it runs without its file).
+    pub note: Option<String>,
     /// Successful loads and reloads.
     pub reloads: u64,
     /// Rejected loads and reloads.
@@ -73,6 +79,7 @@ impl PluginStatus {
             state: PluginState::Starting,
             ready: false,
             last_error: None,
+            note: None,
             reloads: 0,
             rejected: 0,
             since: now(),
@@ -144,9 +151,22 @@ impl StatusBoard {
             .collect()
     }
 
-    /// One plugin's status.
-    pub fn get(&self, stem: &str) -> Option<PluginStatus> {
-        self.snapshot().into_iter().find(|s| s.toml.file_stem().is_some_and(|f| f == stem))
+    /// One plugin's status, by name (or else by the stem of its TOML).
+    pub fn get(&self, name: &str) -> Option<PluginStatus> {
+        let ids = self.ids();
+        let all = self.snapshot();
+        // The plugin's own entry first (a refused file claiming the name has its own).
+        let at = ids
+            .iter()
+            .position(|id| id == name)
+            .or_else(|| all.iter().position(|s| s.name == name))
+            .or_else(|| all.iter().position(|s| s.toml.file_stem().is_some_and(|f| f == name)));
+        at.and_then(|at| all.into_iter().nth(at))
+    }
+
+    /// The ids of every entry.
+    pub(crate) fn ids(&self) -> Vec<String> {
+        self.plugins.read().keys().cloned().collect()
     }
 
     pub(crate) fn mark_started(&self) {
@@ -230,7 +250,14 @@ impl StatusSource for StatusBoard {
             if let Some(why) = missing {
                 ready = false;
                 details.push(format!("plugin {}: no running version: {why}", s.name));
-            } else if s.state == PluginState::Running
+                continue;
+            }
+            if s.state == PluginState::Running
+                && let Some(note) = &s.note
+            {
+                details.push(format!("plugin {}: {note}", s.name));
+            }
+            if s.state == PluginState::Running
                 && let Some(e) = &s.last_error
             {
                 details.push(format!(

@@ -35,6 +35,7 @@ use futures::future::BoxFuture;
 use kube::core::GroupVersionKind;
 use parking_lot::Mutex;
 
+use super::slot::VersionSlot;
 use crate::cache::{IndexSpec, LabelSelector};
 use crate::config::{KindLookupError, PluginConfig, Predicates, ResolvedKind, WatchSource};
 use crate::controller::handler::{EnqueueForObject, EnqueueForOwner, EnqueueMapped, Mapper};
@@ -119,6 +120,13 @@ pub trait InformerLeases: Send + Sync + 'static {
     fn current_resource_version<'a>(&'a self, key: &'a WatchKey) -> BoxFuture<'a, Result<String, String>>;
     /// Discovery: whether the cluster serves `kind`.
     fn resolve<'a>(&'a self, kind: &'a Gvk) -> BoxFuture<'a, Result<ResolvedKind, KindLookupError>>;
+    /// Whether the server has the object `namespace/name` of `kind` now (a live GET).
+    fn exists<'a>(
+        &'a self,
+        kind: &'a Gvk,
+        namespace: Option<&'a str>,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<bool, String>>;
 }
 
 /// One lease on a shared informer. Dropping it releases the lease.
@@ -126,6 +134,8 @@ pub trait LeasedInformer: Send + Sync + 'static {
     fn namespaced(&self) -> bool;
     /// Whether the informer's cache holds the initial list.
     fn has_synced(&self) -> bool;
+    /// Resolves once [`has_synced`](Self::has_synced) holds.
+    fn synced(&self) -> BoxFuture<'static, ()>;
     /// Read access for plugins.
     fn cache(&self) -> Arc<dyn CacheReader>;
     /// Keys of every cached object.
@@ -166,6 +176,8 @@ pub trait LeasedRegistration: EventRegistration {
     fn remove_draining_departed(&self, present: &dyn Fn(&str) -> bool);
     /// Resolves once the handler will be called no more (after any kind of removal).
     fn finished(&self) -> BoxFuture<'static, ()>;
+    /// Resolves once the handler has synced (or stopped).
+    fn synced(&self) -> BoxFuture<'static, ()>;
     /// For [`LeasedInformer::replace_handler`] to find its own registration type.
     fn as_any(&self) -> &dyn Any;
 }
@@ -286,16 +298,17 @@ impl Leases {
     }
 }
 
-/// The running version of a plugin, shared by every generation's handlers: the `map` and
-/// `filter` they call are always the current version's, so handlers outlive swaps.
-pub(crate) type PluginSlot = HotSwap<PluginReconciler>;
+/// The running version of a plugin, shared by every generation's handlers (and kept across
+/// controller restarts): the `map` and `filter` they call are always the current version's,
+/// so handlers outlive swaps, and calls of two versions never overlap (see `slot`).
+pub(crate) type PluginSlot = VersionSlot;
 
 /// The plugin's `map` export as the controller's [`Mapper`].
 struct PluginMapper(PluginSlot);
 
 impl Mapper for PluginMapper {
     fn map(&self, kind: &GroupVersionKind, obj: &Arc<Object>) -> Vec<Request> {
-        self.0.load().map(&gvk_of(kind), obj)
+        self.0.call(|p| p.map(&gvk_of(kind), obj))
     }
 }
 
@@ -309,7 +322,7 @@ impl Filter for PluginFilter {
             FilterEvent::Update { old, new } => FilterInput::Update(old.json(), new.json()),
             FilterEvent::Delete(d) => FilterInput::Delete(d.object().json()),
         };
-        self.0.load().filter(&gvk_of(kind), input)
+        self.0.call(|p| p.filter(&gvk_of(kind), input))
     }
 }
 
@@ -598,6 +611,25 @@ impl Generation {
         }
     }
 
+    /// The leases this generation holds.
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    /// Resolves once every handler has received its informer's initial contents.
+    pub fn synced(&self) -> BoxFuture<'static, ()> {
+        let waits: Vec<BoxFuture<'static, ()>> = self
+            .enqueuers
+            .lock()
+            .iter()
+            .map(|(_, r)| r.synced())
+            .chain(self.hooks.lock().iter().map(|(_, r)| r.synced()))
+            .collect();
+        Box::pin(async move {
+            futures::future::join_all(waits).await;
+        })
+    }
+
     /// Whether every handler has received its informer's initial contents.
     pub fn has_synced(&self) -> bool {
         self.enqueuers.lock().iter().all(|(_, r)| r.has_synced())
@@ -614,8 +646,11 @@ impl Generation {
     /// watch through different informers (another scope, selector or transform), this one
     /// may lag behind, and a delete it has not processed yet when its handler leaves would
     /// otherwise reach no handler at all (the successor's synthetic adds start after it).
+    ///
+    /// `left` says which of those objects only left the successor's scope (see `scope`):
+    /// no delete is sent for them. It applies to the successor's `for` kind.
     #[allow(clippy::type_complexity)]
-    pub async fn retire(&self, successor: Option<&Generation>) {
+    pub async fn retire(&self, successor: Option<&Generation>, left: Option<&(dyn Fn(&str) -> bool + Sync)>) {
         if let Some(successor) = successor {
             self.catch_up_with(successor).await;
         }
@@ -644,12 +679,15 @@ impl Generation {
                 // All of this version's handlers on one informer leave at one instant of its
                 // stream: a notification reaches all of them or none (an enqueuer must not
                 // miss a delete its sibling hook handler still saw).
+                let for_kind = successor.is_some_and(|s| s.config.for_source.kind == key.kind);
                 let tests: Vec<Option<Box<dyn Fn(&str) -> bool + '_>>> = registrations
                     .iter()
                     .map(|(_, present)| {
-                        present
-                            .as_ref()
-                            .map(|p| Box::new(move |key: &str| p.contains(key)) as Box<dyn Fn(&str) -> bool>)
+                        present.as_ref().map(|p| {
+                            Box::new(move |k: &str| {
+                                p.contains(k) || (for_kind && left.is_some_and(|left| left(k)))
+                            }) as Box<dyn Fn(&str) -> bool>
+                        })
                     })
                     .collect();
                 let removals: Vec<(&dyn LeasedRegistration, Option<&dyn Fn(&str) -> bool>)> =

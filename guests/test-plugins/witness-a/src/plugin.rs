@@ -18,6 +18,21 @@
 //   `[settings] slow-filter` logs `filter-sleep` and sleeps `slow-ms`: it holds up the
 //   informer handler that asked, so the notifications behind it stay buffered.
 // - With `[settings] fail-init = true`, `init` fails: a broken version.
+// - Keys and their kinds: with `[settings] for-kind = "Secret"` the plugin runs for Secrets
+//   whose keys its `map` made from ConfigMaps (`map` prefixes the ConfigMap's name with
+//   `[settings] map-prefix`); every reconcile checks that its key is of the kind the
+//   plugin runs for (a `map-prefix` name for Secrets, any other name for ConfigMaps) and
+//   logs `kind-ok`, then works on the ConfigMap the key stands for (`key` is that
+//   ConfigMap's key).
+// - Failures: `[settings] fail-percent = N` (fractions allowed) fails (retryable) the first
+//   reconcile an instance makes of about N % of the (key, resourceVersion) pairs, at most
+//   `fail-max` times per instance (no bound without it), so retries and their backoff are
+//   exercised without outrunning the host's retry rate limit; `fail-gone = true` fails every
+//   reconcile of a key whose ConfigMap is gone. `reconcile-end` logs `result` (`ok` or
+//   `error`).
+// - With `[settings] trace-calls = true`, `map` and `filter` log `map-start`/`map-end` and
+//   `filter-start`/`filter-end` with the object's key, so overlapping calls of two versions
+//   can be seen.
 
 wit_bindgen::generate!({
     path: "../../../wit",
@@ -79,6 +94,56 @@ fn maybe_sleep(setting: &str, key: &str) -> bool {
     true
 }
 
+/// (key, resourceVersion) pairs this instance already failed once.
+static FAILED: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+/// How many reconciles this instance failed under `fail-percent`.
+static FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// FNV-1a: a stable hash of `text`.
+fn hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Whether this reconcile fails (see the file's doc).
+fn should_fail(s: &serde_json::Value, key: &str, rv: &str) -> bool {
+    if rv == "not-found" && s["fail-gone"].as_bool() == Some(true) {
+        return true;
+    }
+    let percent = s["fail-percent"].as_f64().unwrap_or(0.0);
+    if percent <= 0.0 || rv == "not-found" {
+        return false;
+    }
+    let h = hash(&format!("{key}@{rv}"));
+    // In hundredths of a percent.
+    if (h % 10_000) as f64 >= percent * 100.0 {
+        return false;
+    }
+    let max = s["fail-max"].as_u64().unwrap_or(u64::MAX);
+    let mut failed = FAILED.lock().unwrap_or_else(|e| e.into_inner());
+    if failed.contains(&h) || FAILURES.load(std::sync::atomic::Ordering::Relaxed) >= max {
+        return false;
+    }
+    if failed.len() >= 4096 {
+        failed.clear();
+    }
+    failed.push(h);
+    FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    true
+}
+
+fn traced<R>(s: &serde_json::Value, what: &str, key: &str, f: impl FnOnce() -> R) -> R {
+    let trace = s["trace-calls"].as_bool() == Some(true);
+    if trace {
+        line(&format!("{what}-start"), &[("key", key.to_owned())]);
+    }
+    let r = f();
+    if trace {
+        line(&format!("{what}-end"), &[("key", key.to_owned())]);
+    }
+    r
+}
+
 fn hook(event: &str, kind: &Gvk, object: &[u8]) {
     let (key, rv) = describe(object);
     let fields = [("event", event.to_owned()), ("kind", kind.kind.clone()), ("key", key.clone()), ("rv", rv)];
@@ -102,16 +167,29 @@ impl Guest for Witness {
     }
 
     fn reconcile(request: Request) -> Result<ReconcileResult, ReconcileError> {
-        let key = key_of(request.namespace.as_deref(), &request.name);
-        let rv = match cache::get(&config_map(), request.namespace.as_deref(), &request.name) {
+        let s = settings();
+        let prefix = s["map-prefix"].as_str().unwrap_or("");
+        let for_secrets = s["for-kind"].as_str() == Some("Secret");
+        // The ConfigMap this key stands for, and whether the key is of the kind run for.
+        let (name, kind_ok) = match request.name.strip_prefix(prefix).filter(|_| !prefix.is_empty()) {
+            Some(cm) => (cm.to_owned(), for_secrets),
+            None => (request.name.clone(), !for_secrets),
+        };
+        let key = key_of(request.namespace.as_deref(), &name);
+        let rv = match cache::get(&config_map(), request.namespace.as_deref(), &name) {
             Ok(Some(json)) => describe(&json).1,
             Ok(None) => "not-found".to_owned(),
             Err(e) => return Err(ReconcileError::Retryable(format!("cache read failed: {e:?}"))),
         };
-        let fields = [("key", key), ("rv", rv)];
-        line("reconcile-start", &fields);
-        maybe_sleep("slow", &request.name);
-        line("reconcile-end", &fields);
+        let kind_ok = if kind_ok { "yes" } else { "no" }.to_owned();
+        line("reconcile-start", &[("key", key.clone()), ("rv", rv.clone()), ("kind-ok", kind_ok)]);
+        maybe_sleep("slow", &name);
+        let fail = should_fail(&s, &key, &rv);
+        let result = if fail { "error" } else { "ok" }.to_owned();
+        line("reconcile-end", &[("key", key.clone()), ("rv", rv.clone()), ("result", result)]);
+        if fail {
+            return Err(ReconcileError::Retryable(format!("witness {STAMP} fails {key}@{rv} as told")));
+        }
         Ok(ReconcileResult::Done)
     }
 
@@ -128,15 +206,17 @@ impl Guest for Witness {
     }
 
     fn map(_kind: Gvk, object: Vec<u8>) -> Vec<Request> {
+        let s = settings();
         let v: serde_json::Value = serde_json::from_slice(&object).unwrap_or(serde_json::Value::Null);
         let meta = &v["metadata"];
-        match meta["name"].as_str() {
+        let key = key_of(meta["namespace"].as_str(), meta["name"].as_str().unwrap_or(""));
+        traced(&s, "map", &key, || match meta["name"].as_str() {
             Some(name) => vec![Request {
                 namespace: meta["namespace"].as_str().map(str::to_owned),
-                name: name.to_owned(),
+                name: format!("{}{name}", s["map-prefix"].as_str().unwrap_or("")),
             }],
             None => Vec::new(),
-        }
+        })
     }
 
     fn filter(_kind: Gvk, event: FilterEvent) -> bool {
@@ -145,12 +225,15 @@ impl Guest for Witness {
             FilterEvent::Update((_, new)) => new,
         };
         let (key, _) = describe(object);
-        let name = key.rsplit('/').next().unwrap_or(&key).to_owned();
-        if settings()["slow-filter"].as_str() == Some(name.as_str()) {
-            line("filter-sleep", &[("key", key.clone())]);
-            maybe_sleep("slow-filter", &key);
-        }
-        true
+        let s = settings();
+        traced(&s, "filter", &key, || {
+            let name = key.rsplit('/').next().unwrap_or(&key).to_owned();
+            if s["slow-filter"].as_str() == Some(name.as_str()) {
+                line("filter-sleep", &[("key", key.clone())]);
+                maybe_sleep("slow-filter", &key);
+            }
+            true
+        })
     }
 }
 

@@ -1,6 +1,6 @@
 //! The `wasmctrl` command line: run the host, check a setup offline, test a plugin against
-//! fixtures, scaffold a plugin, print the RBAC the plugins need, or run the embedded dev
-//! cluster alone.
+//! fixtures, scaffold a plugin, print the RBAC or the webhook configurations the plugins
+//! need, or run the embedded dev cluster alone.
 
 use std::path::PathBuf;
 
@@ -71,6 +71,9 @@ enum Command {
     /// Print the RBAC (ClusterRole or Role, and its binding) that the host's service
     /// account needs for the configured plugins, as YAML.
     Rbac(cli::RbacArgs),
+    /// Print the Validating/MutatingWebhookConfigurations the admitting plugins need, as
+    /// YAML (for a host whose `[admission]` has `manage-configurations = false`).
+    WebhookConfig(cli::WebhookConfigArgs),
     /// Start the embedded Kubernetes API server alone (loopback only), write a kubeconfig
     /// for it and serve until interrupted.
     DevCluster(cli::DevClusterArgs),
@@ -96,7 +99,7 @@ fn main() -> std::process::ExitCode {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("error: {err}");
-                std::process::ExitCode::FAILURE
+                std::process::ExitCode::from(err.exit_code())
             }
         };
     }
@@ -107,6 +110,7 @@ fn main() -> std::process::ExitCode {
         Command::Test(args) => test::test(args),
         Command::New(args) => new::new(args),
         Command::Rbac(args) => cli::rbac(args),
+        Command::WebhookConfig(args) => cli::webhook_config(args),
         Command::DevCluster(args) => cli::dev_cluster(args),
         Command::CompileComponent { .. } => Ok(std::process::ExitCode::SUCCESS),
     };

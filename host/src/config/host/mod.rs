@@ -6,8 +6,10 @@
 //! Invariants of a [`HostConfig`]: paths are resolved against the TOML's directory (and `~`
 //! against `$HOME`); cluster keys that do not apply to the chosen mode are errors, not
 //! ignored; leader-election timings satisfy client-go's ordering
-//! (lease-duration > renew-deadline > 1.2 × retry-period).
+//! (lease-duration > renew-deadline > 1.2 × retry-period); `[admission]` (the webhook
+//! server, in `admission`) says how the API server reaches the host.
 
+mod admission;
 mod resolver;
 mod schema;
 
@@ -15,6 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use admission::{AdmissionServerToml, ServiceToml};
 pub use schema::{
     ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, ServerAuthMode, ServerToml,
 };
@@ -86,6 +89,16 @@ pub struct HostConfig {
     /// New plugin versions missing from the compile cache start on Winch code and tier up
     /// to Cranelift code in the background.
     pub tier_up: bool,
+    /// How often the plugins directory is read again whatever the watches saw (`None`: never).
+    pub rescan_interval: Option<Duration>,
+    /// How long the pending keys of a stopped plugin are kept for its return.
+    pub parked_keys_ttl: Duration,
+    /// Plugin instances alive at once, every plugin together.
+    pub instance_slots: u32,
+    /// The most instances one plugin may hold.
+    pub max_instances_per_plugin: u32,
+    /// How long one compile may run.
+    pub compile_timeout: Duration,
     pub cluster: ClusterConfig,
     /// The longest watch event or list item accepted from the API server.
     pub max_object_size: u64,
@@ -95,6 +108,8 @@ pub struct HostConfig {
     pub plugin_defaults: PluginDefaults,
     /// How long a controller waits for its informers to sync before failing.
     pub cache_sync_timeout: Duration,
+    /// `[admission]`: the admission webhook server, when the table is there.
+    pub admission: Option<crate::admission::AdmissionSettings>,
     /// The file as written.
     pub file: HostToml,
 }
@@ -126,6 +141,11 @@ impl HostConfig {
             idle_instance_timeout: crate::plugin::DEFAULT_IDLE_INSTANCE_TIMEOUT,
             idle_code_timeout: crate::plugin::DEFAULT_IDLE_CODE_TIMEOUT,
             tier_up: true,
+            rescan_interval: Some(crate::reload::DEFAULT_RESCAN_INTERVAL),
+            parked_keys_ttl: crate::reload::DEFAULT_PARKED_KEYS_TTL,
+            instance_slots: crate::plugin::DEFAULT_INSTANCE_SLOTS,
+            max_instances_per_plugin: crate::plugin::DEFAULT_INSTANCES_PER_PLUGIN,
+            compile_timeout: crate::plugin::DEFAULT_COMPILE_TIMEOUT,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
             max_object_size: crate::source::DEFAULT_MAX_OBJECT_SIZE as u64,
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
@@ -133,6 +153,7 @@ impl HostConfig {
             leader_election: None,
             plugin_defaults: PluginDefaults::default(),
             cache_sync_timeout: Duration::from_secs(120),
+            admission: None,
             file: HostToml::default(),
         }
     }

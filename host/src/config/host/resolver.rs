@@ -20,6 +20,9 @@ use crate::config::units::{ByteSize, DurationValue};
 
 /// The smallest `[cluster] max-object-size` accepted.
 const MIN_MAX_OBJECT_SIZE: u64 = 64 << 10;
+/// The most instance slots a host TOML may ask for (each reserves address space for an
+/// instance's memories; this many stay well within a 47-bit address space).
+const MAX_INSTANCE_SLOTS: u32 = 4096;
 
 fn key(k: &str) -> PathSeg {
     PathSeg::Key(k.to_owned())
@@ -55,6 +58,53 @@ pub(super) fn resolve(
     let idle_code_timeout =
         file.idle_code_timeout.map_or(crate::plugin::DEFAULT_IDLE_CODE_TIMEOUT, DurationValue::get);
     let tier_up = file.tier_up.unwrap_or(true);
+    let rescan_interval = file
+        .rescan_interval
+        .map_or(Some(crate::reload::DEFAULT_RESCAN_INTERVAL), |d| Some(d.get()).filter(|d| !d.is_zero()));
+    let parked_keys_ttl =
+        file.parked_keys_ttl.map_or(crate::reload::DEFAULT_PARKED_KEYS_TTL, DurationValue::get);
+    if parked_keys_ttl.is_zero() {
+        err(
+            &[PathSeg::Key("parked-keys-ttl".into())],
+            false,
+            "parked-keys-ttl must be more than 0".into(),
+            None,
+        );
+    }
+    let instance_slots = match file.instance_slots {
+        Some(n) if !(1..=MAX_INSTANCE_SLOTS).contains(&n) => {
+            err(
+                &[key("instance-slots")],
+                false,
+                format!("instance-slots {n} is outside 1..={MAX_INSTANCE_SLOTS}"),
+                Some("each slot reserves address space for an instance's memories"),
+            );
+            crate::plugin::DEFAULT_INSTANCE_SLOTS
+        }
+        Some(n) => n,
+        None => crate::plugin::DEFAULT_INSTANCE_SLOTS,
+    };
+    let max_instances_per_plugin = match file.max_instances_per_plugin {
+        Some(n) if n < 2 || n > instance_slots => {
+            err(
+                &[key("max-instances-per-plugin")],
+                false,
+                format!("max-instances-per-plugin {n} is outside 2..={instance_slots} (instance-slots)"),
+                Some("a plugin needs two instances: one for reconciles, one for hook calls"),
+            );
+            crate::plugin::DEFAULT_INSTANCES_PER_PLUGIN.min(instance_slots)
+        }
+        Some(n) => n,
+        None => crate::plugin::DEFAULT_INSTANCES_PER_PLUGIN.min(instance_slots),
+    };
+    let compile_timeout = match file.compile_timeout {
+        Some(t) if t.0.is_zero() => {
+            err(&[key("compile-timeout")], false, "compile-timeout must be more than 0".into(), None);
+            crate::plugin::DEFAULT_COMPILE_TIMEOUT
+        }
+        Some(t) => t.0,
+        None => crate::plugin::DEFAULT_COMPILE_TIMEOUT,
+    };
 
     let c = &file.cluster;
     let mode_name = match c.mode {
@@ -215,6 +265,18 @@ pub(super) fn resolve(
             err(&dp("concurrency"), false, "concurrency must be at least 1".into(), None);
             1
         }
+        Some(n) if n >= max_instances_per_plugin => {
+            err(
+                &dp("concurrency"),
+                false,
+                format!(
+                    "concurrency {n} needs {} instances, more than max-instances-per-plugin ({max_instances_per_plugin})",
+                    u64::from(n) + 1
+                ),
+                None,
+            );
+            base_defaults.concurrency
+        }
         Some(n) => n as usize,
         None => base_defaults.concurrency,
     };
@@ -258,6 +320,8 @@ pub(super) fn resolve(
         err(&dp("cache-sync-timeout"), false, "cache-sync-timeout must be more than 0".into(), None);
     }
 
+    let admission = file.admission.as_ref().map(|a| super::admission::resolve(map, &mut errors, a, base));
+
     let config = HostConfig {
         path,
         plugins_dir,
@@ -266,13 +330,26 @@ pub(super) fn resolve(
         idle_instance_timeout,
         idle_code_timeout,
         tier_up,
+        rescan_interval,
+        parked_keys_ttl,
+        instance_slots,
+        max_instances_per_plugin,
+        compile_timeout,
         cluster,
         max_object_size,
         server_address,
         server_auth,
         leader_election,
-        plugin_defaults: PluginDefaults { concurrency, deadline, memory, max_output, resync },
+        plugin_defaults: PluginDefaults {
+            concurrency,
+            deadline,
+            memory,
+            max_output,
+            resync,
+            max_instances: max_instances_per_plugin as usize,
+        },
         cache_sync_timeout,
+        admission,
         file,
     };
     errors.into_result(config)

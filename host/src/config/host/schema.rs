@@ -35,6 +35,25 @@ pub struct HostToml {
     /// serves at once) and tier up to Cranelift code in the background. Default `true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier_up: Option<bool>,
+    /// Read the whole plugins directory again this often, whatever the file watches saw;
+    /// `"0s"` turns it off. Default `1m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescan_interval: Option<DurationValue>,
+    /// How long the pending keys of a stopped plugin are kept for its return. Default `1h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked_keys_ttl: Option<DurationValue>,
+    /// Plugin instances alive at once, every plugin together (the pooling allocator's
+    /// slots). Default `128`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_slots: Option<u32>,
+    /// The most instances one plugin may hold; a plugin's `concurrency` may be at most one
+    /// less. Default `32`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_instances_per_plugin: Option<u32>,
+    /// How long one compile (in its child process) may run before it is killed and the
+    /// plugin version rejected. Default `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_timeout: Option<DurationValue>,
     #[serde(default)]
     pub cluster: ClusterToml,
     #[serde(default)]
@@ -43,6 +62,9 @@ pub struct HostToml {
     pub leader_election: LeaderElectionToml,
     #[serde(default)]
     pub defaults: DefaultsToml,
+    /// The admission webhook server; none runs without this table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<super::admission::AdmissionServerToml>,
 }
 
 /// How the host reaches a cluster.
