@@ -15,7 +15,7 @@ use crate::source::fuzzing::{
 /// The caps the splitter checks pick from.
 const CAPS: [usize; 4] = [16, 256, 4096, 1 << 20];
 
-/// Whether any object in `v` (parsed from JSON text) has a member twice.
+/// Whether any object in the JSON text `json` has a member twice.
 fn has_duplicate_members(json: &[u8]) -> bool {
     struct Check(bool);
     impl<'de> serde::de::Visitor<'de> for &mut Check {
