@@ -24,6 +24,8 @@
 pub mod error;
 #[cfg(feature = "faults")]
 pub mod faults;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kubeconfig;
 mod managed;
 pub mod patch;
@@ -198,20 +200,12 @@ impl DevCluster {
         kubeconfig::to_yaml(&self.kubeconfig()).map_err(Error::Kubeconfig)
     }
 
-    /// Writes [`Self::kubeconfig_yaml`] to `path` (mode 0600 on Unix).
+    /// Writes [`Self::kubeconfig_yaml`] to `path`, readable by its owner only (see
+    /// [`write_private`]).
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        let io = |source| Error::Io { what: format!("writing kubeconfig {}", path.display()), source };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        std::fs::write(path, self.kubeconfig_yaml()?).map_err(io)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-        }
-        Ok(())
+        write_private(path, self.kubeconfig_yaml()?.as_bytes())
+            .map_err(|source| Error::Io { what: format!("writing kubeconfig {}", path.display()), source })
     }
 
     /// Test-only fault injection handle (drop watches, compact history, pause, latency,
@@ -266,16 +260,14 @@ impl DevCluster {
         self.save_state()
     }
 
-    /// Writes the state file now (also done on shutdown).
+    /// Writes the state file now (also done on shutdown), readable by its owner only (it
+    /// holds every object, Secrets included; see [`write_private`]).
     pub fn save_state(&self) -> Result<(), Error> {
         let Some(path) = &self.state_file else { return Ok(()) };
         let snap = self.store.snapshot().map_err(|e| Error::Seed(format!("snapshot: {e}")))?;
         let data = serde_json::to_vec(&snap).map_err(|e| Error::Seed(format!("encoding snapshot: {e}")))?;
-        let tmp = path.with_extension("tmp");
-        let io = |source| Error::Io { what: format!("writing state file {}", path.display()), source };
-        std::fs::write(&tmp, data).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)?;
-        Ok(())
+        write_private(path, &data)
+            .map_err(|source| Error::Io { what: format!("writing state file {}", path.display()), source })
     }
 
     /// A `kube::Config` for this server (trusting its CA, with the token).
@@ -307,6 +299,29 @@ impl Drop for DevCluster {
             }
         }
     }
+}
+
+/// Writes `data` to `path` as a file only its owner may read or write (0600 on Unix), whole or
+/// not at all: the bytes go to a new temporary file in the same directory (an unpredictable
+/// name, created 0600 and exclusively, so nothing planted there beforehand is written
+/// through), which then replaces `path`. A symlink at `path` is replaced, not followed; the
+/// directory is created when missing.
+pub fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            dir
+        }
+        None => Path::new("."),
+    };
+    let stem = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // tempfile creates the file with O_EXCL and mode 0600.
+    let mut file = tempfile::Builder::new().prefix(&format!(".{stem}.")).suffix(".tmp").tempfile_in(dir)?;
+    file.write_all(data)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// Accept loop: serves each connection (TLS or plain) until `stop` flips, then drops all

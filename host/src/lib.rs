@@ -46,3 +46,6 @@ pub mod fixture;
 pub mod metrics;
 
 pub mod server;
+
+#[doc(hidden)]
+pub mod fuzzing;

@@ -1443,3 +1443,94 @@ mod check_components {
         assert_eq!(report.plugins.len(), 1, "{text}");
     }
 }
+
+/// `[cluster] max-object-size`, `[server] auth` with its TLS files, and the RBAC the
+/// endpoint's reviews need.
+mod limits_and_endpoint {
+    use super::*;
+    use wasmctrl::reload::{RbacOptions, rbac_for};
+
+    #[test]
+    fn max_object_size_defaults_to_16_mebibytes_and_has_a_floor() {
+        let path = Path::new("/etc/wasmctrl/wasmctrl.toml");
+        let size = |text: &str| HostConfig::parse(path, text).unwrap().max_object_size;
+        assert_eq!(size(""), 16 << 20);
+        assert_eq!(size("[cluster]\nmax-object-size = \"64MiB\"\n"), 64 << 20);
+        assert_eq!(size("[cluster]\nmode = \"in-cluster\"\nmax-object-size = \"64KiB\"\n"), 64 << 10);
+        assert_eq!(
+            errors("host", "[cluster]\nmax-object-size = \"1KiB\"\n"),
+            r#"error: etc/wasmctrl.toml:2:19: `cluster.max-object-size`: max-object-size `1KiB` is below the minimum, 64KiB
+  |
+2 | max-object-size = "1KiB"
+  |                   ^^^^^^"#
+        );
+    }
+
+    #[test]
+    fn server_auth_defaults_to_none_and_tls_files_come_in_pairs_with_kubernetes() {
+        let path = Path::new("/etc/wasmctrl/wasmctrl.toml");
+        let auth = |text: &str| HostConfig::parse(path, text).unwrap().server_auth;
+        assert_eq!(auth(""), ServerAuth::None);
+        assert_eq!(auth("[server]\nauth = \"none\"\n"), ServerAuth::None);
+        assert_eq!(auth("[server]\nauth = \"kubernetes\"\n"), ServerAuth::Kubernetes { tls: None });
+        assert_eq!(
+            auth(
+                "[server]\nauth = \"kubernetes\"\ntls-cert-file = \"tls/tls.crt\"\ntls-key-file = \"tls/tls.key\"\n"
+            ),
+            ServerAuth::Kubernetes {
+                tls: Some(TlsFiles {
+                    cert: "/etc/wasmctrl/tls/tls.crt".into(),
+                    key: "/etc/wasmctrl/tls/tls.key".into()
+                })
+            }
+        );
+        assert_eq!(
+            errors("host", "[server]\nauth = \"kubernetes\"\ntls-cert-file = \"tls.crt\"\n"),
+            r#"error: etc/wasmctrl.toml:3:1: `server.tls-cert-file`: `tls-cert-file` needs `tls-key-file` too
+  |
+3 | tls-cert-file = "tls.crt"
+  | ^^^^^^^^^^^^^
+  |
+  = hint: give both, or neither for a self-signed certificate"#
+        );
+        assert_eq!(
+            errors("host", "[server]\ntls-key-file = \"tls.key\"\n"),
+            r#"error: etc/wasmctrl.toml:2:1: `server.tls-key-file`: `tls-key-file` applies only with auth = "kubernetes"
+  |
+2 | tls-key-file = "tls.key"
+  | ^^^^^^^^^^^^
+  |
+  = hint: the endpoint serves HTTPS only when it checks who reads it"#
+        );
+        let unknown = errors("host", "[server]\nauth = \"token\"\n");
+        assert!(
+            unknown.contains(r#"unknown value "token"; expected one of: "none", "kubernetes""#),
+            "{unknown}"
+        );
+    }
+
+    #[test]
+    fn endpoint_auth_adds_a_cluster_role_for_token_and_access_reviews() {
+        let p = PluginConfig::parse(
+            Path::new("plugins/p.toml"),
+            "[for]\napi-version = \"v1\"\nkind = \"Pod\"\n",
+            &PluginDefaults::default(),
+        )
+        .unwrap();
+        let plain =
+            rbac_for(std::slice::from_ref(&p), &RbacOptions::default(), &BuiltinKinds).to_yaml().unwrap();
+        assert!(!plain.contains("tokenreviews"), "{plain}");
+        let options = RbacOptions { endpoint_auth: true, ..RbacOptions::default() };
+        let yaml = rbac_for(&[p], &options, &BuiltinKinds).to_yaml().unwrap();
+        assert!(
+            yaml.contains(
+                "kind: ClusterRole\nmetadata:\n  labels:\n    app.kubernetes.io/managed-by: wasmctrl\n  name: wasmctrl-endpoint-auth\nrules:\n- apiGroups:\n  - authentication.k8s.io\n  resources:\n  - tokenreviews\n  verbs:\n  - create\n- apiGroups:\n  - authorization.k8s.io\n  resources:\n  - subjectaccessreviews\n  verbs:\n  - create\n"
+            ),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains("kind: ClusterRoleBinding\nmetadata:\n  labels:\n    app.kubernetes.io/managed-by: wasmctrl\n  name: wasmctrl-endpoint-auth\n"),
+            "{yaml}"
+        );
+    }
+}

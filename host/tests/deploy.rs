@@ -94,6 +94,55 @@ fn deployment_probes_point_at_the_host_endpoints() {
     assert_eq!(d["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"], true);
 }
 
+/// The manifest's endpoint leaves loopback, so it checks who reads it: the host TOML asks for
+/// `auth = "kubernetes"`, the probes speak HTTPS, the host may create token and access
+/// reviews, and a ClusterRole grants readers `/metrics` alone.
+#[test]
+fn the_endpoint_off_loopback_is_served_with_kubernetes_auth() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    let text = std::fs::read_to_string(dir.join("wasmctrl.yaml")).unwrap();
+    let docs: Vec<Value> =
+        serde_norway::Deserializer::from_str(&text).map(|d| Value::deserialize(d).unwrap()).collect();
+    let config = docs.iter().find(|d| d["kind"] == "ConfigMap").expect("the host's ConfigMap");
+    let toml = config["data"]["wasmctrl.toml"].as_str().expect("wasmctrl.toml");
+    let host = wasmctrl::config::HostConfig::parse(Path::new("/etc/wasmctrl/wasmctrl.toml"), toml)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!host.server_address.ip().is_loopback());
+    assert_eq!(host.server_auth, wasmctrl::config::ServerAuth::Kubernetes { tls: None });
+
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").expect("a Deployment");
+    let d: Deployment = serde_json::from_value(deployment.clone()).unwrap();
+    let d = serde_json::to_value(d).unwrap();
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(c[probe]["httpGet"]["scheme"], "HTTPS", "{probe}");
+    }
+    assert_eq!(d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scheme"], "https");
+
+    let reader = docs.iter().find(|d| d["kind"] == "ClusterRole").expect("the metrics reader role");
+    let reader: ClusterRole = serde_json::from_value(reader.clone()).unwrap();
+    let rules = reader.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].non_resource_urls.as_deref(), Some(&["/metrics".to_owned()][..]));
+    assert_eq!(rules[0].verbs, ["get"]);
+
+    let rbac = std::fs::read_to_string(dir.join("rbac.yaml")).unwrap();
+    let roles: Vec<ClusterRole> = serde_norway::Deserializer::from_str(&rbac)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|d| d["kind"] == "ClusterRole")
+        .map(|d| serde_json::from_value(d).unwrap())
+        .collect();
+    let granted = |group: &str, resource: &str| {
+        roles.iter().flat_map(|r| r.rules.iter().flatten()).any(|rule| {
+            rule.api_groups.as_deref().is_some_and(|g| g.iter().any(|g| g == group))
+                && rule.resources.as_deref().is_some_and(|r| r.iter().any(|r| r == resource))
+                && rule.verbs.iter().any(|v| v == "create")
+        })
+    };
+    assert!(granted("authentication.k8s.io", "tokenreviews"));
+    assert!(granted("authorization.k8s.io", "subjectaccessreviews"));
+}
+
 /// The ConfigMap-delivered plugins manifest: the host TOML's `plugins-dir` is where the
 /// plugins ConfigMap is mounted (a whole-volume mount, which the kubelet updates), each
 /// plugin TOML in it is valid and names its component on the code volume.

@@ -2,9 +2,13 @@
 //! `path==value` and `path!=value` requirements on dotted field paths.
 //!
 //! Invariants: every requirement has an operator and a field path of non-empty alphanumeric
-//! segments (`metadata.name`, `spec.nodeName`); values are taken verbatim (trimmed); the
-//! empty selector matches everything. Which fields a kind supports is the server's business,
-//! not this grammar's.
+//! segments (`metadata.name`, `spec.nodeName`); values are read as the API server reads them
+//! (`fields.ParseSelector`): requirements split at commas not escaped with `\`, a requirement
+//! at its first operator, and in a value `\\`, `\,` and `\=` stand for `\`, `,` and `=` while
+//! any other escape, or a bare `=`, is an error; the string form escapes them back, so it
+//! parses to the same selector. Paths and values are trimmed of surrounding spaces; the empty
+//! selector matches everything. Which fields a kind supports is the server's business, not
+//! this grammar's.
 
 use std::fmt;
 
@@ -17,6 +21,9 @@ pub enum FieldSelectorError {
     /// A field that is not a dotted path.
     #[error("`{field}` in field selector `{selector}` is not a field path like `metadata.name`")]
     BadPath { selector: String, field: String },
+    /// A value with an unknown escape, or a `=` not escaped.
+    #[error("`{requirement}` in field selector `{selector}`: {reason} (escape `\\`, `,` and `=` with `\\`)")]
+    BadValue { selector: String, requirement: String, reason: String },
 }
 
 /// One requirement: the field at `path` equals (or not) `value`.
@@ -64,13 +71,9 @@ impl FieldSelector {
         if selector.trim().is_empty() {
             return Ok(Self::default());
         }
-        for part in selector.split(',') {
+        for part in split_terms(selector) {
             let part = part.trim();
-            let (path, value, equal) = if let Some((k, v)) = part.split_once("!=") {
-                (k, v, false)
-            } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
-                (k, v, true)
-            } else {
+            let Some((path, op, value)) = split_term(part) else {
                 return Err(FieldSelectorError::NoOperator {
                     selector: selector.to_owned(),
                     requirement: part.to_owned(),
@@ -85,11 +88,12 @@ impl FieldSelector {
                     field: path.to_owned(),
                 });
             }
-            requirements.push(FieldRequirement {
-                path: path.to_owned(),
-                value: value.trim().to_owned(),
-                equal,
-            });
+            let value = unescape(value.trim()).map_err(|reason| FieldSelectorError::BadValue {
+                selector: selector.to_owned(),
+                requirement: part.to_owned(),
+                reason,
+            })?;
+            requirements.push(FieldRequirement { path: path.to_owned(), value, equal: op != "!=" });
         }
         Ok(Self { requirements })
     }
@@ -123,6 +127,55 @@ impl std::str::FromStr for FieldSelector {
     }
 }
 
+/// The requirements of `selector`: split at each comma not escaped with a backslash (the
+/// escape is kept, for [`unescape`]).
+fn split_terms(selector: &str) -> Vec<&str> {
+    let mut terms = Vec::new();
+    let (mut start, mut escaped) = (0, false);
+    for (i, c) in selector.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            ',' => {
+                terms.push(&selector[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&selector[start..]);
+    terms
+}
+
+/// `path`, operator and raw value of one requirement, split at the first place an operator
+/// starts (`!=`, then `==`, then `=` tried there): a path has no escapes.
+fn split_term(term: &str) -> Option<(&str, &'static str, &str)> {
+    term.char_indices().find_map(|(i, _)| {
+        ["!=", "==", "="]
+            .into_iter()
+            .find(|op| term[i..].starts_with(op))
+            .map(|op| (&term[..i], op, &term[i + op.len()..]))
+    })
+}
+
+/// A value as written (`\\`, `\,` and `\=` escapes) → the value.
+fn unescape(raw: &str) -> Result<String, String> {
+    let mut value = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('\\' | ',' | '=')) => value.push(e),
+                Some(e) => return Err(format!("invalid escape sequence `\\{e}`")),
+                None => return Err("the value ends with a lone `\\`".to_owned()),
+            },
+            ',' | '=' => return Err(format!("`{c}` in a value must be escaped")),
+            c => value.push(c),
+        }
+    }
+    Ok(value)
+}
+
 impl fmt::Display for FieldSelector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, r) in self.requirements.iter().enumerate() {
@@ -130,7 +183,13 @@ impl fmt::Display for FieldSelector {
                 f.write_str(",")?;
             }
             let op = if r.equal { "=" } else { "!=" };
-            write!(f, "{}{op}{}", r.path, r.value)?;
+            write!(f, "{}{op}", r.path)?;
+            for c in r.value.chars() {
+                if matches!(c, '\\' | ',' | '=') {
+                    f.write_str("\\")?;
+                }
+                write!(f, "{c}")?;
+            }
         }
         Ok(())
     }
@@ -168,10 +227,31 @@ mod tests {
         }
     }
 
+    /// Found by the `field_selector` fuzz target: `a==b==c` was read as the value `b==c`,
+    /// written back as `a=b==c`, which did not parse. The API server refuses a bare `=` in a
+    /// value, and splits at the first operator.
+    #[test]
+    fn values_are_read_and_written_with_the_api_servers_escapes() {
+        let error = FieldSelector::parse("status.phase==Ru==ing").unwrap_err().to_string();
+        assert!(error.contains("`=` in a value must be escaped"), "{error}");
+        assert!(FieldSelector::parse("a=b!=c").is_err());
+        let s = FieldSelector::parse(r"metadata.name=a\,b\=c\\d,spec.x!=\,").unwrap();
+        assert_eq!(s.requirements()[0].value(), r"a,b=c\d");
+        assert_eq!((s.requirements()[1].value(), s.requirements()[1].equal()), (",", false));
+        assert_eq!(s.to_string(), r"metadata.name=a\,b\=c\\d,spec.x!=\,");
+        assert_eq!(FieldSelector::parse(&s.to_string()).unwrap(), s);
+        assert!(FieldSelector::parse("a=x!=y").is_err(), "split at the first operator: the path is `a`");
+        for bad in [r"a=\n", r"a=b\", "a==="] {
+            let error = FieldSelector::parse(bad).unwrap_err();
+            assert!(matches!(error, FieldSelectorError::BadValue { .. }), "{bad:?}: {error}");
+        }
+        assert!(FieldSelector::parse("a!==b").unwrap_err().to_string().contains("escaped"));
+    }
+
     proptest! {
         /// The canonical form parses back to the same selector.
         #[test]
-        fn display_round_trips(parts in proptest::collection::vec(("[a-z]{1,5}(\\.[a-zA-Z0-9]{1,5}){0,2}", "[a-z0-9-]{0,5}", any::<bool>()), 0..4)) {
+        fn display_round_trips(parts in proptest::collection::vec(("[a-z]{1,5}(\\.[a-zA-Z0-9]{1,5}){0,2}", "[a-z0-9-]{0,3}(\\\\[,=\\\\])?[a-z]{0,2}", any::<bool>()), 0..4)) {
             let text = parts.iter().map(|(p, v, eq)| format!("{p}{}{v}", if *eq { "=" } else { "!=" })).collect::<Vec<_>>().join(",");
             let sel = FieldSelector::parse(&text).unwrap();
             prop_assert_eq!(FieldSelector::parse(&sel.to_string()).unwrap(), sel);

@@ -20,6 +20,8 @@
 //! ```
 
 mod field;
+#[doc(hidden)]
+pub mod fuzzing;
 mod label;
 mod labels;
 mod names;

@@ -12,6 +12,8 @@
 //!   plugins next to their TOMLs in `examples/plugins/`; then the TypeScript and Python
 //!   guests (`guests/ts`, `guests/python`) when Node and Python are installed.
 //! - `cargo xtask ci`    — what `.ci/run` checks: formatting, clippy, then `test`.
+//! - `cargo xtask fuzz [--seconds N] [TARGET...]` — build the fuzz targets of `fuzz/` and run
+//!   each (or the ones named) for N seconds (default 60); see `fuzz.rs`.
 //! - `cargo xtask bench [--quick] [anchors]` — every benchmark, writing `docs/benchmarks.md`,
 //!   or only the tables next to kube-rs, client-go and controller-runtime; `--quick` is a
 //!   reduced-size smoke run (see `bench.rs`).
@@ -26,6 +28,7 @@ use wasmctrl_testkit::realserver::{self, BACKEND_ENV, KUBECONFIG_ENV, RealServer
 mod bench;
 mod bench_report;
 mod bench_summary;
+mod fuzz;
 
 mod doc_paths;
 mod guest_langs;
@@ -57,6 +60,7 @@ fn main() -> Result<()> {
             test(&root, &[])?;
             test_real(&root, &[])
         }
+        "fuzz" => fuzz::fuzz(&root, &rest),
         "real-cluster" => real_cluster(&root, &rest),
         "test-real" => {
             build_guests(&root)?;
@@ -64,7 +68,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo|test|test-real|real-cluster|build-guests|check-docs|ci|bench> [args]"
+                "usage: cargo xtask <demo|test|test-real|real-cluster|build-guests|check-docs|ci|bench|fuzz> [args]"
             );
             eprintln!(
                 "  demo          build the example plugins and run the host on the embedded dev cluster"
@@ -81,6 +85,9 @@ fn main() -> Result<()> {
             );
             eprintln!("  check-docs    check that every repository path the documentation names exists");
             eprintln!("  ci            check-docs, cargo fmt --check, cargo clippy -D warnings, then test");
+            eprintln!(
+                "  fuzz          build the fuzz targets (nightly) and run each for --seconds N (default 60); or name targets"
+            );
             eprintln!(
                 "  bench         run every benchmark (release) and write docs/benchmarks.md; `bench anchors`: only the tables vs kube-rs, client-go, controller-runtime; `--quick`: a reduced-size smoke run"
             );
@@ -107,7 +114,11 @@ fn project_root() -> PathBuf {
 /// see them change between `cargo xtask ...` and plain `cargo ...`, and rebuild everything
 /// that depends on them each time one follows the other.
 fn cargo() -> Command {
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    without_cargo_run_env(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())))
+}
+
+/// `cmd` without the variables `cargo run` gave this process (see [`cargo`]).
+fn without_cargo_run_env(mut cmd: Command) -> Command {
     for (key, _) in std::env::vars_os() {
         let Some(key) = key.to_str() else { continue };
         let from_cargo_run = key.starts_with("CARGO_PKG_")
@@ -287,7 +298,8 @@ fn lint(root: &Path) -> Result<()> {
 /// `sandbox_runtime` ends a sleeping plugin call on the loss of a real Lease; `sandbox` runs
 /// the adversarial plugins; `oci` runs a plugin pulled from a registry, hot-reloaded as its
 /// tag moves; `sharding` runs `wasmctrl` replicas through kills, joins, restarts and a
-/// partition.
+/// partition; `hostile_input` and `endpoint` are the reflector's caps and the endpoint's
+/// authorization.
 const BACKEND_AWARE_SUITES: &[&str] = &[
     "informer",
     "controller",
@@ -302,6 +314,8 @@ const BACKEND_AWARE_SUITES: &[&str] = &[
     "admission",
     "oci",
     "sharding",
+    "hostile_input",
+    "endpoint",
 ];
 
 /// Builds the real API server, timing the build.

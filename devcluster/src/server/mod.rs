@@ -11,13 +11,14 @@
 //!
 //! One file per concept: `routing` (the axum router, authentication, the resource path
 //! grammar), `discovery`, `verbs` (a resolved path onto the store), `list` (list options and
-//! selectors), `table` (output formats), `patch`, `watch`, and `request` (what a handler knows
-//! about one request).
+//! selectors), `table` (output formats), `patch`, `watch`, `review` (token and access reviews)
+//! and `request` (what a handler knows about one request).
 
 mod discovery;
 mod list;
 mod patch;
 mod request;
+mod review;
 mod routing;
 mod table;
 mod verbs;

@@ -2,7 +2,8 @@
 //!
 //! Invariants:
 //! - `/healthz`, `/livez` and `/readyz` answer without a token; every other path, including
-//!   unknown ones, first passes authentication (401) and then fault injection.
+//!   unknown ones, first passes authentication (401; the token compared in constant time)
+//!   and then fault injection.
 //! - A failed request is logged once (debug, with method and path), after its handler.
 //! - Discovery and OpenAPI paths are axum routes. The resources are two axum routes, one per
 //!   prefix (`/api/{version}/…` and `/apis/{group}/{version}/…`), whose tail is resolved by
@@ -19,11 +20,11 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{any, get};
+use axum::routing::{any, get, post};
 use http::{HeaderValue, header};
 
 use super::request::{Ctx, ResReq, parse_query};
-use super::{AppState, discovery, error_response, verbs};
+use super::{AppState, discovery, error_response, review, verbs};
 use crate::error::ApiError;
 
 /// Largest request body accepted.
@@ -39,6 +40,11 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
         .route("/apis", get(discovery::groups).fallback(not_found))
         .route("/apis/{group}", get(discovery::group).fallback(not_found))
         .route("/apis/{group}/{version}", get(discovery::group_resources).fallback(not_found))
+        .route("/apis/authentication.k8s.io/v1/tokenreviews", post(review::token_review).fallback(not_found))
+        .route(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            post(review::subject_access_review).fallback(not_found),
+        )
         .route("/apis/{group}/{version}/{*rest}", any(resource))
         .route("/openapi/v3", get(discovery::openapi).fallback(not_found))
         .route("/openapi/v3/api/{version}", get(discovery::openapi_core).fallback(not_found))
@@ -71,7 +77,7 @@ async fn authenticate(State(st): State<Arc<AppState>>, req: Request, next: Next)
         .get(header::AUTHORIZATION)
         .and_then(|h| h.to_str().ok())
         .and_then(|h| h.strip_prefix("Bearer "))
-        .is_some_and(|t| t.trim() == st.token);
+        .is_some_and(|t| review::token_matches(t.trim(), &st.token));
     if !authorized {
         return error_response(&ApiError::unauthorized());
     }

@@ -1,10 +1,11 @@
 //! Integration tests of the dev cluster, in one binary: kube-rs as a client for every verb
-//! (`kube_client`), kubectl as a real client (`kubectl`), and concurrent writers/watchers
-//! (`concurrency`).
+//! (`kube_client`), kubectl as a real client (`kubectl`), concurrent writers/watchers
+//! (`concurrency`) and what it gives a local user (`local_security`).
 
 mod concurrency;
 mod kube_client;
 mod kubectl;
+mod local_security;
 
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 

@@ -33,8 +33,8 @@ mod units;
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
 pub use host::{
     AdmissionServerToml, ClusterConfig, ClusterMode, ClusterToml, DEFAULT_VIRTUAL_NODES, DefaultsToml,
-    HostConfig, HostToml, LeaderElectionConfig, LeaderElectionToml, OciConfig, OciToml, ServerToml,
-    ServiceToml, ShardingConfig, ShardingMode, ShardingToml,
+    HostConfig, HostToml, LeaderElectionConfig, LeaderElectionToml, OciConfig, OciToml, ServerAuth,
+    ServerAuthMode, ServerToml, ServiceToml, ShardingConfig, ShardingMode, ShardingToml, TlsFiles,
 };
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{

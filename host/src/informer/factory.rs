@@ -156,11 +156,18 @@ pub struct FactoryOptions {
     pub page_size: u32,
     /// Backoff between failed list/watch attempts.
     pub backoff: BackoffConfig,
+    /// The longest watch event or list item the reflectors accept.
+    pub max_object_size: usize,
 }
 
 impl Default for FactoryOptions {
     fn default() -> Self {
-        Self { transform: Transform::default(), page_size: 500, backoff: BackoffConfig::default() }
+        Self {
+            transform: Transform::default(),
+            page_size: 500,
+            backoff: BackoffConfig::default(),
+            max_object_size: crate::source::DEFAULT_MAX_OBJECT_SIZE,
+        }
     }
 }
 
@@ -339,6 +346,7 @@ impl InformerFactory {
                 page_size: options.page_size,
                 backoff: options.backoff,
                 transform: key.transform,
+                max_object_size: options.max_object_size,
                 ..ReflectorConfig::default()
             },
         );

@@ -57,6 +57,8 @@ pub mod compile_process;
 mod config;
 pub mod engine;
 mod events;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gate;
 mod idle;
 pub mod inspect;

@@ -15,6 +15,8 @@
 //!   assignment Lease: `get`, `list`, `watch`, `create`, `update`, `patch`, and `delete` for
 //!   the assignment role's clean-up), as a Role in the ring's namespace; in label mode also
 //!   `patch` on every `for` kind (the assignment role labels those objects);
+//! - with `[server] auth = "kubernetes"`, `create` on TokenReviews and SubjectAccessReviews (the
+//!   endpoint asks the API server who may read it), as a ClusterRole `<name>-endpoint-auth`.
 //! - when the host writes webhook configurations and a plugin admits, `get`/`create`/
 //!   `patch`/`update`/`delete` on Validating/MutatingWebhookConfigurations, as a ClusterRole
 //!   of its own (they are cluster-scoped).
@@ -62,6 +64,8 @@ pub struct RbacOptions {
     pub leader_election: Option<LeaderElectionConfig>,
     /// Adds a Role for the ring's Leases (and, in label mode, `patch` on `for` kinds) when set.
     pub sharding: Option<ShardingConfig>,
+    /// Adds a ClusterRole for the endpoint's token and access reviews when set.
+    pub endpoint_auth: bool,
     /// The host writes the admitting plugins' webhook configurations (`[admission]
     /// manage-configurations`): adds a ClusterRole for them when a plugin admits.
     pub webhook_configurations: bool,
@@ -76,6 +80,7 @@ impl Default for RbacOptions {
             cluster_scope: None,
             leader_election: None,
             sharding: None,
+            endpoint_auth: false,
             webhook_configurations: false,
         }
     }
@@ -294,6 +299,32 @@ pub fn rbac_for(
             role_ref: RoleRef {
                 api_group: String::from("rbac.authorization.k8s.io").into(),
                 kind: "Role".into(),
+                name,
+            },
+            subjects: Some(vec![subject.clone()]),
+        }));
+    }
+    if options.endpoint_auth {
+        let name = format!("{}-endpoint-auth", options.name);
+        let create = |group: &str, resource: &str| PolicyRule {
+            api_groups: Some(vec![group.into()]),
+            resources: Some(vec![resource.into()]),
+            verbs: vec!["create".into()],
+            ..Default::default()
+        };
+        objects.push(RbacObject::ClusterRole(ClusterRole {
+            metadata: meta(&name, None),
+            rules: Some(vec![
+                create("authentication.k8s.io", "tokenreviews"),
+                create("authorization.k8s.io", "subjectaccessreviews"),
+            ]),
+            ..Default::default()
+        }));
+        objects.push(RbacObject::ClusterRoleBinding(ClusterRoleBinding {
+            metadata: meta(&name, None),
+            role_ref: RoleRef {
+                api_group: String::from("rbac.authorization.k8s.io").into(),
+                kind: "ClusterRole".into(),
                 name,
             },
             subjects: Some(vec![subject.clone()]),

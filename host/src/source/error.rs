@@ -29,6 +29,13 @@ pub enum ReflectorError {
     /// The list or watch request could not be built (e.g. a selector kube refuses).
     #[error("cannot build the request: {0}")]
     Request(String),
+    /// A watch event, list item or list envelope is longer than the reflector accepts
+    /// (`max_object_size`): the watch ends and the reflector relists, or the list fails and
+    /// is retried, after a backoff.
+    #[error(
+        "{what} of at least {len} bytes is over the limit of {limit} bytes (`max-object-size` in the host TOML's [cluster] table)"
+    )]
+    TooLarge { what: &'static str, len: usize, limit: usize },
 }
 
 impl ReflectorError {
@@ -50,7 +57,9 @@ impl ReflectorError {
         match self {
             ReflectorError::Transport(_) | ReflectorError::Decode(_) => true,
             ReflectorError::Status { code, .. } => *code == 429 || *code >= 500,
-            ReflectorError::UndecodableEvent(_) | ReflectorError::Request(_) => false,
+            ReflectorError::UndecodableEvent(_)
+            | ReflectorError::Request(_)
+            | ReflectorError::TooLarge { .. } => false,
         }
     }
 

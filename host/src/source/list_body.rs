@@ -14,6 +14,10 @@
 //! - The splitter finds only structure (strings, nesting, the `items` member); it does not
 //!   validate. Each item is parsed by its consumer and the envelope by serde, so malformed
 //!   JSON is still refused, and nothing here can panic on any input.
+//! - No item and no envelope longer than the cap is handed on or kept: one that grows past it
+//!   is refused as soon as it does, so what the splitter holds is bounded by the cap however
+//!   the server shapes the body (the list itself is bounded only by how many items it has;
+//!   each goes to the consumer as it completes).
 //!
 //! No well-kept crate splits a JSON array's elements out of a body that arrives in pieces
 //! without building them (serde_json's `StreamDeserializer` reads a sequence of top-level
@@ -29,6 +33,8 @@ pub enum ListBodyError {
     Unbalanced,
     #[error("list body ended inside {0}")]
     Truncated(&'static str),
+    #[error("list body: {what} of at least {len} bytes is over the limit of {limit} bytes")]
+    TooLarge { what: &'static str, len: usize, limit: usize },
 }
 
 /// Where the splitter is in the body's structure.
@@ -55,10 +61,13 @@ pub struct ListBodySplitter {
     in_string: bool,
     /// The previous byte (in a string) was a backslash.
     escaped: bool,
+    /// The longest item, and the longest envelope, accepted.
+    max: usize,
 }
 
-impl Default for ListBodySplitter {
-    fn default() -> Self {
+impl ListBodySplitter {
+    /// A splitter refusing items (and an envelope) longer than `max` bytes.
+    pub fn new(max: usize) -> Self {
         Self {
             buf: Vec::new(),
             envelope: Vec::with_capacity(256),
@@ -66,11 +75,10 @@ impl Default for ListBodySplitter {
             depth: 0,
             in_string: false,
             escaped: false,
+            max,
         }
     }
-}
 
-impl ListBodySplitter {
     /// Feeds the next bytes of the body; calls `item` with each item completed by them.
     pub fn push(&mut self, data: &[u8], mut item: impl FnMut(&[u8])) -> Result<(), ListBodyError> {
         // Scanning goes over `data`; only an item cut by the end of a piece is copied (into
@@ -82,6 +90,11 @@ impl ListBodySplitter {
                     let start = i;
                     let (end, done) = self.scan_item(data, i);
                     i = end;
+                    let len = self.buf.len().saturating_add(end - start);
+                    if len > self.max {
+                        self.buf = Vec::new();
+                        return Err(ListBodyError::TooLarge { what: "an item", len, limit: self.max });
+                    }
                     if done && self.buf.is_empty() {
                         // The whole item is in this piece: no copy.
                         item(&data[start..end]);
@@ -106,6 +119,14 @@ impl ListBodySplitter {
                         }
                         b']' => {
                             self.depth -= 1;
+                            if self.envelope.len() >= self.max {
+                                let len = self.envelope.len() + 1;
+                                return Err(ListBodyError::TooLarge {
+                                    what: "the envelope",
+                                    len,
+                                    limit: self.max,
+                                });
+                            }
                             self.envelope.push(b']');
                             self.place = Place::Envelope;
                             i += 1;
@@ -116,6 +137,10 @@ impl ListBodySplitter {
                 Place::Envelope => {
                     let start = i;
                     let end = self.scan_envelope(data, i)?;
+                    let len = self.envelope.len().saturating_add(end - start);
+                    if len > self.max {
+                        return Err(ListBodyError::TooLarge { what: "the envelope", len, limit: self.max });
+                    }
                     self.envelope.extend_from_slice(&data[start..end]);
                     i = end;
                 }
@@ -236,7 +261,11 @@ mod tests {
 
     /// Splits `body` fed in pieces of `chunk` bytes: (items, envelope).
     fn split(body: &[u8], chunk: usize) -> Result<(Vec<String>, String), ListBodyError> {
-        let mut s = ListBodySplitter::default();
+        split_capped(body, chunk, usize::MAX)
+    }
+
+    fn split_capped(body: &[u8], chunk: usize, max: usize) -> Result<(Vec<String>, String), ListBodyError> {
+        let mut s = ListBodySplitter::new(max);
         let mut items = Vec::new();
         for piece in body.chunks(chunk.max(1)) {
             s.push(piece, |i| items.push(String::from_utf8_lossy(i).into_owned()))?;
@@ -293,6 +322,56 @@ mod tests {
         assert_eq!(split(br#"{"metadata":{"#, 4), Err(ListBodyError::Truncated("the list")));
         assert_eq!(split(br#"{"kind":"x"#, 4), Err(ListBodyError::Truncated("a string")));
         assert_eq!(split(b"}", 1), Err(ListBodyError::Unbalanced));
+    }
+
+    #[test]
+    fn items_and_envelope_at_the_cap_pass_and_longer_ones_are_refused() {
+        let body = br#"{"metadata":{},"items":[{"a":"0123456789"},{"b":1}]}"#;
+        // The first item is 18 bytes, the envelope `{"metadata":{},"items":[]}` 26.
+        for chunk in 1..=body.len() {
+            let (items, envelope) = split_capped(body, chunk, 26).unwrap();
+            assert_eq!(items, [r#"{"a":"0123456789"}"#, r#"{"b":1}"#]);
+            assert_eq!(envelope, r#"{"metadata":{},"items":[]}"#);
+            let error = split_capped(body, chunk, 25).unwrap_err();
+            assert!(
+                matches!(error, ListBodyError::TooLarge { what: "the envelope", len: 26, limit: 25 }),
+                "chunk {chunk}: {error:?}"
+            );
+            // `{"items":[]}` is 12 bytes: the item is what is too long.
+            let error = split_capped(br#"{"items":[{"a":"0123456789"}]}"#, chunk, 17).unwrap_err();
+            assert!(
+                matches!(error, ListBodyError::TooLarge { what: "an item", len, limit: 17 } if len > 17),
+                "chunk {chunk}: {error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_item_or_envelope_that_never_ends_is_refused_once_past_the_cap() {
+        let piece = [b'x'; 300];
+        let mut s = ListBodySplitter::new(1000);
+        s.push(br#"{"items":[{"a":""#, |_| panic!("no item completes")).unwrap();
+        let mut pushes = 0;
+        let error = loop {
+            pushes += 1;
+            if let Err(e) = s.push(&piece, |_| panic!("no item completes")) {
+                break e;
+            }
+            assert!(s.buf.len() <= 1000, "kept bytes stay under the cap");
+        };
+        assert_eq!(pushes, 4);
+        assert_eq!(error, ListBodyError::TooLarge { what: "an item", len: 1206, limit: 1000 });
+        assert!(s.buf.is_empty(), "nothing of the refused item is kept");
+
+        let mut s = ListBodySplitter::new(1000);
+        s.push(br#"{"x":""#, |_| {}).unwrap();
+        let error = loop {
+            if let Err(e) = s.push(&piece, |_| {}) {
+                break e;
+            }
+            assert!(s.envelope.len() <= 1000, "kept bytes stay under the cap");
+        };
+        assert_eq!(error, ListBodyError::TooLarge { what: "the envelope", len: 1206, limit: 1000 });
     }
 
     fn json_string() -> impl Strategy<Value = String> {

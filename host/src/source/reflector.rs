@@ -24,6 +24,12 @@
 //!   backoff the reflector relists (client-go: the stream decoder's error ends the watch
 //!   with an internal error, and the reflector lists again), so the cache never silently
 //!   misses a change; a truncated last line when the stream ends is a normal close;
+//! - a watch event, list item or list envelope longer than `max_object_size` is refused as
+//!   soon as it grows past it ([`ReflectorError::TooLarge`]): a watch ends and is followed by
+//!   a backoff and a relist, a list fails and is retried after a backoff. The reflector never
+//!   holds more than that of one event or item, nor more than [`MAX_STATUS_BODY`] of a
+//!   failure response, whatever the server sends (a list's items are handed on one by one as
+//!   they arrive, so a list as a whole is bounded only by the objects it holds);
 //! - objects are decoded as leniently as the API server allows (missing or `null` optional
 //!   fields read as empty) and transformed ([`Transform`]: managedFields dropped by default)
 //!   before they are queued.
@@ -50,9 +56,10 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::{Backoff, BackoffConfig};
 use super::discovery::ApiResource;
 use super::error::{ReflectorError, StatusBody, status_error};
-use super::list_body::ListBodySplitter;
+use super::list_body::{ListBodyError, ListBodySplitter};
 use super::machine::{self, Effect, ListFrom, Outcome, State, Wait};
 use super::requests::Requests;
+use super::watch_lines::{WatchLines, WatchLinesError};
 use crate::fifo::{Delta, DeltaFifo};
 use crate::object::{DeletedObject, Object, ObjectError, Transform};
 
@@ -73,7 +80,18 @@ pub struct ReflectorConfig {
     pub backoff: BackoffConfig,
     /// What to strip before caching.
     pub transform: Transform,
+    /// The longest watch event line, list item or list envelope accepted, in bytes.
+    pub max_object_size: usize,
 }
+
+/// Default of [`ReflectorConfig::max_object_size`]: well above the largest object an API
+/// server stores (etcd's default request limit is 1.5 MiB; an object's JSON, with base64
+/// data and managedFields, may be about twice its stored size).
+pub const DEFAULT_MAX_OBJECT_SIZE: usize = 16 << 20;
+
+/// The most of a failure response's body read (an API server's `Status` is a few hundred
+/// bytes; the rest of a longer body is dropped unread).
+pub const MAX_STATUS_BODY: usize = 64 << 10;
 
 impl Default for ReflectorConfig {
     fn default() -> Self {
@@ -85,6 +103,7 @@ impl Default for ReflectorConfig {
             watch_timeout: (Duration::from_secs(300), Duration::from_secs(600)),
             backoff: BackoffConfig::default(),
             transform: Transform::default(),
+            max_object_size: DEFAULT_MAX_OBJECT_SIZE,
         }
     }
 }
@@ -174,8 +193,12 @@ impl Reflector {
         Self { client, resource, config, requests }
     }
 
+    /// The resource as logs name it, with its namespace scope.
     fn name(&self) -> String {
-        format!("{}/{}", self.resource.api_version, self.resource.kind)
+        match &self.config.namespace {
+            Some(ns) => format!("{}/{} in {ns}", self.resource.api_version, self.resource.kind),
+            None => format!("{}/{}", self.resource.api_version, self.resource.kind),
+        }
     }
 
     /// Runs until `cancel`: performs the state machine's effects and feeds their outcomes
@@ -263,7 +286,7 @@ impl Reflector {
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs)
             .or((status.as_u16() == 429).then_some(Duration::from_secs(1)));
-        let body = collect(response).await.unwrap_or_default();
+        let body = read_capped(response.into_body(), MAX_STATUS_BODY).await;
         Err(status_error(status.as_u16(), &body, retry_after))
     }
 
@@ -297,7 +320,7 @@ impl Reflector {
                 Err(e) => return Err(e),
             };
             // Items are decoded as their bytes arrive: the page's body is never held whole.
-            let mut splitter = ListBodySplitter::default();
+            let mut splitter = ListBodySplitter::new(self.config.max_object_size);
             let mut body = response.into_body();
             // An item that is not even JSON means a broken body: the whole list fails (and is
             // retried), as when the body was parsed whole. A JSON item that is no object we
@@ -317,12 +340,12 @@ impl Reflector {
                             tracing::warn!(resource = %self.name(), %error, "skipping malformed list item")
                         }
                     })
-                    .map_err(|e| ReflectorError::Decode(e.to_string()))?;
+                    .map_err(list_body_error)?;
                 if let Some(error) = broken.take() {
                     return Err(ReflectorError::Decode(error));
                 }
             }
-            let envelope = splitter.finish().map_err(|e| ReflectorError::Decode(e.to_string()))?;
+            let envelope = splitter.finish().map_err(list_body_error)?;
             let parsed: ListEnvelope = serde_json::from_slice(&envelope)
                 .map_err(|e| ReflectorError::Decode(format!("list page: {e}")))?;
             let list_rv = parsed.metadata.resource_version.unwrap_or_default();
@@ -360,8 +383,8 @@ impl Reflector {
                 fifo.note_progress(rv, changed);
             }
         };
-        // The start of an event line split across frames (see below).
-        let mut buf: Vec<u8> = Vec::new();
+        let decoder = self.decoder();
+        let mut lines = WatchLines::new(self.config.max_object_size);
         let mut events = 0usize;
         // The changes of one network frame go to the FIFO together (one lock, one wake-up).
         let mut changes: Vec<Delta> = Vec::new();
@@ -378,42 +401,33 @@ impl Reflector {
                     Err(_) => continue, // trailers
                 },
             };
-            // Lines are decoded where they lie in the frame; only a line split across frames
-            // is copied, into `buf`, to be joined with its rest.
-            let mut rest: &[u8] = &data;
-            if !buf.is_empty() {
-                let Some(nl) = memchr::memchr(b'\n', rest) else {
-                    buf.extend_from_slice(rest);
-                    continue;
-                };
-                buf.extend_from_slice(&rest[..nl]);
-                rest = &rest[nl + 1..];
-                let joined = self.handle_event(&buf, &mut changes, rv);
-                buf.clear();
-                if let Err(end) = joined {
-                    push(changes, rv);
-                    return end;
-                }
+            let mut completed = false;
+            let split = lines.push(&data, |line| {
+                completed = true;
+                decoder.decode(line, &mut changes, rv)?;
                 events += 1;
+                Ok(())
+            });
+            // What the frame completed goes in, even when a later line ended the watch; a
+            // frame that only continued a line changed nothing.
+            if completed {
+                push(std::mem::take(&mut changes), rv);
             }
-            while let Some(nl) = memchr::memchr(b'\n', rest) {
-                let line = &rest[..nl];
-                rest = &rest[nl + 1..];
-                if let Err(end) = self.handle_event(line, &mut changes, rv) {
-                    push(changes, rv);
-                    return end;
+            match split {
+                Ok(()) => {}
+                Err(WatchLinesError::Line(error)) => return WatchEnd::Failed(error),
+                Err(WatchLinesError::TooLong { len, limit }) => {
+                    return WatchEnd::Failed(ReflectorError::TooLarge { what: "a watch event", len, limit });
                 }
-                events += 1;
             }
-            buf.extend_from_slice(rest);
-            push(std::mem::take(&mut changes), rv);
         }
-        if buf.iter().any(|b| !b.is_ascii_whitespace()) {
+        let rest = lines.rest();
+        if rest.iter().any(|b| !b.is_ascii_whitespace()) {
             // The stream ended inside an event (client-go: an unexpected EOF closes the
             // watch quietly); a complete event the server sent without a newline is kept.
-            match self.handle_event(&buf, &mut changes, rv) {
+            match decoder.decode(rest, &mut changes, rv) {
                 Ok(()) => events += 1,
-                Err(_) => tracing::debug!(resource = %self.name(), bytes = buf.len(),
+                Err(_) => tracing::debug!(resource = %self.name(), bytes = rest.len(),
                     "watch stream ended inside an event; re-watching"),
             }
             push(changes, rv);
@@ -421,8 +435,30 @@ impl Reflector {
         WatchEnd::Closed { events }
     }
 
+    fn decoder(&self) -> EventDecoder<'_> {
+        EventDecoder {
+            type_meta: (self.resource.api_version.as_str(), self.resource.kind.as_str()),
+            transform: self.config.transform,
+        }
+    }
+}
+
+/// Reads watch event lines of one kind into FIFO changes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EventDecoder<'a> {
+    /// `apiVersion` and `kind` of the watched resource (set on objects that lack them).
+    pub type_meta: (&'a str, &'a str),
+    pub transform: Transform,
+}
+
+impl EventDecoder<'_> {
     /// Decodes one watch event line into `changes`, advancing `rv`. `Err` ends the watch.
-    fn handle_event(&self, line: &[u8], changes: &mut Vec<Delta>, rv: &mut String) -> Result<(), WatchEnd> {
+    pub(crate) fn decode(
+        &self,
+        line: &[u8],
+        changes: &mut Vec<Delta>,
+        rv: &mut String,
+    ) -> Result<(), ReflectorError> {
         if line.iter().all(|b| b.is_ascii_whitespace()) {
             return Ok(());
         }
@@ -437,17 +473,14 @@ impl Reflector {
         }
         let event: WatchEvent<'_> = match serde_json::from_slice(line) {
             Ok(e) => e,
-            Err(e) => return Err(WatchEnd::Failed(ReflectorError::UndecodableEvent(e.to_string()))),
+            Err(e) => return Err(ReflectorError::UndecodableEvent(e.to_string())),
         };
         match &*event.kind {
             "ADDED" | "MODIFIED" | "DELETED" => match self.build(event.object.get().as_bytes()) {
                 Ok(obj) => push_change(&event.kind, obj, changes, rv),
                 Err(error) => {
                     // Skipping it would leave the cache stale until the object changes again.
-                    return Err(WatchEnd::Failed(ReflectorError::UndecodableEvent(format!(
-                        "{} object: {error}",
-                        event.kind
-                    ))));
+                    return Err(ReflectorError::UndecodableEvent(format!("{} object: {error}", event.kind)));
                 }
             },
             "BOOKMARK" => {
@@ -460,18 +493,29 @@ impl Reflector {
             "ERROR" => {
                 let status: Option<StatusBody> = serde_json::from_str(event.object.get()).ok();
                 let code = status.as_ref().and_then(|s| s.code).unwrap_or(500);
-                return Err(WatchEnd::Failed(status_error(code, event.object.get().as_bytes(), None)));
+                return Err(status_error(code, event.object.get().as_bytes(), None));
             }
             other => {
-                tracing::warn!(resource = %self.name(), event = other, "unknown watch event type; ignored");
+                tracing::warn!(kind = self.type_meta.1, event = other, "unknown watch event type; ignored");
             }
         }
         Ok(())
     }
 
     fn build(&self, object: &[u8]) -> Result<Arc<Object>, crate::object::ObjectError> {
-        let type_meta = Some((self.resource.api_version.as_str(), self.resource.kind.as_str()));
-        Object::from_api_json(object, type_meta, self.config.transform).map(Arc::new)
+        Object::from_api_json(object, Some(self.type_meta), self.transform).map(Arc::new)
+    }
+}
+
+/// A list body that could not be split, as the reflector reports it.
+fn list_body_error(error: ListBodyError) -> ReflectorError {
+    match error {
+        ListBodyError::TooLarge { what, len, limit } => ReflectorError::TooLarge {
+            what: if what == "an item" { "a list item" } else { "a list envelope" },
+            len,
+            limit,
+        },
+        other => ReflectorError::Decode(other.to_string()),
     }
 }
 
@@ -506,29 +550,20 @@ fn split_event(line: &[u8]) -> Option<(&'static str, &[u8])> {
     (object.first() == Some(&b'{') && object.last() == Some(&b'}')).then_some((kind, object))
 }
 
-/// Largest buffer reserved up front from a response's declared length.
-const MAX_RESERVE: u64 = 1 << 30;
-
-/// A whole response body in one buffer. Each frame is copied in as it arrives, into a
-/// buffer sized from the response's `Content-Length` when it has one: `BodyExt::collect`
-/// keeps every frame and then copies them all into a second buffer, holding the body twice,
-/// which for an unpaged list of 100,000 objects is ~200 MB more at the moment a relist also
-/// holds the whole cache. (A chunked response grows the buffer as it comes.)
-async fn collect(response: http::Response<kube::client::Body>) -> Result<Bytes, ReflectorError> {
-    let declared = response
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .unwrap_or(0)
-        .min(MAX_RESERVE);
-    let mut body = response.into_body();
-    let mut buf = bytes::BytesMut::with_capacity(usize::try_from(declared).unwrap_or(0));
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.map_err(ReflectorError::Transport)?.into_data() {
-            buf.extend_from_slice(&data);
+/// At most `limit` bytes of `body` (a failure response's, read for its `Status`); the rest
+/// is left unread, and a body that fails midway gives what came before.
+async fn read_capped<B>(mut body: B, limit: usize) -> Bytes
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    let mut buf = bytes::BytesMut::new();
+    while buf.len() < limit {
+        let Some(Ok(frame)) = body.frame().await else { break };
+        if let Ok(data) = frame.into_data() {
+            buf.extend_from_slice(&data[..data.len().min(limit - buf.len())]);
         }
     }
-    Ok(buf.freeze())
+    buf.freeze()
 }
 
 /// Sleeps unless cancelled first; returns false when cancelled.
@@ -542,6 +577,45 @@ async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_failure_body_is_read_up_to_the_cap_and_no_further() {
+        // A body that never ends: reading stops at the cap.
+        let endless = http_body_util::StreamBody::new(futures::stream::repeat_with(|| {
+            Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(&[b'x'; 1000])))
+        }));
+        let read = read_capped(endless, 2500).await;
+        assert_eq!(read.len(), 2500);
+        let short = http_body_util::Full::new(Bytes::from_static(br#"{"code":500}"#));
+        assert_eq!(&read_capped(short, 2500).await[..], br#"{"code":500}"#);
+    }
+
+    #[test]
+    fn events_decode_into_changes_and_bookmarks_advance_the_version() {
+        let decoder = EventDecoder { type_meta: ("v1", "ConfigMap"), transform: Transform::default() };
+        let (mut changes, mut rv) = (Vec::new(), String::new());
+        decoder
+            .decode(
+                br#"{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"5"}}}"#,
+                &mut changes,
+                &mut rv,
+            )
+            .unwrap();
+        assert_eq!((changes.len(), rv.as_str()), (1, "5"));
+        decoder
+            .decode(
+                br#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}}"#,
+                &mut changes,
+                &mut rv,
+            )
+            .unwrap();
+        assert_eq!((changes.len(), rv.as_str()), (1, "9"));
+        assert!(matches!(
+            decoder.decode(br#"{"type":"ADDED","object":{"metadata":{}}}"#, &mut changes, &mut rv),
+            Err(ReflectorError::UndecodableEvent(_))
+        ));
+        assert!(decoder.decode(b"  ", &mut changes, &mut rv).is_ok());
+    }
 
     #[test]
     fn split_event_fast_path() {

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio_util::sync::CancellationToken;
-use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig};
+use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig, ServerAuth};
 use wasmctrl::controller::leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 use wasmctrl::informer::{FactoryOptions, InformerFactory};
 use wasmctrl::metrics::Metrics;
@@ -19,7 +19,7 @@ use wasmctrl::reload::{
     CheckOptions, EngineValidator, FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, RbacOptions,
     StatusBoard, check_paths, rbac_for, webhook_configurations_for,
 };
-use wasmctrl::server::{Readiness, StatusSource};
+use wasmctrl::server::{Access, KubernetesAuth, Readiness, ServerTls, StatusSource};
 use wasmctrl::shard::Sharding;
 #[cfg(feature = "embedded")]
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
@@ -154,11 +154,18 @@ async fn run_host(
 
     // The endpoint comes up first (liveness), reporting not-ready until plugins run.
     let status = Arc::new(LateStatus::default());
-    let (address, server) =
-        wasmctrl::server::serve(host.server_address, metrics.clone(), status.clone(), shutdown.clone())
-            .await
-            .with_context(|| format!("binding the metrics endpoint on {}", host.server_address))?;
-    tracing::info!(%address, "serving /metrics, /healthz, /readyz and /plugins");
+    let access = endpoint_access(&host, &client)?;
+    let scheme = if matches!(access, Access::Open) { "http" } else { "https" };
+    let (address, server) = wasmctrl::server::serve_with(
+        host.server_address,
+        access,
+        metrics.clone(),
+        status.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .with_context(|| format!("binding the metrics endpoint on {}", host.server_address))?;
+    tracing::info!(%address, %scheme, "serving /metrics, /healthz, /readyz and /plugins");
 
     let engine = PluginEngine::new(
         EngineConfig {
@@ -181,7 +188,13 @@ async fn run_host(
         Some(&metrics),
     )
     .context("configuring the WebAssembly engine")?;
-    let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
+    let factory = InformerFactory::new(
+        client.clone(),
+        FactoryOptions {
+            max_object_size: usize::try_from(host.max_object_size).unwrap_or(usize::MAX),
+            ..FactoryOptions::default()
+        },
+    );
     let identity = identity();
     let kube = KubeServices::with_discovery(
         client.clone(),
@@ -322,6 +335,23 @@ fn oci_source(host: &HostConfig) -> Result<OciSource> {
         verify_keys,
     };
     OciSource::new(options).context("setting up the registry client (`[oci]`)")
+}
+
+/// Who may read the endpoint, from `[server] auth`: with "kubernetes", the API server behind
+/// `client` reviews each request, over HTTPS with the configured or a self-signed certificate.
+fn endpoint_access(host: &HostConfig, client: &kube::Client) -> Result<Access> {
+    let ServerAuth::Kubernetes { tls } = &host.server_auth else { return Ok(Access::Open) };
+    let tls = match tls {
+        Some(files) => ServerTls::from_files(&files.cert, &files.key).context("[server] TLS certificate")?,
+        None => {
+            let mut names: Vec<String> = std::env::var("HOSTNAME").into_iter().collect();
+            if !host.server_address.ip().is_unspecified() {
+                names.push(host.server_address.ip().to_string());
+            }
+            ServerTls::self_signed(&names).context("[server] self-signed TLS certificate")?
+        }
+    };
+    Ok(Access::Kubernetes { auth: Arc::new(KubernetesAuth::new(client.clone())), tls })
 }
 
 /// Runs the plugins directory until `stop` is cancelled, then drains every plugin.
@@ -520,6 +550,7 @@ pub fn rbac(args: RbacArgs) -> Result<ExitCode> {
         cluster_scope: args.cluster_scope.then_some(true),
         leader_election: host.leader_election.clone(),
         sharding: host.sharding.clone(),
+        endpoint_auth: matches!(host.server_auth, ServerAuth::Kubernetes { .. }),
         webhook_configurations: host.admission.as_ref().is_some_and(|a| a.manage_configurations),
     };
     let manifests = rbac_for(&plugins, &options, &BuiltinKinds);

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 pub use admission::{AdmissionServerToml, ServiceToml};
 pub use schema::{
-    ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, OciToml, ServerToml, ShardingMode,
-    ShardingToml,
+    ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, OciToml, ServerAuthMode,
+    ServerToml, ShardingMode, ShardingToml,
 };
 pub use sharding::{DEFAULT_VIRTUAL_NODES, ShardingConfig};
 
@@ -45,6 +45,25 @@ pub enum ClusterConfig {
         context: Option<String>,
     },
     InCluster,
+}
+
+/// Who may read the host's HTTP endpoint, checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ServerAuth {
+    /// Plain HTTP; whoever can connect reads every path.
+    #[default]
+    None,
+    /// HTTPS; `/metrics` and `/plugins` need a bearer token the API server authenticates and
+    /// authorizes for `get` on the path. `tls`: the certificate and key files (`None`: a
+    /// self-signed certificate generated at start).
+    Kubernetes { tls: Option<TlsFiles> },
+}
+
+/// A PEM certificate chain and its private key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// Leader election, checked. Only present when enabled.
@@ -113,7 +132,10 @@ pub struct HostConfig {
     /// How long one compile may run.
     pub compile_timeout: Duration,
     pub cluster: ClusterConfig,
+    /// The longest watch event or list item accepted from the API server.
+    pub max_object_size: u64,
     pub server_address: SocketAddr,
+    pub server_auth: ServerAuth,
     pub leader_election: Option<LeaderElectionConfig>,
     /// `[sharding]`, only present when enabled.
     pub sharding: Option<ShardingConfig>,
@@ -161,7 +183,9 @@ impl HostConfig {
             max_instances_per_plugin: crate::plugin::DEFAULT_INSTANCES_PER_PLUGIN,
             compile_timeout: crate::plugin::DEFAULT_COMPILE_TIMEOUT,
             cluster: ClusterConfig::Embedded { seed: Vec::new(), state_file: None },
+            max_object_size: crate::source::DEFAULT_MAX_OBJECT_SIZE as u64,
             server_address: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            server_auth: ServerAuth::None,
             leader_election: None,
             sharding: None,
             plugin_defaults: PluginDefaults::default(),

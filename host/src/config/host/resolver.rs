@@ -10,14 +10,16 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::schema::{ClusterMode, HostToml};
-use super::{ClusterConfig, HostConfig, LeaderElectionConfig, OciConfig};
+use super::schema::{ClusterMode, HostToml, ServerAuthMode};
+use super::{ClusterConfig, HostConfig, LeaderElectionConfig, OciConfig, ServerAuth, TlsFiles};
 use crate::config::error::ConfigErrors;
 use crate::config::names::{is_dns_label, is_dns_subdomain};
 use crate::config::plugin::PluginDefaults;
 use crate::config::source::{PathSeg, SourceMap};
 use crate::config::units::{ByteSize, DurationValue};
 
+/// The smallest `[cluster] max-object-size` accepted.
+const MIN_MAX_OBJECT_SIZE: u64 = 64 << 10;
 /// The most instance slots a host TOML may ask for (each reserves address space for an
 /// instance's memories; this many stay well within a 47-bit address space).
 const MAX_INSTANCE_SLOTS: u32 = 4096;
@@ -146,6 +148,20 @@ pub(super) fn resolve(
         }
     };
 
+    let max_object_size = match c.max_object_size {
+        Some(m) if m.0 < MIN_MAX_OBJECT_SIZE => {
+            err(
+                &[key("cluster"), key("max-object-size")],
+                false,
+                format!("max-object-size `{m}` is below the minimum, 64KiB"),
+                None,
+            );
+            crate::source::DEFAULT_MAX_OBJECT_SIZE as u64
+        }
+        Some(m) => m.0,
+        None => crate::source::DEFAULT_MAX_OBJECT_SIZE as u64,
+    };
+
     let address = file.server.address.as_deref().unwrap_or("127.0.0.1:9090");
     let server_address = match address.parse::<SocketAddr>() {
         Ok(a) => a,
@@ -157,6 +173,47 @@ pub(super) fn resolve(
                 Some("write `host:port` with an IP address, e.g. \"127.0.0.1:9090\" or \"0.0.0.0:9090\""),
             );
             SocketAddr::from(([127, 0, 0, 1], 9090))
+        }
+    };
+
+    let server = &file.server;
+    let server_auth = match server.auth.unwrap_or_default() {
+        ServerAuthMode::None => {
+            for (present, k) in [
+                (server.tls_cert_file.is_some(), "tls-cert-file"),
+                (server.tls_key_file.is_some(), "tls-key-file"),
+            ] {
+                if present {
+                    err(
+                        &[key("server"), key(k)],
+                        true,
+                        format!("`{k}` applies only with auth = \"kubernetes\""),
+                        Some("the endpoint serves HTTPS only when it checks who reads it"),
+                    );
+                }
+            }
+            ServerAuth::None
+        }
+        ServerAuthMode::Kubernetes => {
+            let tls = match (&server.tls_cert_file, &server.tls_key_file) {
+                (Some(cert), Some(key)) => Some(TlsFiles { cert: base.join(cert), key: base.join(key) }),
+                (None, None) => None,
+                (cert, _) => {
+                    let (given, missing) = if cert.is_some() {
+                        ("tls-cert-file", "tls-key-file")
+                    } else {
+                        ("tls-key-file", "tls-cert-file")
+                    };
+                    err(
+                        &[key("server"), key(given)],
+                        true,
+                        format!("`{given}` needs `{missing}` too"),
+                        Some("give both, or neither for a self-signed certificate"),
+                    );
+                    None
+                }
+            };
+            ServerAuth::Kubernetes { tls }
         }
     };
 
@@ -316,7 +373,9 @@ pub(super) fn resolve(
         max_instances_per_plugin,
         compile_timeout,
         cluster,
+        max_object_size,
         server_address,
+        server_auth,
         leader_election,
         sharding,
         plugin_defaults: PluginDefaults {

@@ -98,6 +98,10 @@ pub struct ClusterToml {
     pub seed: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_file: Option<String>,
+    /// The longest watch event, list item or list envelope accepted from the API server;
+    /// a longer one fails the watch or list (then backoff and relist). Default `16MiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_object_size: Option<ByteSize>,
 }
 
 /// `[server]`.
@@ -107,6 +111,27 @@ pub struct ServerToml {
     /// `host:port` of /metrics, /healthz, /readyz, /plugins. Default `127.0.0.1:9090`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// Who may read /metrics and /plugins. Default `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ServerAuthMode>,
+    /// PEM certificate (chain) served with `auth = "kubernetes"`; default: self-signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<String>,
+    /// PEM private key of `tls-cert-file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<String>,
+}
+
+/// `[server] auth`: who may read the endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServerAuthMode {
+    /// Plain HTTP; whoever can connect reads every path.
+    #[default]
+    None,
+    /// HTTPS; /metrics and /plugins need a bearer token the API server authenticates
+    /// (TokenReview) and authorizes for `get` on the path (SubjectAccessReview).
+    Kubernetes,
 }
 
 /// `[leader-election]`.

@@ -1,0 +1,6 @@
+//! The `label_selector` target: `wasmctrl_selectors::fuzzing::label_selector` (its doc says what it checks)
+//! under libFuzzer; the stable tests run the same check on the seeds and on generated inputs.
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| wasmctrl_selectors::fuzzing::label_selector(data));

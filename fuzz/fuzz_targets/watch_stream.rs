@@ -1,0 +1,6 @@
+//! The `watch_stream` target: `wasmctrl::fuzzing::watch_stream` (its doc says what it checks) under
+//! libFuzzer; the stable tests run the same check on the seeds and on generated inputs.
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| wasmctrl::fuzzing::watch_stream(data));
