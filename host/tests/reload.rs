@@ -708,26 +708,30 @@ async fn until_line(plugin: &str, message: &str, what: &str, pred: impl Fn(&Gues
 
 /// Waits until `key` is reconciled, after everything logged so far, and sees it gone.
 async fn until_reconciled_gone(plugin: &str, key: &str, after: usize, what: &str) {
-    let seen = AtomicUsizeCounter::default();
-    until_line(plugin, "reconcile-start", what, |l| {
-        seen.bump();
-        seen.get() > after
-            && l.field("key").as_deref() == Some(key)
-            && l.field("rv").as_deref() == Some("not-found")
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let seen = guest_logs().lock().iter().skip(after).any(|l| {
+                l.plugin == plugin
+                    && l.message == "reconcile-start"
+                    && l.field("key").as_deref() == Some(key)
+                    && l.field("rv").as_deref() == Some("not-found")
+            });
+            if seen {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     })
     .await;
-}
-
-/// Counts the lines a predicate looked at (the log index of a match).
-#[derive(Default)]
-struct AtomicUsizeCounter(std::sync::atomic::AtomicUsize);
-
-impl AtomicUsizeCounter {
-    fn bump(&self) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-    fn get(&self) -> usize {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    if found.is_err() {
+        let recent: Vec<String> = guest_logs()
+            .lock()
+            .iter()
+            .skip(after)
+            .filter(|l| l.plugin == plugin)
+            .map(|l| format!("{} {} {}", l.version, l.message, l.fields))
+            .collect();
+        panic!("{what}: never happened; lines of {plugin} since the mark: {recent:?}");
     }
 }
 
@@ -1606,7 +1610,7 @@ async fn parked_keys_go_only_to_their_kind_and_expire() {
     // Back, for Secrets (ConfigMaps mapped to `secret-<name>`).
     let mark = guest_logs().lock().len();
     let secret_toml = format!(
-        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"Secret\"\nnamespace = \"{ns}\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[settings]\nfor-kind = \"Secret\"\nmap-prefix = \"secret-\"\n"
+        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"Secret\"\nnamespace = \"{ns}\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[permissions]\nread = [\"v1/Secret\"]\n[settings]\nfor-kind = \"Secret\"\nmap-prefix = \"secret-\"\n"
     );
     host.install("kinds.toml", secret_toml.as_bytes());
     host.manager().rescan().await;
@@ -1659,7 +1663,7 @@ async fn a_rename_carries_the_keys_parked_for_another_kind() {
     .await;
     // For Secrets now: the ConfigMap queue, the failing delete in it, is parked.
     let secret_toml = format!(
-        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"Secret\"\nnamespace = \"{ns}\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[settings]\nfor-kind = \"Secret\"\nmap-prefix = \"secret-\"\n"
+        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"Secret\"\nnamespace = \"{ns}\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[permissions]\nread = [\"v1/Secret\"]\n[settings]\nfor-kind = \"Secret\"\nmap-prefix = \"secret-\"\n"
     );
     host.install("pa.toml", secret_toml.as_bytes());
     host.manager().rescan().await;
