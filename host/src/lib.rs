@@ -7,7 +7,8 @@
 //! [`config`] and [`reload`] turn a plugins directory into running controllers;
 //! `fixture` runs one plugin against fixture files on the embedded dev cluster (`wasmctrl
 //! test`; with the default-on `embedded` feature);
-//! [`metrics`] and [`server`] make the whole visible. `heap` hands the allocator's free
+//! [`metrics`], [`telemetry`] (OpenTelemetry traces, off by default) and [`server`] make
+//! the whole visible. `heap` hands the allocator's free
 //! pages back after the one-off bursts (a large list applied, a plugin loaded) and holds the
 //! jemalloc options a program on jemalloc exports ([`heap::MallocConf`]).
 
@@ -37,5 +38,7 @@ pub mod reload;
 pub mod fixture;
 
 pub mod metrics;
+
+pub mod telemetry;
 
 pub mod server;

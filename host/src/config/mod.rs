@@ -33,7 +33,7 @@ mod units;
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
 pub use host::{
     ClusterConfig, ClusterMode, ClusterToml, DefaultsToml, HostConfig, HostToml, LeaderElectionConfig,
-    LeaderElectionToml, ServerToml,
+    LeaderElectionToml, ServerToml, TelemetryToml,
 };
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{

@@ -57,6 +57,8 @@ pub(crate) struct RuntimeMetrics {
     pub forbidden: Family<PluginCallLabels, Counter>,
     /// Instances alive now, every plugin and version together.
     pub live_instances: Gauge,
+    /// Instances alive now, per plugin (every version together).
+    pub instances: Family<crate::metrics::PluginLabels, Gauge>,
     /// Component loads by where the code came from (`compiled`, `baseline`, `cache`, `shared`).
     pub component_loads: Family<ComponentLoadLabels, Counter>,
     /// Background Cranelift compiles of components loaded with Winch, by result.
@@ -83,6 +85,11 @@ impl RuntimeMetrics {
             "wasmctrl_plugin_live_instances",
             "Plugin instances alive now (every plugin and version)",
             self.live_instances.clone(),
+        );
+        m.register(
+            "wasmctrl_plugin_instances",
+            "Plugin instances alive now, per plugin (every version together)",
+            self.instances.clone(),
         );
         m.register(
             "wasmctrl_plugin_forbidden_calls",

@@ -15,6 +15,10 @@
 //!   `get` sleeps until the earliest deadline, so no background task is needed.
 //! - After `shut_down`, adds are ignored, waiting (delayed) keys are dropped, and `get` hands
 //!   out what is still ready, then returns `None`.
+//! - A key may carry a [`TraceOrigin`] (what caused its reconcile, for tracing): the first
+//!   one given while the key is dirty (or waiting) stays with it until `get_traced` hands the
+//!   key out, and moves with it on a hand-over. Origins live in side maps that stay empty
+//!   when tracing is off, so untraced adds and gets only look at an empty map's length.
 //!
 //! Time is tokio's (`tokio::time::Instant`), so tests can pause and advance the clock.
 
@@ -31,6 +35,10 @@ use tokio::time::Instant;
 
 use super::metrics::QueueMetrics;
 use crate::metrics::Metrics;
+use crate::telemetry::TraceOrigin;
+
+/// The trace origin a key may carry (see the module doc).
+pub type Origin = Option<Box<TraceOrigin>>;
 
 /// What a queue key must be: `Request`, `String`, or any small value-like type.
 pub trait QueueKey: Clone + Eq + Hash + Send + Sync + 'static {}
@@ -110,6 +118,10 @@ struct State<K: QueueKey> {
     forward: Option<WorkQueue<K>>,
     /// Keys processing here on behalf of a predecessor (see the module doc).
     borrowed: std::collections::HashSet<K>,
+    /// Trace origins of dirty keys (empty unless tracing is on).
+    origins: HashMap<K, Box<TraceOrigin>>,
+    /// Trace origins of waiting keys (empty unless tracing is on).
+    waiting_origins: HashMap<K, Box<TraceOrigin>>,
 }
 
 pub(super) struct Inner<K: QueueKey> {
@@ -203,6 +215,8 @@ impl<K: QueueKey> WorkQueue<K> {
                     draining: false,
                     forward: None,
                     borrowed: std::collections::HashSet::new(),
+                    origins: HashMap::new(),
+                    waiting_origins: HashMap::new(),
                 }),
                 ready_notify: Notify::new(),
                 drained_notify: Notify::new(),
@@ -222,15 +236,21 @@ impl<K: QueueKey> WorkQueue<K> {
 
     /// Marks `key` as needing processing with `priority`. Ignored after shut down.
     pub fn add_with_priority(&self, key: K, priority: Priority) {
+        self.add_traced(key, priority, None);
+    }
+
+    /// As [`add_with_priority`](Self::add_with_priority), with what caused the add (kept
+    /// unless the key already carries an origin).
+    pub fn add_traced(&self, key: K, priority: Priority, origin: Origin) {
         let mut s = self.inner.state.lock();
         if let Some(next) = s.forward.clone() {
             drop(s);
-            next.add_with_priority(key, priority);
+            next.add_traced(key, priority, origin);
             return;
         }
         let now = Instant::now();
         let mut woke = self.promote_due(&mut s, now);
-        woke |= self.add_locked(&mut s, key, priority, now);
+        woke |= self.add_locked(&mut s, key, priority, now, origin);
         drop(s);
         if woke {
             self.inner.ready_notify.notify_one();
@@ -240,28 +260,40 @@ impl<K: QueueKey> WorkQueue<K> {
     /// Adds `key` once `delay` has passed. If the key is already waiting, the earlier of the
     /// two ready times wins. A zero delay adds at once. Ignored after shut down.
     pub fn add_after(&self, key: K, delay: Duration) {
+        self.add_after_traced(key, delay, None);
+    }
+
+    /// As [`add_after`](Self::add_after), with what caused the add.
+    pub fn add_after_traced(&self, key: K, delay: Duration, origin: Origin) {
         if delay.is_zero() {
-            self.add(key);
+            self.add_traced(key, Priority::Normal, origin);
             return;
         }
-        self.add_at(key, Instant::now() + delay);
+        self.add_at_traced(key, Instant::now() + delay, origin);
     }
 
     /// Adds `key` at `ready_at` (at once if that has passed); as [`add_after`](Self::add_after).
     pub fn add_at(&self, key: K, ready_at: Instant) {
+        self.add_at_traced(key, ready_at, None);
+    }
+
+    fn add_at_traced(&self, key: K, ready_at: Instant, origin: Origin) {
         let now = Instant::now();
         if ready_at <= now {
-            self.add(key);
+            self.add_traced(key, Priority::Normal, origin);
             return;
         }
         let mut s = self.inner.state.lock();
         if let Some(next) = s.forward.clone() {
             drop(s);
-            next.add_at(key, ready_at);
+            next.add_at_traced(key, ready_at, origin);
             return;
         }
         if s.shutting_down {
             return;
+        }
+        if let Some(o) = origin {
+            s.waiting_origins.entry(key.clone()).or_insert(o);
         }
         let earliest_before = s.waiting.peek().map(|Reverse(w)| w.ready_at);
         let seq = s.next_seq;
@@ -290,6 +322,11 @@ impl<K: QueueKey> WorkQueue<K> {
     ///
     /// Cancel safe: dropping the future before it completes takes nothing from the queue.
     pub async fn get(&self) -> Option<K> {
+        self.get_traced().await.map(|(key, _)| key)
+    }
+
+    /// As [`get`](Self::get), with the key's trace origin, if it carries one.
+    pub async fn get_traced(&self) -> Option<(K, Origin)> {
         loop {
             let notified = self.inner.ready_notify.notified();
             tokio::pin!(notified);
@@ -301,12 +338,13 @@ impl<K: QueueKey> WorkQueue<K> {
                 self.promote_due(&mut s, now);
                 if let Some(key) = self.pop_locked(&mut s, now) {
                     let more = s.ready_len > 0;
+                    let origin = if s.origins.is_empty() { None } else { s.origins.remove(&key) };
                     drop(s);
                     if more {
                         // Pass the baton: a permit consumed by us may have been meant for two adds.
                         self.inner.ready_notify.notify_one();
                     }
-                    return Some(key);
+                    return Some((key, origin));
                 }
                 if s.shutting_down {
                     return None;
@@ -409,6 +447,7 @@ impl<K: QueueKey> WorkQueue<K> {
         s.draining = false;
         s.waiting.clear();
         s.waiting_keys.clear();
+        s.waiting_origins.clear();
         drop(s);
         self.inner.ready_notify.notify_waiters();
         self.inner.drained_notify.notify_waiters();
@@ -423,6 +462,7 @@ impl<K: QueueKey> WorkQueue<K> {
             s.shutting_down = true;
             s.waiting.clear();
             s.waiting_keys.clear();
+            s.waiting_origins.clear();
         }
         self.inner.ready_notify.notify_waiters();
         loop {
@@ -476,7 +516,8 @@ impl<K: QueueKey> WorkQueue<K> {
             for (key, seq) in deque {
                 let live = s.dirty.get(&key).is_some_and(|d| d.queued == Some(seq));
                 if live && let Some(d) = s.dirty.remove(&key) {
-                    ready.push((key, d.priority));
+                    let origin = if s.origins.is_empty() { None } else { s.origins.remove(&key) };
+                    ready.push((key, d.priority, origin));
                 }
             }
         }
@@ -484,7 +525,15 @@ impl<K: QueueKey> WorkQueue<K> {
         s.dirty.clear();
         s.ready_len = 0;
         self.set_depth(&s);
-        let waiting: Vec<(K, Instant)> = s.waiting_keys.drain().map(|(k, (at, _))| (k, at)).collect();
+        let mut waiting_origins = std::mem::take(&mut s.waiting_origins);
+        let waiting: Vec<(K, Instant, Origin)> = s
+            .waiting_keys
+            .drain()
+            .map(|(k, (at, _))| {
+                let origin = if waiting_origins.is_empty() { None } else { waiting_origins.remove(&k) };
+                (k, at, origin)
+            })
+            .collect();
         s.waiting.clear();
         let processing: Vec<K> = s.processing.keys().cloned().collect();
         s.forward = Some(to.clone());
@@ -497,11 +546,11 @@ impl<K: QueueKey> WorkQueue<K> {
                 t.borrowed.insert(key);
             }
         }
-        for (key, priority) in ready {
-            to.add_locked(&mut t, key, priority, now);
+        for (key, priority, origin) in ready {
+            to.add_locked(&mut t, key, priority, now, origin);
         }
-        for (key, at) in waiting {
-            to.wait_locked(&mut t, key, at);
+        for (key, at, origin) in waiting {
+            to.wait_locked(&mut t, key, at, origin);
         }
         drop(t);
         drop(s);
@@ -538,7 +587,7 @@ impl<K: QueueKey> WorkQueue<K> {
                 woke = true;
             }
             Some(_) => {}
-            None => woke = self.add_locked(&mut s, key.clone(), Priority::Normal, now),
+            None => woke = self.add_locked(&mut s, key.clone(), Priority::Normal, now, None),
         }
         let drained = s.processing.is_empty() && s.draining;
         drop(s);
@@ -551,9 +600,12 @@ impl<K: QueueKey> WorkQueue<K> {
     }
 
     /// Records a delayed add (under the lock); the earliest ready time per key wins.
-    fn wait_locked(&self, s: &mut State<K>, key: K, ready_at: Instant) {
+    fn wait_locked(&self, s: &mut State<K>, key: K, ready_at: Instant, origin: Origin) {
         if s.shutting_down {
             return;
+        }
+        if let Some(o) = origin {
+            s.waiting_origins.entry(key.clone()).or_insert(o);
         }
         let seq = s.next_seq;
         match s.waiting_keys.entry(key.clone()) {
@@ -582,16 +634,20 @@ impl<K: QueueKey> WorkQueue<K> {
             let Some(Reverse(w)) = s.waiting.pop() else { break };
             if s.waiting_keys.get(&w.key).is_some_and(|&(_, seq)| seq == w.seq) {
                 s.waiting_keys.remove(&w.key);
-                any |= self.add_locked(s, w.key, Priority::Normal, now);
+                let origin = if s.waiting_origins.is_empty() { None } else { s.waiting_origins.remove(&w.key) };
+                any |= self.add_locked(s, w.key, Priority::Normal, now, origin);
             }
         }
         any
     }
 
     /// Returns whether the key became ready (so a getter should be woken).
-    fn add_locked(&self, s: &mut State<K>, key: K, priority: Priority, now: Instant) -> bool {
+    fn add_locked(&self, s: &mut State<K>, key: K, priority: Priority, now: Instant, origin: Origin) -> bool {
         if s.shutting_down {
             return false;
+        }
+        if let Some(o) = origin {
+            s.origins.entry(key.clone()).or_insert(o);
         }
         let seq = s.next_seq;
         if let Some(d) = s.dirty.get_mut(&key) {

@@ -7,10 +7,12 @@ mod discovery;
 mod error;
 mod list_body;
 mod machine;
+mod metrics;
 mod reflector;
 mod requests;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use discovery::{ApiResource, Discovery, DiscoveryError, split_api_version};
 pub use error::ReflectorError;
+pub use metrics::ReflectorMetrics;
 pub use reflector::{Reflector, ReflectorConfig};

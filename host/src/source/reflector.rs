@@ -52,6 +52,7 @@ use super::discovery::ApiResource;
 use super::error::{ReflectorError, StatusBody, status_error};
 use super::list_body::ListBodySplitter;
 use super::machine::{self, Effect, ListFrom, Outcome, State, Wait};
+use super::metrics::ReflectorMetrics;
 use super::requests::Requests;
 use crate::fifo::{Delta, DeltaFifo};
 use crate::object::{DeletedObject, Object, ObjectError, Transform};
@@ -73,6 +74,8 @@ pub struct ReflectorConfig {
     pub backoff: BackoffConfig,
     /// What to strip before caching.
     pub transform: Transform,
+    /// Where watch events and relists are counted (`None`: nowhere).
+    pub metrics: Option<ReflectorMetrics>,
 }
 
 impl Default for ReflectorConfig {
@@ -85,6 +88,7 @@ impl Default for ReflectorConfig {
             watch_timeout: (Duration::from_secs(300), Duration::from_secs(600)),
             backoff: BackoffConfig::default(),
             transform: Transform::default(),
+            metrics: None,
         }
     }
 }
@@ -184,10 +188,16 @@ impl Reflector {
         let name = self.name();
         let mut backoff = Backoff::new(self.config.backoff);
         let (mut state, mut effect) = machine::start();
+        let mut listed_before = false;
         loop {
             let outcome = match effect {
                 Effect::Stop => return,
                 Effect::List(from) => {
+                    if std::mem::replace(&mut listed_before, true)
+                        && let Some(m) = &self.config.metrics
+                    {
+                        m.relist();
+                    }
                     let listed = tokio::select! {
                         _ = cancel.cancelled() => Err(None),
                         r = self.list(&fifo, &from) => r.map_err(Some),
@@ -432,6 +442,7 @@ impl Reflector {
         if let Some((kind, object)) = split_event(line)
             && let Ok(obj) = self.build(object)
         {
+            self.count_event(kind);
             push_change(kind, obj, changes, rv);
             return Ok(());
         }
@@ -441,7 +452,10 @@ impl Reflector {
         };
         match &*event.kind {
             "ADDED" | "MODIFIED" | "DELETED" => match self.build(event.object.get().as_bytes()) {
-                Ok(obj) => push_change(&event.kind, obj, changes, rv),
+                Ok(obj) => {
+                    self.count_event(&event.kind);
+                    push_change(&event.kind, obj, changes, rv);
+                }
                 Err(error) => {
                     // Skipping it would leave the cache stale until the object changes again.
                     return Err(WatchEnd::Failed(ReflectorError::UndecodableEvent(format!(
@@ -467,6 +481,12 @@ impl Reflector {
             }
         }
         Ok(())
+    }
+
+    fn count_event(&self, kind: &str) {
+        if let Some(m) = &self.config.metrics {
+            m.event(kind);
+        }
     }
 
     fn build(&self, object: &[u8]) -> Result<Arc<Object>, crate::object::ObjectError> {

@@ -19,6 +19,10 @@ use wasmctrl::reload::{
     StatusBoard, check_paths, rbac_for,
 };
 use wasmctrl::server::{Readiness, StatusSource};
+use wasmctrl::telemetry::Telemetry;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
 #[cfg(feature = "embedded")]
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 
@@ -96,20 +100,23 @@ pub struct DevClusterArgs {
     pub state_file: Option<PathBuf>,
 }
 
-pub fn init_tracing(json: bool) {
+/// A layer of the process's subscriber.
+pub type BoxedLayer = Box<dyn Layer<Registry> + Send + Sync>;
+
+/// Logs to stderr (filtered by `RUST_LOG`, default `info`), plus `traces` (the
+/// OpenTelemetry layer, with its own filter) when given.
+pub fn init_tracing(json: bool, traces: Option<BoxedLayer>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    let logs: BoxedLayer = if json { fmt.json().with_filter(filter).boxed() } else { fmt.with_filter(filter).boxed() };
+    let mut layers = vec![logs];
+    layers.extend(traces);
+    tracing_subscriber::registry().with(layers).init();
 }
 
-pub fn run(args: RunArgs) -> Result<ExitCode> {
+pub fn run(args: RunArgs, json_logs: bool) -> Result<ExitCode> {
     let mut host = match HostConfig::load(&args.config) {
         Ok(host) => host,
         Err(errors) => {
@@ -123,7 +130,26 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(address) = args.metrics_address {
         host.server_address = address;
     }
-    runtime()?.block_on(run_host(host, args.kubeconfig_out))
+    let runtime = runtime()?;
+    // The exporter's gRPC channel lives on the runtime: it is built inside it.
+    let telemetry = match &host.telemetry {
+        Some(config) => {
+            let _inside = runtime.enter();
+            let (telemetry, layer) = Telemetry::install::<Registry>(config).context("setting up traces")?;
+            init_tracing(json_logs, Some(layer.boxed()));
+            tracing::info!(endpoint = %config.endpoint, sampling_ratio = config.sampling_ratio, "exporting traces");
+            Some(telemetry)
+        }
+        None => {
+            init_tracing(json_logs, None);
+            None
+        }
+    };
+    let result = runtime.block_on(run_host(host, args.kubeconfig_out));
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    result
 }
 
 /// The host's life: cluster access, metrics endpoint, plugins (under leader election when
@@ -162,7 +188,7 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         Some(&metrics),
     )
     .context("configuring the WebAssembly engine")?;
-    let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
+    let factory = InformerFactory::with_metrics(client.clone(), FactoryOptions::default(), metrics.clone());
     let identity = identity();
     let kube = KubeServices::with_discovery(
         client.clone(),
@@ -170,6 +196,7 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         identity.clone(),
         factory.discovery().clone(),
     );
+    let leader_metrics = metrics.clone();
     let deps = ManagerDeps {
         engine,
         informers: Arc::new(FactoryLeases(factory)),
@@ -207,6 +234,7 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
             // no write of theirs reaches the cluster after that, running calls are cut.
             let elector = LeaderElector::new(client, config)
                 .context("configuring leader election")?
+                .metrics(&leader_metrics)
                 .on_lost(move || kube.revoke());
             tracing::info!(lease = %format!("{}/{}", le.namespace, le.name), %identity, "campaigning for leadership");
             let mut result = Ok(());

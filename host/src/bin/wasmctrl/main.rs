@@ -100,9 +100,13 @@ fn main() -> std::process::ExitCode {
             }
         };
     }
-    cli::init_tracing(matches!(cli.log_format, LogFormat::Json));
+    let json_logs = matches!(cli.log_format, LogFormat::Json);
+    // `run` sets logging up itself, once it knows whether its host TOML asks for traces.
+    if !matches!(cli.command, Command::Run(_)) {
+        cli::init_tracing(json_logs, None);
+    }
     let result: Result<std::process::ExitCode> = match cli.command {
-        Command::Run(args) => cli::run(args),
+        Command::Run(args) => cli::run(args, json_logs),
         Command::Check { paths } => cli::check(&paths),
         Command::Test(args) => test::test(args),
         Command::New(args) => new::new(args),

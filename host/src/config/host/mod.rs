@@ -15,7 +15,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use schema::{ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, ServerToml};
+pub use schema::{
+    ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, ServerToml, TelemetryToml,
+};
 
 use super::decode::decode;
 use super::error::{ConfigError, ConfigErrors};
@@ -81,6 +83,8 @@ pub struct HostConfig {
     pub plugin_defaults: PluginDefaults,
     /// How long a controller waits for its informers to sync before failing.
     pub cache_sync_timeout: Duration,
+    /// OpenTelemetry traces (`None`: off).
+    pub telemetry: Option<crate::telemetry::TelemetryConfig>,
     /// The file as written.
     pub file: HostToml,
 }
@@ -122,6 +126,7 @@ impl HostConfig {
             leader_election: None,
             plugin_defaults: PluginDefaults::default(),
             cache_sync_timeout: Duration::from_secs(120),
+            telemetry: None,
             file: HostToml::default(),
         }
     }

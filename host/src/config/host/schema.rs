@@ -62,6 +62,8 @@ pub struct HostToml {
     pub leader_election: LeaderElectionToml,
     #[serde(default)]
     pub defaults: DefaultsToml,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<TelemetryToml>,
 }
 
 /// How the host reaches a cluster.
@@ -137,3 +139,21 @@ pub struct DefaultsToml {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_sync_timeout: Option<DurationValue>,
 }
+
+/// `[telemetry]`: OpenTelemetry traces over OTLP/gRPC. Without this table, no trace is made.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TelemetryToml {
+    /// The collector's OTLP/gRPC endpoint, e.g. `"http://127.0.0.1:4317"`. Required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The share of traces kept, from 0.0 to 1.0. Default `1.0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_ratio: Option<f64>,
+    /// `service.name` of the exported traces. Default `"wasmctrl"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+}
+
+// The resolver refuses a ratio that is not a number, so equality is reflexive in practice.
+impl Eq for TelemetryToml {}
