@@ -289,10 +289,14 @@ pub fn resident_memory_bytes() -> Option<u64> {
 }
 
 impl prometheus_client::collector::Collector for ProcessCollector {
-    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
         use prometheus_client::encoding::EncodeMetric;
         let Some(bytes) = resident_memory_bytes() else { return Ok(()) };
-        let gauge = prometheus_client::metrics::gauge::ConstGauge::new(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let gauge =
+            prometheus_client::metrics::gauge::ConstGauge::new(i64::try_from(bytes).unwrap_or(i64::MAX));
         let metric = encoder.encode_descriptor(
             "process_resident_memory_bytes",
             "Resident memory size in bytes",

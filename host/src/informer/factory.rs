@@ -19,8 +19,8 @@ use parking_lot::Mutex;
 use super::ResourceEventHandler;
 use super::shared::{HandlerRegistration, InformerOptions, SharedIndexInformer};
 use crate::cache::{IndexError, IndexFunc, IndexSpec, LabelSelector, SelectorError};
-use crate::object::Transform;
 use crate::metrics::Metrics;
+use crate::object::Transform;
 use crate::source::{
     ApiResource, BackoffConfig, Discovery, DiscoveryError, Reflector, ReflectorConfig, ReflectorMetrics,
 };
@@ -221,7 +221,9 @@ impl InformerFactory {
 
     fn build(client: kube::Client, options: FactoryOptions, metrics: Option<Arc<Metrics>>) -> Self {
         let discovery = Discovery::new(client.clone());
-        Self { inner: Arc::new(FactoryInner { client, discovery, options, entries: Mutex::default(), metrics }) }
+        Self {
+            inner: Arc::new(FactoryInner { client, discovery, options, entries: Mutex::default(), metrics }),
+        }
     }
 
     /// The factory's discovery client (shared cache).

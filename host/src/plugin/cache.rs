@@ -115,7 +115,8 @@ impl Host for CacheCtxView<'_> {
         namespace: Option<String>,
         name: String,
     ) -> wasmtime::Result<Result<Option<Vec<u8>>, WitError>> {
-        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "cache.get", kind = %kind.kind).entered();
+        let _span =
+            tracing::debug_span!(target: crate::telemetry::TARGET, "cache.get", kind = %kind.kind).entered();
         let cache = match self.cache_for(kind, "cache.get") {
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),
@@ -130,7 +131,8 @@ impl Host for CacheCtxView<'_> {
         namespace: Option<String>,
         label_selector: Option<String>,
     ) -> wasmtime::Result<Result<Vec<Vec<u8>>, WitError>> {
-        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "cache.list", kind = %kind.kind).entered();
+        let _span =
+            tracing::debug_span!(target: crate::telemetry::TARGET, "cache.list", kind = %kind.kind).entered();
         let cache = match self.cache_for(kind, "cache.list") {
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),
@@ -148,7 +150,9 @@ impl Host for CacheCtxView<'_> {
         index: String,
         value: String,
     ) -> wasmtime::Result<Result<Vec<Vec<u8>>, WitError>> {
-        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "cache.by-index", kind = %kind.kind).entered();
+        let _span =
+            tracing::debug_span!(target: crate::telemetry::TARGET, "cache.by-index", kind = %kind.kind)
+                .entered();
         let cache = match self.cache_for(kind, "cache.by-index") {
             Ok(c) => c,
             Err(e) => return Ok(Err(e)),

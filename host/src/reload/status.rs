@@ -140,7 +140,6 @@ impl StatusBoard {
         snapshot_with_errors(&self.plugins, &self.probes)
     }
 
-
     /// One plugin's status, by name (or else by the stem of its TOML).
     pub fn get(&self, name: &str) -> Option<PluginStatus> {
         let ids = self.ids();
@@ -223,29 +222,30 @@ type Probes = Arc<RwLock<BTreeMap<String, ReadinessProbe>>>;
 fn snapshot_with_errors(plugins: &Plugins, probes: &Probes) -> Vec<(PluginStatus, Option<String>)> {
     let probes = probes.read();
     let mut plugins = plugins.write();
-    plugins            .iter_mut()
-            .map(|(stem, stored)| {
-                let mut controller_error = None;
-                if let Some(probe) = probes.get(stem) {
-                    let (ready, error) = probe();
-                    stored.ready = ready;
-                    // Running from the first time its controller is up until it stops.
-                    if stored.state == PluginState::Starting && ready {
-                        stored.state = PluginState::Running;
-                        stored.since = now();
-                    }
-                    controller_error = error;
-                } else {
-                    stored.ready = false;
+    plugins
+        .iter_mut()
+        .map(|(stem, stored)| {
+            let mut controller_error = None;
+            if let Some(probe) = probes.get(stem) {
+                let (ready, error) = probe();
+                stored.ready = ready;
+                // Running from the first time its controller is up until it stops.
+                if stored.state == PluginState::Starting && ready {
+                    stored.state = PluginState::Running;
+                    stored.since = now();
                 }
-                let mut s = stored.clone();
-                if let (Some(e), None) = (&controller_error, &s.last_error) {
-                    s.last_error = Some(e.clone());
-                }
-                (s, controller_error)
-            })
-            .collect()
-    }
+                controller_error = error;
+            } else {
+                stored.ready = false;
+            }
+            let mut s = stored.clone();
+            if let (Some(e), None) = (&controller_error, &s.last_error) {
+                s.last_error = Some(e.clone());
+            }
+            (s, controller_error)
+        })
+        .collect()
+}
 
 /// Why a plugin has no running version (`/readyz`), or `None` when one runs or the plugin
 /// is being removed.
@@ -257,7 +257,9 @@ fn no_running_version(s: &PluginStatus, controller_error: Option<String>) -> Opt
             "waiting for its .wasm ({})",
             s.wasm.as_ref().map_or_else(|| "?".to_owned(), |w| w.display().to_string())
         )),
-        PluginState::Failed => Some(format!("failed: {}", s.last_error.as_deref().unwrap_or("unknown error"))),
+        PluginState::Failed => {
+            Some(format!("failed: {}", s.last_error.as_deref().unwrap_or("unknown error")))
+        }
         PluginState::Stopping => None,
     }
 }
@@ -275,7 +277,10 @@ impl std::fmt::Debug for RunningCollector {
 }
 
 impl prometheus_client::collector::Collector for RunningCollector {
-    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
         use prometheus_client::encoding::EncodeMetric;
         use prometheus_client::metrics::family::Family;
         use prometheus_client::metrics::gauge::Gauge;

@@ -62,7 +62,11 @@ pub fn api_request<B>(request: &http::Request<B>) -> tracing::Span {
 
 /// Records how the request of [`api_request`] ended: its HTTP status when the server
 /// answered with an error status, `2xx` when it succeeded, the error otherwise.
-pub fn api_response<T, E: std::fmt::Display>(span: &tracing::Span, result: &Result<T, E>, status: Option<u16>) {
+pub fn api_response<T, E: std::fmt::Display>(
+    span: &tracing::Span,
+    result: &Result<T, E>,
+    status: Option<u16>,
+) {
     if span.is_disabled() {
         return;
     }

@@ -54,7 +54,9 @@ pub struct Telemetry {
 impl Telemetry {
     /// Builds the pipeline and turns tracing on. Must run inside a tokio runtime (the gRPC
     /// channel lives on it). The returned layer goes into the process's subscriber.
-    pub fn install<S>(config: &TelemetryConfig) -> Result<(Telemetry, impl Layer<S> + Send + Sync), TelemetryError>
+    pub fn install<S>(
+        config: &TelemetryConfig,
+    ) -> Result<(Telemetry, impl Layer<S> + Send + Sync), TelemetryError>
     where
         S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
     {
@@ -65,7 +67,10 @@ impl Telemetry {
             .with_tonic()
             .with_endpoint(config.endpoint.clone())
             .build()
-            .map_err(|e| TelemetryError::Exporter { endpoint: config.endpoint.clone(), message: e.to_string() })?;
+            .map_err(|e| TelemetryError::Exporter {
+                endpoint: config.endpoint.clone(),
+                message: e.to_string(),
+            })?;
         let resource =
             opentelemetry_sdk::Resource::builder().with_service_name(config.service_name.clone()).build();
         let provider = SdkTracerProvider::builder()

@@ -82,10 +82,8 @@ impl ReconcileTrace {
             root.add_event_with_timestamp("watch event", queued_at, attributes);
         }
         let parent = Context::new().with_remote_span_context(root.span_context().clone());
-        let mut wait = tracer
-            .span_builder("queue.wait")
-            .with_start_time(queued_at)
-            .start_with_context(tracer, &parent);
+        let mut wait =
+            tracer.span_builder("queue.wait").with_start_time(queued_at).start_with_context(tracer, &parent);
         wait.end_with_timestamp(now);
         let _ = worker.set_parent(parent);
         Some(ReconcileTrace { root })
