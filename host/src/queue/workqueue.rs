@@ -634,7 +634,8 @@ impl<K: QueueKey> WorkQueue<K> {
             let Some(Reverse(w)) = s.waiting.pop() else { break };
             if s.waiting_keys.get(&w.key).is_some_and(|&(_, seq)| seq == w.seq) {
                 s.waiting_keys.remove(&w.key);
-                let origin = if s.waiting_origins.is_empty() { None } else { s.waiting_origins.remove(&w.key) };
+                let origin =
+                    if s.waiting_origins.is_empty() { None } else { s.waiting_origins.remove(&w.key) };
                 any |= self.add_locked(s, w.key, Priority::Normal, now, origin);
             }
         }
@@ -743,6 +744,55 @@ async fn refresh_unfinished_work<K: QueueKey>(queue: Weak<Inner<K>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn origin_of(o: &Origin) -> Option<&str> {
+        o.as_deref().and_then(TraceOrigin::object)
+    }
+
+    #[tokio::test]
+    async fn a_key_keeps_its_first_trace_origin_until_handed_out() {
+        let q = WorkQueue::new();
+        q.add_traced("k", Priority::Normal, Some(TraceOrigin::for_test("first")));
+        q.add_traced("k", Priority::Normal, Some(TraceOrigin::for_test("second")));
+        q.add("plain");
+        let (k, o) = q.get_traced().await.unwrap();
+        assert_eq!((k, origin_of(&o)), ("k", Some("first")));
+        assert_eq!(q.get_traced().await.map(|(k, o)| (k, o.is_none())), Some(("plain", true)));
+        // Added while processing: the origin waits for `done` and comes with the next get.
+        q.add_traced("k", Priority::Normal, Some(TraceOrigin::for_test("during")));
+        q.done(&"k");
+        let (_, o) = q.get_traced().await.unwrap();
+        assert_eq!(origin_of(&o), Some("during"));
+        q.done(&"k");
+        // An untraced add of a key carries nothing, and leaves nothing behind.
+        q.add("k");
+        assert!(q.get_traced().await.unwrap().1.is_none());
+        assert!(q.inner.state.lock().origins.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_and_handed_over_keys_keep_their_trace_origin() {
+        let q = WorkQueue::new();
+        q.add_after_traced("late", Duration::from_secs(5), Some(TraceOrigin::for_test("retry")));
+        q.add_traced("now", Priority::Low, Some(TraceOrigin::for_test("event")));
+        let next = WorkQueue::new();
+        assert_eq!(q.hand_over_to(&next), (1, 1, 0));
+        let (k, o) = next.get_traced().await.unwrap();
+        assert_eq!((k, origin_of(&o)), ("now", Some("event")));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        let (k, o) = next.get_traced().await.unwrap();
+        assert_eq!((k, origin_of(&o)), ("late", Some("retry")));
+        let s = next.inner.state.lock();
+        assert!(s.origins.is_empty() && s.waiting_origins.is_empty());
+    }
+
+    #[tokio::test]
+    async fn shutting_down_drops_waiting_trace_origins() {
+        let q: WorkQueue<&str> = WorkQueue::new();
+        q.add_after_traced("late", Duration::from_secs(60), Some(TraceOrigin::for_test("retry")));
+        q.shut_down();
+        assert!(q.inner.state.lock().waiting_origins.is_empty());
+    }
 
     #[tokio::test]
     async fn basic_fifo_and_dedup() {

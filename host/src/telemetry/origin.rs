@@ -51,3 +51,22 @@ impl TraceOrigin {
         Some(Box::new(TraceOrigin { cause: Cause::Requeue { link, reason }, queued_at: SystemTime::now() }))
     }
 }
+
+#[cfg(test)]
+impl TraceOrigin {
+    /// An event origin whatever the switch says (queue tests).
+    pub(crate) fn for_test(object: &str) -> Box<Self> {
+        Box::new(TraceOrigin {
+            cause: Cause::Event { event: "update", object: object.to_owned(), resource_version: "1".into() },
+            queued_at: SystemTime::now(),
+        })
+    }
+
+    /// The object of an event origin (queue tests).
+    pub(crate) fn object(&self) -> Option<&str> {
+        match &self.cause {
+            Cause::Event { object, .. } => Some(object),
+            Cause::Requeue { .. } => None,
+        }
+    }
+}
