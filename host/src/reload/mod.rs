@@ -28,8 +28,8 @@ pub mod watcher;
 mod wiring;
 
 pub use check::{
-    CheckOptions, CheckReport, CheckedPlugin, ComponentInfo, ComponentValidator, EngineValidator, Hooks,
-    check_paths, validate_plugin, version_of,
+    CheckOptions, CheckProgress, CheckReport, CheckedPlugin, ComponentInfo, ComponentValidator,
+    EngineValidator, Hooks, check_paths, validate_plugin, version_of,
 };
 pub use code_source::CodeSource;
 pub use factory::FactoryLeases;

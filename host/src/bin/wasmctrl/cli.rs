@@ -8,6 +8,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio_util::sync::CancellationToken;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
 use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig};
 use wasmctrl::controller::leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 use wasmctrl::informer::{FactoryOptions, InformerFactory};
@@ -20,9 +23,6 @@ use wasmctrl::reload::{
 };
 use wasmctrl::server::{Readiness, StatusSource};
 use wasmctrl::telemetry::Telemetry;
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{Layer, Registry};
 #[cfg(feature = "embedded")]
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 
@@ -110,7 +110,8 @@ pub fn init_tracing(json: bool, traces: Option<BoxedLayer>) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
-    let logs: BoxedLayer = if json { fmt.json().with_filter(filter).boxed() } else { fmt.with_filter(filter).boxed() };
+    let logs: BoxedLayer =
+        if json { fmt.json().with_filter(filter).boxed() } else { fmt.with_filter(filter).boxed() };
     let mut layers = vec![logs];
     layers.extend(traces);
     tracing_subscriber::registry().with(layers).init();
@@ -374,8 +375,11 @@ pub fn check(paths: &[PathBuf]) -> Result<ExitCode> {
     let engine = PluginEngine::new(EngineConfig { pooling: None, ..EngineConfig::default() }, None)
         .context("configuring the WebAssembly engine")?;
     let validator = EngineValidator(engine);
-    let options = CheckOptions { components: Some(&validator), ..CheckOptions::default() };
+    let progress = crate::progress::CheckDisplay::new();
+    let options =
+        CheckOptions { components: Some(&validator), progress: Some(&progress), ..CheckOptions::default() };
     let report = check_paths(paths, &options);
+    progress.finish();
     print!("{}", report.render());
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

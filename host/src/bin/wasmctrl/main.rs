@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod cli;
 mod new;
+mod progress;
 mod test;
 
 /// jemalloc rather than glibc's malloc (feature `jemalloc`, on by default). The host keeps a
