@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod cli;
 mod new;
 mod progress;
+mod status;
 mod test;
 
 /// jemalloc rather than glibc's malloc (feature `jemalloc`, on by default). The host keeps a
@@ -72,6 +73,9 @@ enum Command {
     /// Print the RBAC (ClusterRole or Role, and its binding) that the host's service
     /// account needs for the configured plugins, as YAML.
     Rbac(cli::RbacArgs),
+    /// Show a running host's plugins: versions, states, queue depths, reconcile and error
+    /// rates, instances and last errors (read from its /plugins and /metrics).
+    Status(status::StatusArgs),
     /// Start the embedded Kubernetes API server alone (loopback only), write a kubeconfig
     /// for it and serve until interrupted.
     DevCluster(cli::DevClusterArgs),
@@ -112,6 +116,7 @@ fn main() -> std::process::ExitCode {
         Command::Test(args) => test::test(args),
         Command::New(args) => new::new(args),
         Command::Rbac(args) => cli::rbac(args),
+        Command::Status(args) => status::status(args),
         Command::DevCluster(args) => cli::dev_cluster(args),
         Command::CompileComponent { .. } => Ok(std::process::ExitCode::SUCCESS),
     };
