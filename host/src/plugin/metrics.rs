@@ -75,6 +75,11 @@ pub(crate) struct RuntimeMetrics {
 impl RuntimeMetrics {
     /// Registers every family in the host's registry.
     pub fn register(&self, m: &Metrics) {
+        // Every tier-up result is a series from the start (at 0): dashboards and alerts see
+        // the family before the first background compile ends.
+        for result in ["done", "abandoned", "failed"] {
+            let _ = self.tier_ups.get_or_create(&TierUpLabels { result });
+        }
         m.register("wasmctrl_plugin_traps", "Plugin calls that trapped", self.traps.clone());
         m.register(
             "wasmctrl_plugin_instantiations",
