@@ -1,5 +1,5 @@
 // promtool, built from Prometheus' Go module for the monitoring test (host/tests/operations.rs):
-// `go build -o OUT github.com/prometheus/prometheus/cmd/promtool` in this directory.
+// `go build -tags remove_all_sd -o OUT github.com/prometheus/prometheus/cmd/promtool` in this directory.
 module wasmctrl.example/monitoring/promtool
 
 go 1.26.7

@@ -102,13 +102,16 @@ struct Counters {
     instances: HashMap<String, f64>,
 }
 
+/// A sample's labels: name and value, in their order on the line.
+type Labels = Vec<(String, String)>;
+
 /// One sample line of the Prometheus / OpenMetrics text format: name, labels, value.
 ///
 /// Written here rather than taken from a crate: `status` needs the name, labels and value
 /// of a few series; the text-format crate available (`prometheus-parse`) brings regex and
 /// chrono for that and files OpenMetrics counters (`x_total` samples of family `x`) as
 /// untyped.
-fn parse_sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+fn parse_sample(line: &str) -> Option<(&str, Labels, f64)> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
         return None;
