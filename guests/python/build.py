@@ -10,13 +10,18 @@ Usage: python3 guests/python/build.py --tools VENV --out DIR [--wit DIR]
 First the SDK and the example's logic are tested natively (``tests/``, unittest) against
 the bindings componentize-py generates for ``wit/`` with the imports faked. Then each
 plugin directory (examples/*, test-plugins/*, template) holds an ``app.py`` whose
-``Reconciler`` is the component's export; componentize-py bundles it with the SDK
-(sdk/wasmctrl_guest) and CPython into a component of the ``plugin`` world. A plugin is
+``Reconciler`` is the component's export (and ``Validator`` / ``Mutator``, when it admits);
+componentize-py bundles it with the SDK (sdk/wasmctrl_guest) and CPython into a component
+of the world those names ask for: ``plugin``, or ``validating-plugin``, ``mutating-plugin``,
+``admitting-plugin`` (the host reads the component's exports to know which webhooks it can
+answer). The native tests use the bindings of ``admitting-plugin``, which has every
+interface. A plugin is
 rebuilt only when its inputs (its sources, the SDK, wit/, requirements.txt) changed since
 the stamp next to its .wasm was written.
 """
 
 import argparse
+import ast
 import hashlib
 import os
 import shutil
@@ -42,6 +47,22 @@ def digest(paths: list) -> str:
     return h.hexdigest()
 
 
+def world_of(app: Path) -> str:
+    """The world ``app.py``'s top-level names ask for."""
+    names = set()
+    for node in ast.parse(app.read_text(), str(app)).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        names.update(t.id for t in targets if isinstance(t, ast.Name))
+    validates, mutates = "Validator" in names, "Mutator" in names
+    if validates and mutates:
+        return "admitting-plugin"
+    if validates:
+        return "validating-plugin"
+    if mutates:
+        return "mutating-plugin"
+    return "plugin"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="Build the Python guests of wasmctrl.")
     ap.add_argument("--tools", required=True, type=Path)
@@ -61,7 +82,7 @@ def main() -> int:
     bindings = out / ".bindings"
     # componentize-py refuses to write into an existing directory: start from an empty one.
     shutil.rmtree(bindings, ignore_errors=True)
-    if subprocess.run([str(tool), "--wit-path", str(wit), "--world", "plugin", "bindings", str(bindings)]).returncode != 0:
+    if subprocess.run([str(tool), "--wit-path", str(wit), "--world", "admitting-plugin", "bindings", str(bindings)]).returncode != 0:
         print("py-guests: componentize-py could not generate the bindings", file=sys.stderr)
         return 1
     path = os.pathsep.join(str(p) for p in (bindings, HERE / "sdk", HERE / "examples" / "configmap-mirror", HERE / "tests"))
@@ -89,7 +110,7 @@ def main() -> int:
             "--wit-path",
             str(wit),
             "--world",
-            "plugin",
+            world_of(d / "app.py"),
             "componentize",
             "app",
             "--python-path",

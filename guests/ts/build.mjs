@@ -6,11 +6,14 @@
 //   --out    where <plugin>.wasm files go
 //   --wit    the WIT package (default: wit/ of the repository)
 //
-// Steps: `jco guest-types` writes the WIT's TypeScript declarations into generated/;
-// `tsc` type-checks the SDK and every plugin; for each plugin directory (examples/*,
-// test-plugins/*, template) esbuild bundles src/index.ts with the SDK into one ES module
-// and componentize-js turns it into a component of the `plugin` world, with WASI HTTP
-// disabled. A plugin is rebuilt only when its inputs (its sources, the SDK, wit/, the
+// Steps: `jco guest-types` writes the WIT's TypeScript declarations into generated/ (of
+// the `admitting-plugin` world, which has every interface); `tsc` type-checks the SDK and
+// every plugin; for each plugin directory (examples/*, test-plugins/*, template) esbuild
+// bundles src/index.ts with the SDK into one ES module and componentize-js turns it into a
+// component, with WASI HTTP disabled, of the world its exports ask for: `plugin` for
+// `reconciler` alone, `validating-plugin` / `mutating-plugin` / `admitting-plugin` when the
+// module also exports `validator` / `mutator` / both (the host reads the component's
+// exports to know which webhooks it can answer). A plugin is rebuilt only when its inputs (its sources, the SDK, wit/, the
 // lock file) changed since the stamp next to its .wasm was written.
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
@@ -72,7 +75,24 @@ const plugins = [
 ].filter((p) => statSync(p.dir).isDirectory() && existsSync(join(p.dir, "src", "index.ts")));
 
 mkdirSync(out, { recursive: true });
-run(bin("jco"), ["guest-types", wit, "--world-name", "plugin", "--out-dir", join(here, "generated"), "--quiet"]);
+run(bin("jco"), ["guest-types", wit, "--world-name", "admitting-plugin", "--out-dir", join(here, "generated"), "--quiet"]);
+
+/** The world a bundle's exports ask for (from esbuild's metafile). */
+function worldOf(metafile, bundle) {
+  const meta = JSON.parse(readFileSync(metafile, "utf8"));
+  const output = Object.entries(meta.outputs).find(([path]) => resolve(here, path) === resolve(bundle));
+  const exports = new Set(output ? output[1].exports : []);
+  if (!exports.has("reconciler")) {
+    console.error(`ts-guests: ${bundle} does not export \`reconciler\` (export const reconciler = exportPlugin(...))`);
+    process.exit(1);
+  }
+  const validates = exports.has("validator");
+  const mutates = exports.has("mutator");
+  if (validates && mutates) return "admitting-plugin";
+  if (validates) return "validating-plugin";
+  if (mutates) return "mutating-plugin";
+  return "plugin";
+}
 run(bin("tsc"), ["--project", join(here, "tsconfig.json")]);
 
 const shared = [...files(join(here, "sdk", "src")), ...files(wit), join(here, "package-lock.json"), join(here, "build.mjs")];
@@ -85,6 +105,7 @@ for (const p of plugins) {
     continue;
   }
   const bundle = join(out, `${p.name}.js`);
+  const metafile = join(out, `${p.name}.meta.json`);
   run(bin("esbuild"), [
     join(p.dir, "src", "index.ts"),
     "--bundle",
@@ -94,10 +115,12 @@ for (const p of plugins) {
     `--alias:wasmctrl-guest=${join(here, "sdk", "src", "index.ts")}`,
     "--external:wasmctrl:*",
     `--outfile=${bundle}`,
+    `--metafile=${metafile}`,
     "--log-level=warning",
   ]);
+  const world = worldOf(metafile, bundle);
   const tmp = join(out, `.${p.name}.wasm.tmp`);
-  run(bin("componentize-js"), [bundle, "--wit", wit, "--world-name", "plugin", "--disable", "http", "fetch-event", "--out", tmp]);
+  run(bin("componentize-js"), [bundle, "--wit", wit, "--world-name", world, "--disable", "http", "fetch-event", "--out", tmp]);
   renameSync(tmp, wasm);
   writeFileSync(stampFile, stamp);
 }

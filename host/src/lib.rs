@@ -3,7 +3,8 @@
 //! The modules follow the data: objects come from the API server through a
 //! [`source`] (discovery + reflector), queue up as deltas in the [`fifo`], land in the
 //! [`cache`] (store + indexes) and are fanned out by the [`informer`] to listeners, whose
-//! keys wait in a [`queue`] until a [`controller`] worker hands them to a [`plugin`].
+//! keys wait in a [`queue`] until a [`controller`] worker hands them to a [`plugin`];
+//! [`admission`] serves the plugins' validating and mutating webhooks.
 //! [`config`] and [`reload`] turn a plugins directory into running controllers;
 //! `fixture` runs one plugin against fixture files on the embedded dev cluster (`wasmctrl
 //! test`; with the default-on `embedded` feature);
@@ -29,6 +30,8 @@ pub mod queue;
 pub mod controller;
 
 pub mod plugin;
+
+pub mod admission;
 
 pub mod config;
 

@@ -119,7 +119,7 @@ kind = "ConfigMap"
 1 | frobnicate = 1
   | ^^^^^^^^^^
   |
-  = hint: allowed keys: name, wasm, concurrency, resync, deadline, memory, max-output, field-manager, for, owns, watches, permissions, transform, settings"#
+  = hint: allowed keys: name, wasm, concurrency, resync, deadline, memory, max-output, field-manager, for, owns, watches, permissions, transform, admission, settings"#
     );
 }
 
@@ -655,6 +655,122 @@ error: plugins/mirror.toml:5:10: `for.predicates.filter`: `filter = true` needs 
     );
 }
 
+/// Watching Secrets hands them to the plugin: without `permissions.read` it is an error at
+/// the field that watches them, with the fix as a hint.
+#[test]
+fn error_watched_secret_without_read() {
+    assert_eq!(
+        errors(
+            "plugin",
+            "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[[watches]]\napi-version = \"v1\"\nkind = \"Secret\"\n"
+        ),
+        r#"error: plugins/mirror.toml:6:8: `watches[0].kind`: `[[watches]]` watches `v1/Secret`, which hands every Secret it sees (its data included) to the plugin, but `permissions.read` does not list `v1/Secret`
+  |
+6 | kind = "Secret"
+  |        ^^^^^^^^
+  |
+  = hint: add `read = ["v1/Secret"]` to `[permissions]` if the plugin is to read Secrets"#
+    );
+    let for_secret = errors("plugin", "[for]\napi-version = \"v1\"\nkind = \"Secret\"\n");
+    assert!(
+        for_secret.contains("plugins/mirror.toml:3:8: `for.kind`: `[for]` watches `v1/Secret`"),
+        "{for_secret}"
+    );
+    let owns = errors(
+        "plugin",
+        "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[[owns]]\napi-version = \"v1\"\nkind = \"Secret\"\n",
+    );
+    assert!(owns.contains("`owns[0].kind`"), "{owns}");
+    let granted = "[for]\napi-version = \"v1\"\nkind = \"Secret\"\n[permissions]\nread = [\"v1/Secret\"]\n";
+    assert_eq!(errors("plugin", granted), "OK");
+}
+
+/// `permissions.namespaces`: valid names, `*` alone, every source's namespace in the list.
+#[test]
+fn error_namespaces() {
+    let text = "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"a\"\n[[watches]]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"c\"\n[permissions]\nnamespaces = [\"a\", \"B\", \"a\", \"*\"]\n";
+    let out = errors("plugin", text);
+    assert!(
+        out.contains(
+            "plugins/mirror.toml:10:20: `permissions.namespaces[1]`: `B` is not a valid namespace name"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("`permissions.namespaces[2]`: `a` is listed twice"), "{out}");
+    assert!(
+        out.contains("`permissions.namespaces[3]`: `*` (every namespace) is given with other namespaces"),
+        "{out}"
+    );
+    let outside = "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"a\"\n[[watches]]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"c\"\n[permissions]\nnamespaces = [\"a\", \"b\"]\n";
+    let out = errors("plugin", outside);
+    assert!(out.contains("plugins/mirror.toml:8:13: `watches[0].namespace`: `c` is not one of `permissions.namespaces` (a, b)"), "{out}");
+    assert!(out.contains("hint: add `c` to `permissions.namespaces`"), "{out}");
+    let empty =
+        errors("plugin", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\n[permissions]\nnamespaces = []\n");
+    assert!(empty.contains("`permissions.namespaces`: `namespaces` is empty"), "{empty}");
+    let bad_manager =
+        errors("plugin", "field-manager = \"a\\nb\"\n[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");
+    assert!(
+        bad_manager.contains("`field-manager`: a field manager must be 1 to 128 printable ASCII characters"),
+        "{bad_manager}"
+    );
+}
+
+/// The namespaces a plugin works in: listed, derived from `[for]`, or every namespace.
+#[test]
+fn a_namespace_limited_plugin_admits_only_in_its_namespaces() {
+    let parse = |text: &str| {
+        PluginConfig::parse(Path::new("plugins/p.toml"), text, &PluginDefaults::default()).unwrap()
+    };
+    let limited = parse(
+        "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"team-a\"\n[[admission]]\nname = \"plain\"\n[[admission]]\nname = \"labelled\"\nnamespace-selector = \"env=prod\"\n",
+    );
+    let selectors: Vec<_> = limited.admission.iter().map(|r| r.namespace_selector.clone()).collect();
+    assert_eq!(
+        selectors,
+        [
+            Some("kubernetes.io/metadata.name in (team-a)".to_owned()),
+            Some("env=prod,kubernetes.io/metadata.name in (team-a)".to_owned()),
+        ]
+    );
+    let everywhere = parse("[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[[admission]]\n");
+    assert_eq!(everywhere.admission[0].namespace_selector, None);
+}
+
+#[test]
+fn namespaces_are_listed_derived_from_for_or_everywhere() {
+    let parse = |text: &str| {
+        PluginConfig::parse(Path::new("plugins/p.toml"), text, &PluginDefaults::default()).unwrap()
+    };
+    let everywhere = parse("[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");
+    assert_eq!(everywhere.namespaces, None);
+    let derived = parse(
+        "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"b\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"a\"\n[[watches]]\napi-version = \"v1\"\nkind = \"Node\"\n",
+    );
+    assert_eq!(derived.namespaces, Some(vec!["a".to_owned(), "b".to_owned()]));
+    let spec = derived.to_plugin_spec();
+    assert!(spec.permissions.in_scope(Some("a")) && !spec.permissions.in_scope(Some("c")));
+    let listed = parse(
+        "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"b\"\n[permissions]\nnamespaces = [\"b\", \"x\"]\n",
+    );
+    assert_eq!(listed.namespaces, Some(vec!["b".to_owned(), "x".to_owned()]));
+    let star = parse(
+        "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"b\"\n[permissions]\nnamespaces = [\"*\"]\n",
+    );
+    assert_eq!(star.namespaces, None);
+    assert!(star.to_plugin_spec().permissions.in_scope(Some("anywhere")));
+    // A cluster-scoped source (Node) watches no namespace: no error; a namespaced one does.
+    derived.check_kinds(&BuiltinKinds).unwrap();
+    let wide = parse(
+        "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"b\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n[permissions]\nwrite = [\"v1/Namespace\", \"v1/Pod\"]\n",
+    );
+    let out = wide.check_kinds(&BuiltinKinds).unwrap_err().to_string();
+    assert!(out.contains("plugins/p.toml:7:8: `watches[0].kind`: `v1/ConfigMap` is watched in every namespace, but the plugin works only in b"), "{out}");
+    assert!(out.contains("`permissions.write[0]`: `v1/Namespace` is cluster-scoped"), "{out}");
+    assert!(!out.contains("permissions.write[1]"), "{out}");
+    star.check_kinds(&BuiltinKinds).unwrap();
+}
+
 /// The ```toml blocks of docs/configuration.md: each parses, and its file form serializes
 /// back to TOML that parses to the same configuration.
 #[test]
@@ -711,6 +827,8 @@ fn documented_plugin_example_resolves() {
     assert!(p.for_source.predicates.generation_changed && p.for_source.predicates.filter);
     assert_eq!(p.read, [wasmctrl::plugin::Gvk::new("v1", "Secret")]);
     assert_eq!(p.settings, serde_json::json!({ "namespaces": ["team-a", "team-b"] }));
+    assert_eq!(p.namespaces, Some(vec!["default".to_owned(), "team-a".to_owned(), "team-b".to_owned()]));
+    p.check_kinds(&BuiltinKinds).unwrap_or_else(|e| panic!("{e}"));
     let spec = p.to_plugin_spec();
     assert!(spec.permissions.can_read(&wasmctrl::plugin::Gvk::new("v1", "Secret")));
     assert!(spec.permissions.can_write(&wasmctrl::plugin::Gvk::new("apps/v1", "Deployment")));
@@ -849,6 +967,49 @@ mod check {
     }
 
     #[test]
+    fn the_report_says_where_a_namespace_limited_plugin_works() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            "p.toml",
+            "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"team-a\"\n[permissions]\nnamespaces = [\"team-a\", \"shared\"]\n",
+        );
+        write(dir.path(), "p.wasm", "x");
+        let report = check_paths(&[dir.path().to_path_buf()], &CheckOptions::default());
+        let text = report.render();
+        assert!(report.ok(), "{text}");
+        assert!(text.contains("  only in  shared, team-a\n"), "{text}");
+    }
+
+    #[test]
+    fn field_managers_overlapping_in_a_directory_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.toml", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");
+        write(dir.path(), "a.wasm", "x");
+        write(
+            dir.path(),
+            "b.toml",
+            "field-manager = \"wasmctrl-a/b\"\n[for]\napi-version = \"v1\"\nkind = \"Pod\"\n",
+        );
+        write(dir.path(), "b.wasm", "x");
+        write(
+            dir.path(),
+            "c.toml",
+            "field-manager = \"wasmctrl-ab\"\n[for]\napi-version = \"v1\"\nkind = \"Pod\"\n",
+        );
+        write(dir.path(), "c.wasm", "x");
+        let report = check_paths(&[dir.path().to_path_buf()], &CheckOptions::default());
+        let text = report.render();
+        assert!(!report.ok(), "{text}");
+        assert!(
+            text.contains("b.toml:1:17: `field-manager`: field manager `wasmctrl-a/b` overlaps `wasmctrl-a`, the field manager of"),
+            "{text}"
+        );
+        assert!(!text.contains("c.toml:"), "a manager that only starts the same is its own: {text}");
+        assert_eq!(report.plugins.len(), 2);
+    }
+
+    #[test]
     fn a_host_toml_checks_its_plugins_directory() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("plugins")).unwrap();
@@ -892,7 +1053,7 @@ mod check {
 
 mod rbac {
     use super::*;
-    use wasmctrl::reload::{RbacOptions, rbac_for};
+    use wasmctrl::reload::{RbacObject, RbacOptions, rbac_for};
 
     fn plugin(name: &str, text: &str) -> PluginConfig {
         PluginConfig::parse(
@@ -1066,6 +1227,113 @@ subjects:
         let yaml = rbac_for(&[n], &RbacOptions::default(), &BuiltinKinds).to_yaml().unwrap();
         assert!(yaml.contains("kind: ClusterRole\n"), "{yaml}");
     }
+
+    /// Plugins limited to namespaces get a Role in each, granting there only what the
+    /// plugins limited to it need; cluster-scoped reads go to a ClusterRole of their own.
+    #[test]
+    fn namespace_limited_plugins_get_roles_where_they_work() {
+        let a = plugin(
+            "a",
+            "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"team-a\"\n[[watches]]\napi-version = \"v1\"\nkind = \"Namespace\"\n[permissions]\nwrite = [\"v1/ConfigMap\"]\n",
+        );
+        let b = plugin(
+            "b",
+            "[for]\napi-version = \"v1\"\nkind = \"Pod\"\nnamespace = \"team-b\"\n[permissions]\nnamespaces = [\"team-b\", \"shared\"]\nread = [\"v1/Secret\"]\n",
+        );
+        let m = rbac_for(&[a.clone(), b.clone()], &RbacOptions::default(), &BuiltinKinds);
+        let roles: Vec<(String, Vec<String>)> = m
+            .objects
+            .iter()
+            .filter_map(|o| match o {
+                RbacObject::Role(r) => Some((
+                    r.metadata.namespace.clone().unwrap_or_default(),
+                    r.rules
+                        .iter()
+                        .flatten()
+                        .map(|p| {
+                            format!(
+                                "{}:{}",
+                                p.resources.clone().unwrap_or_default().join(","),
+                                p.verbs.join(",")
+                            )
+                        })
+                        .collect(),
+                )),
+                _ => None,
+            })
+            .collect();
+        let ns: Vec<&str> = roles.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(ns, ["shared", "team-a", "team-b"]);
+        let rules = |n: &str| roles.iter().find(|(x, _)| x == n).map(|(_, r)| r.clone()).unwrap_or_default();
+        assert_eq!(
+            rules("team-a"),
+            [
+                "configmaps:create,delete,get,list,patch,update,watch",
+                "configmaps/status:patch,update",
+                "events:create,patch",
+                "events:create,patch"
+            ]
+        );
+        assert_eq!(
+            rules("team-b"),
+            ["events:create,patch", "pods:get,list,watch", "secrets:get,list,watch", "events:create,patch"]
+        );
+        assert_eq!(rules("shared"), rules("team-b"));
+        let cluster: Vec<String> = m
+            .objects
+            .iter()
+            .filter_map(|o| match o {
+                RbacObject::ClusterRole(r) => Some(
+                    r.rules
+                        .iter()
+                        .flatten()
+                        .flat_map(|p| p.resources.clone().unwrap_or_default())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cluster, ["namespaces"], "only the cluster-scoped read");
+        let kinds: Vec<&str> = m
+            .objects
+            .iter()
+            .map(|o| match o {
+                RbacObject::ClusterRole(_) => "ClusterRole",
+                RbacObject::ClusterRoleBinding(_) => "ClusterRoleBinding",
+                RbacObject::Role(_) => "Role",
+                RbacObject::RoleBinding(_) => "RoleBinding",
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "Role",
+                "RoleBinding",
+                "Role",
+                "RoleBinding",
+                "Role",
+                "RoleBinding",
+                "ClusterRole",
+                "ClusterRoleBinding"
+            ]
+        );
+        // One plugin in every namespace: the one ClusterRole, as before.
+        let wide = plugin("w", "[for]\napi-version = \"v1\"\nkind = \"Pod\"\n");
+        let m = rbac_for(&[a.clone(), wide], &RbacOptions::default(), &BuiltinKinds);
+        assert!(
+            m.objects
+                .iter()
+                .all(|o| matches!(o, RbacObject::ClusterRole(_) | RbacObject::ClusterRoleBinding(_)))
+        );
+        // `--cluster-scope` too.
+        let m = rbac_for(
+            &[a, b],
+            &RbacOptions { cluster_scope: Some(true), ..RbacOptions::default() },
+            &BuiltinKinds,
+        );
+        assert_eq!(m.objects.len(), 2);
+    }
 }
 
 /// `wasmctrl check` with the real plugin engine: the world check, `init`, and the hooks the
@@ -1147,7 +1415,7 @@ mod check_components {
         let report = check_paths(&[dir.path().to_path_buf()], &options);
         assert!(report.ok(), "{}", report.render());
         assert!(
-            report.render().contains("world wasmctrl:controller/plugin@0.2.0, init ok"),
+            report.render().contains("world wasmctrl:controller/plugin@0.2.1, init ok"),
             "{}",
             report.render()
         );

@@ -152,3 +152,42 @@ async fn scaffold_build_test_and_deploy_a_new_plugin() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// `wasmctrl new --admission`: the scaffold's webhooks compile, its native tests pass, and
+/// `wasmctrl test` passes its fixture's admission steps against the real component.
+#[test]
+fn scaffold_with_admission_builds_and_passes_its_fixture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let crate_dir = tmp.path().join("gate");
+    let out = run(
+        Command::new(WASMCTRL)
+            .args(["new", "gate", "--kind", "apps/v1/Deployment", "--admission", "--path"])
+            .arg(&crate_dir),
+        "wasmctrl new --admission",
+    );
+    assert!(out.contains("validates and mutates"), "{out}");
+    std::fs::copy(repo_root().join("guests/Cargo.lock"), crate_dir.join("Cargo.lock")).unwrap();
+    let target = guests_target();
+    let tests = run(
+        Command::new(env!("CARGO")).current_dir(&crate_dir).args(["test", "--target-dir"]).arg(&target),
+        "cargo test (admission scaffold)",
+    );
+    assert!(tests.contains("admits_labels_and_refuses_on_the_annotation ... ok"), "{tests}");
+    run(
+        Command::new(env!("CARGO"))
+            .current_dir(&crate_dir)
+            .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+            .arg(&target),
+        "cargo build --target wasm32-wasip2 (admission scaffold)",
+    );
+    let wasm = target.join("wasm32-wasip2/release/gate.wasm");
+    let out = run(
+        Command::new(WASMCTRL).current_dir(&crate_dir).args(["test", "tests/fixtures", "--wasm"]).arg(&wasm),
+        "wasmctrl test (admission scaffold)",
+    );
+    assert!(out.contains("1 fixture(s) passed, 0 failed") && out.contains("admit validate"), "{out}");
+    // `wasmctrl check` sees the exports the TOML's sections need.
+    std::fs::copy(&wasm, crate_dir.join("gate.wasm")).unwrap();
+    let out = run(Command::new(WASMCTRL).arg("check").arg(crate_dir.join("gate.toml")), "wasmctrl check");
+    assert!(out.contains("world wasmctrl:controller/admitting-plugin@0.2.1"), "{out}");
+}

@@ -628,9 +628,9 @@ fn an_unwritable_compile_cache_does_not_stop_loading() {
 fn inspect_reports_world_and_fit() {
     let report =
         inspect_component(&shared().engine, &wasm("test-plugin-probe")).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(report.world.as_deref(), Some("wasmctrl:controller/plugin@0.2.0"));
+    assert_eq!(report.world.as_deref(), Some("wasmctrl:controller/plugin@0.2.1"));
     assert!(report.fits.is_ok(), "{report}");
-    assert!(report.imports.iter().any(|i| i == "wasmctrl:controller/cache@0.2.0"), "{report}");
+    assert!(report.imports.iter().any(|i| i == "wasmctrl:controller/cache@0.2.1"), "{report}");
     assert!(report.to_string().contains("fits:    yes"));
 
     // A core module is not a component.

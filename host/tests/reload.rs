@@ -1294,6 +1294,46 @@ async fn a_configmap_volume_update_reloads_the_plugin() {
     host.stop().await;
 }
 
+/// A ConfigMap-volume update that renames a plugin's files, read half-way through: the
+/// kubelet has swapped `..data` (its payload now holds `vb.toml` and `vb.wasm`) but not yet
+/// linked the new names (`va.toml` and `va.wasm` dangle). A round that reads the directory
+/// then must not take the plugin for removed: it waits for the volume to settle, and once
+/// the kubelet is done the plugin is renamed, never stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_update_read_half_way_stops_nothing() {
+    let host = Host::start("delivery-volume-halfway", false).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    let toml = witness_toml(ns, "", "", "");
+    volume_write(host.dir.path(), 1, &[("va.toml", toml.as_bytes()), ("va.wasm", &a)]);
+    host.manager().rescan().await;
+    host.until_version("va", &a).await;
+    // The kubelet's next update, up to its `..data` swap.
+    let dir = host.dir.path();
+    let payload = "..2026_01_01_00_00_02.000000001";
+    std::fs::create_dir(dir.join(payload)).expect("payload dir");
+    std::fs::write(dir.join(payload).join("vb.toml"), &toml).expect("payload toml");
+    std::fs::write(dir.join(payload).join("vb.wasm"), &a).expect("payload wasm");
+    let old = std::fs::read_link(dir.join("..data")).expect("..data");
+    std::os::unix::fs::symlink(payload, dir.join("..data_tmp")).expect("..data_tmp");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap ..data");
+    host.manager().rescan().await;
+    let va = host.status("va").expect("va runs on while the volume is half-way through an update");
+    assert_eq!((va.state, va.version.clone()), (PluginState::Running, Some(version_of(&a))), "{va:?}");
+    // The rest of the update: the new names linked, the old links and payload removed.
+    for file in ["vb.toml", "vb.wasm"] {
+        std::os::unix::fs::symlink(format!("..data/{file}"), dir.join(file)).expect("link");
+    }
+    for file in ["va.toml", "va.wasm"] {
+        std::fs::remove_file(dir.join(file)).expect("old link");
+    }
+    std::fs::remove_dir_all(dir.join(old)).expect("old payload");
+    host.manager().rescan().await;
+    host.until_version("vb", &a).await;
+    assert!(host.status("va").is_none(), "{:?}", host.manager().status().snapshot());
+    host.stop().await;
+}
+
 /// `plugins-dir` is a symlink a deploy tool swaps to a new directory (`ln -s new tmp &&
 /// mv -T tmp plugins`): the new directory's files are loaded, and the watch follows it
 /// (a later change there is seen, after the old directory is gone).
@@ -1421,6 +1461,38 @@ async fn renaming_both_files_hands_the_plugin_over() {
     assert!(host.status("ra").is_none(), "{:?}", host.manager().status().snapshot());
     let rb = host.status("rb").expect("rb");
     assert_eq!((rb.state, rb.rejected), (PluginState::Running, 0), "{rb:?}");
+    host.stop().await;
+}
+
+/// `mv ha.toml hb.toml` read before `mv ha.wasm hb.wasm` (a slow script, or a rescan in
+/// between): the TOML moved, its code not yet, the old code still there. The plugin is left
+/// running while the code follows, and then it is a rename, never a stop. A TOML renamed
+/// alone is taken for what it is once the code did not follow in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_read_half_way_waits_for_the_code() {
+    let host = Host::start("delivery-rename-halfway", false).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    host.install("ha.toml", witness_toml(ns, "", "", "").as_bytes());
+    host.install("ha.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("ha", &a).await;
+    std::fs::rename(host.path("ha.toml"), host.path("hb.toml")).expect("mv toml");
+    host.manager().rescan().await;
+    let ha = host.status("ha").expect("ha runs on while its code has not followed its TOML");
+    assert_eq!(ha.state, PluginState::Running, "{ha:?}");
+    assert!(host.status("hb").is_none(), "{:?}", host.manager().status().snapshot());
+    std::fs::rename(host.path("ha.wasm"), host.path("hb.wasm")).expect("mv wasm");
+    host.manager().rescan().await;
+    host.until_version("hb", &a).await;
+    assert!(host.status("ha").is_none(), "{:?}", host.manager().status().snapshot());
+    // The TOML alone: after the grace, `hb` stops and `hc` waits for its code.
+    std::fs::rename(host.path("hb.toml"), host.path("hc.toml")).expect("mv toml");
+    host.manager().rescan().await;
+    host.until("hb to stop and hc to wait for its code", |h| {
+        h.status("hb").is_none() && h.status("hc").is_some_and(|s| s.state == PluginState::WaitingForWasm)
+    })
+    .await;
     host.stop().await;
 }
 
@@ -1557,6 +1629,53 @@ async fn parked_keys_go_only_to_their_kind_and_expire() {
         h.metric("wasmctrl_plugin_parked_keys_dropped_total{plugin=\"kinds\",reason=\"expired\"}") >= 1.0
     })
     .await;
+    host.stop().await;
+}
+
+/// A rename carries what the plugin parked: a delete pending for the `for` kind the plugin
+/// left (ConfigMaps, for Secrets) is handed back when, under its new name, the plugin
+/// returns to that kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rename_carries_the_keys_parked_for_another_kind() {
+    let host = Host::start("delivery-rename-parked", false).await;
+    let ns = &host.ns.clone();
+    let a = build("witness-a");
+    // Every reconcile of a deleted key fails: the delete stays pending (in backoff).
+    host.install("pa.toml", witness_toml(ns, "", "", "fail-gone = true\n").as_bytes());
+    host.install("pa.wasm", &a);
+    host.manager().rescan().await;
+    host.until_version("pa", &a).await;
+    let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
+    apply_cm(&api, "victim", "1").await;
+    let victim = format!("{ns}/victim");
+    until_line("pa", "reconcile-end", "victim's first reconcile", |l| {
+        l.field("key").as_deref() == Some(&victim)
+    })
+    .await;
+    delete_src(&api, "victim").await;
+    until_line("pa", "reconcile-end", "the failing delete", |l| {
+        l.field("key").as_deref() == Some(&victim) && l.field("result").as_deref() == Some("error")
+    })
+    .await;
+    // For Secrets now: the ConfigMap queue, the failing delete in it, is parked.
+    let secret_toml = format!(
+        "deadline = \"20s\"\n[for]\napi-version = \"v1\"\nkind = \"Secret\"\nnamespace = \"{ns}\"\n[[watches]]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[settings]\nfor-kind = \"Secret\"\nmap-prefix = \"secret-\"\n"
+    );
+    host.install("pa.toml", secret_toml.as_bytes());
+    host.manager().rescan().await;
+    host.until("the Secret version to run", |h| h.status("pa").is_some_and(|s| s.reloads >= 2 && s.ready))
+        .await;
+    // Both files renamed together: the same plugin, under the name `pb`.
+    std::fs::rename(host.path("pa.toml"), host.path("pb.toml")).expect("mv toml");
+    std::fs::rename(host.path("pa.wasm"), host.path("pb.wasm")).expect("mv wasm");
+    host.manager().rescan().await;
+    host.until_version("pb", &a).await;
+    assert!(host.status("pa").is_none(), "{:?}", host.manager().status().snapshot());
+    // Back to ConfigMaps, deletes no longer failing: the parked delete comes back with it.
+    let mark = guest_logs().lock().len();
+    host.install("pb.toml", witness_toml(ns, "", "", "edit = 1\n").as_bytes());
+    host.manager().rescan().await;
+    until_reconciled_gone("pb", &victim, mark, "the parked delete reconciled under the new name").await;
     host.stop().await;
 }
 

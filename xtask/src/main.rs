@@ -278,7 +278,8 @@ fn lint(root: &Path) -> Result<()> {
 /// The integration suites that run on either backend (see `wasmctrl-testkit`).
 /// `differential` compares the dev cluster with the real server, request by request;
 /// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size);
-/// `sandbox_runtime` ends a sleeping plugin call on the loss of a real Lease.
+/// `sandbox_runtime` ends a sleeping plugin call on the loss of a real Lease; `sandbox` runs
+/// the adversarial plugins.
 const BACKEND_AWARE_SUITES: &[&str] = &[
     "informer",
     "controller",
@@ -289,6 +290,8 @@ const BACKEND_AWARE_SUITES: &[&str] = &[
     "semantics",
     "chaos",
     "sandbox_runtime",
+    "sandbox",
+    "admission",
 ];
 
 /// Builds the real API server, timing the build.

@@ -2,7 +2,10 @@
 //!
 //! Every call is checked against the plugin's declared write permissions
 //! (`[permissions] write`, plus the `for` / `owns` kinds as the host allows) and carries
-//! the plugin's field manager. Writes return the object as stored by the API server.
+//! the plugin's field manager. Writes return the object as stored by the API server — its
+//! `apiVersion`, `kind` and `metadata` only when the plugin may not read the kind (a type
+//! whose other fields are required then fails to parse: write such kinds with a type
+//! whose fields are optional, as every `k8s-openapi` type's are).
 
 use serde::Serialize;
 
@@ -69,7 +72,9 @@ pub struct ApplyParams {
     pub force: bool,
     /// Validate and return the result without persisting it (`dryRun=All`).
     pub dry_run: bool,
-    /// Apply as this field manager instead of the plugin's own (`wasmctrl-<name>` by default).
+    /// Apply as this field manager instead of the plugin's own (`wasmctrl-<name>` by
+    /// default): the host allows only the plugin's own manager followed by `/` and a suffix
+    /// (`wasmctrl-mirror/status`), and refuses any other as [`Error::Forbidden`].
     pub field_manager: Option<String>,
 }
 

@@ -12,12 +12,19 @@
 //!   otherwise. So implementing a hook is the only way to declare it.
 //! - `reconcile` reads the object of the `For` kind from the host's cache first; a failed
 //!   read is returned as the reconcile's error, without calling the plugin.
+//! - The admission exports (`validator`, `mutator`) are emitted exactly for the names listed
+//!   in `export_plugin!(.., admission = [..])`, each requiring its trait; a plugin that
+//!   implements [`Validate`] or [`Mutate`] without listing it fails `init` with a message
+//!   saying what to write, so a webhook is never silently left out.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::rc::Rc;
 use std::thread::LocalKey;
 
+use crate::admission::{AdmissionRequest, Mutate, Operation, UserInfo, Validate, Verdict};
+use crate::admission_bindings::mutator::exports::wasmctrl::controller::mutator as wit_mutator;
+use crate::admission_bindings::validator::wasmctrl::controller::admission as wit_admission;
 use crate::bindings::exports::wasmctrl::controller::reconciler as wit;
 use crate::bindings::wasmctrl::controller::types as wit_types;
 use crate::plugin::{Filter, Map, OnAdd, OnDelete, OnUpdate};
@@ -30,6 +37,14 @@ use crate::{
 #[doc(hidden)]
 pub type MapFn<P> = fn(&P, &Gvk, RawObject) -> Vec<Request>;
 
+/// A plugin's `validate` as a plain function.
+#[doc(hidden)]
+pub type ValidateFn<P> = fn(&P, &AdmissionRequest) -> Verdict;
+
+/// A plugin's `mutate` as a plain function.
+#[doc(hidden)]
+pub type MutateFn<P> = fn(&P, &AdmissionRequest) -> (Verdict, Option<json_patch::Patch>);
+
 /// The hook functions one plugin type implements (`None`: not implemented).
 #[doc(hidden)]
 pub struct HookTable<P> {
@@ -38,6 +53,12 @@ pub struct HookTable<P> {
     pub on_delete: Option<fn(&P, &Gvk, RawObject, bool)>,
     pub map: Option<MapFn<P>>,
     pub filter: Option<fn(&P, &Gvk, FilterEvent) -> bool>,
+    /// [`Validate`], when implemented.
+    pub validate: Option<ValidateFn<P>>,
+    /// [`Mutate`], when implemented.
+    pub mutate: Option<MutateFn<P>>,
+    /// The admission exports `export_plugin!` emits: `(validator, mutator)`.
+    pub exported: (bool, bool),
 }
 
 impl<P> HookTable<P> {
@@ -109,7 +130,50 @@ detect!(HasOnDelete, NoOnDelete, on_delete_hook, OnDelete::on_delete, fn(&P, &Gv
 detect!(HasMap, NoMap, map_hook, Map::map, fn(&P, &Gvk, RawObject) -> Vec<Request>);
 detect!(HasFilter, NoFilter, filter_hook, Filter::filter, fn(&P, &Gvk, FilterEvent) -> bool);
 
-/// Registers `$ty` (a [`Plugin`]) as this component's `reconciler` export.
+/// [`Validate`] (the trait has several methods: its hook is the SDK's dispatch over them).
+#[doc(hidden)]
+pub trait HasValidate<P> {
+    fn validate_hook(&self) -> Option<ValidateFn<P>>;
+}
+impl<P: Validate> HasValidate<P> for &Probe<P> {
+    fn validate_hook(&self) -> Option<ValidateFn<P>> {
+        Some(crate::admission::validate::<P>)
+    }
+}
+#[doc(hidden)]
+pub trait NoValidate<P> {
+    fn validate_hook(&self) -> Option<ValidateFn<P>>;
+}
+impl<P> NoValidate<P> for Probe<P> {
+    fn validate_hook(&self) -> Option<ValidateFn<P>> {
+        None
+    }
+}
+
+/// [`Mutate`], as [`HasValidate`].
+#[doc(hidden)]
+pub trait HasMutate<P> {
+    fn mutate_hook(&self) -> Option<MutateFn<P>>;
+}
+impl<P: Mutate> HasMutate<P> for &Probe<P> {
+    fn mutate_hook(&self) -> Option<MutateFn<P>> {
+        Some(crate::admission::mutate::<P>)
+    }
+}
+#[doc(hidden)]
+pub trait NoMutate<P> {
+    fn mutate_hook(&self) -> Option<MutateFn<P>>;
+}
+impl<P> NoMutate<P> for Probe<P> {
+    fn mutate_hook(&self) -> Option<MutateFn<P>> {
+        None
+    }
+}
+
+/// Registers `$ty` (a [`Plugin`]) as this component's `reconciler` export, and as its
+/// `validator` and `mutator` exports when listed: `export_plugin!(MyPlugin, admission =
+/// [validate, mutate])` (each needs its trait, [`Validate`] or [`Mutate`]; the host reads
+/// from the component's exports which webhooks it can answer).
 ///
 /// Use it once, at the top level of the plugin crate (a `cdylib` with an `rlib` for native
 /// tests). On `wasm32` it emits the component exports; everywhere it implements the
@@ -123,33 +187,42 @@ detect!(HasFilter, NoFilter, filter_hook, Filter::filter, fn(&P, &Gvk, FilterEve
 /// `export_plugin!(MyPlugin, allocator = system)` keeps Rust's system allocator (wasi-libc's
 /// dlmalloc) instead, or whatever `#[global_allocator]` the crate sets itself (a crate that
 /// sets one must say `allocator = system`, or the two allocators collide at compile time).
+/// The allocator comes before `admission`: `export_plugin!(P, allocator = system, admission = [validate])`.
 #[macro_export]
 macro_rules! export_plugin {
-    ($ty:ty, allocator = arena) => {
+    ($ty:ty, allocator = arena $(, admission = [$($admit:ident),* $(,)?])?) => {
         #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
         #[global_allocator]
         static __WASMCTRL_ALLOCATOR: $crate::arena::GlobalCallArena = $crate::arena::GlobalCallArena;
 
-        $crate::export_plugin!($ty, allocator = system);
+        $crate::export_plugin!($ty, allocator = system, admission = [$($($admit),*)?]);
     };
-    ($ty:ty) => {
-        $crate::export_plugin!($ty, allocator = arena);
+    ($ty:ty $(, admission = [$($admit:ident),* $(,)?])?) => {
+        $crate::export_plugin!($ty, allocator = arena, admission = [$($($admit),*)?]);
     };
     ($ty:ty, allocator = system) => {
+        $crate::export_plugin!($ty, allocator = system, admission = []);
+    };
+    ($ty:ty, allocator = system, admission = [$($admit:ident),* $(,)?]) => {
         impl $crate::__private::Exported for $ty {
             fn hook_table() -> $crate::__private::HookTable<Self> {
                 #[allow(unused_imports)]
                 use $crate::__private::{
-                    HasFilter as _, HasMap as _, HasOnAdd as _, HasOnDelete as _, HasOnUpdate as _,
-                    NoFilter as _, NoMap as _, NoOnAdd as _, NoOnDelete as _, NoOnUpdate as _,
+                    HasFilter as _, HasMap as _, HasMutate as _, HasOnAdd as _, HasOnDelete as _, HasOnUpdate as _,
+                    HasValidate as _, NoFilter as _, NoMap as _, NoMutate as _, NoOnAdd as _, NoOnDelete as _,
+                    NoOnUpdate as _, NoValidate as _,
                 };
                 let probe = $crate::__private::Probe::<$ty>::new();
+                let listed: &[&str] = &[$(::std::stringify!($admit)),*];
                 $crate::__private::HookTable {
                     on_add: (&&probe).on_add_hook(),
                     on_update: (&&probe).on_update_hook(),
                     on_delete: (&&probe).on_delete_hook(),
                     map: (&&probe).map_hook(),
                     filter: (&&probe).filter_hook(),
+                    validate: (&&probe).validate_hook(),
+                    mutate: (&&probe).mutate_hook(),
+                    exported: (listed.contains(&"validate"), listed.contains(&"mutate")),
                 }
             }
         }
@@ -186,21 +259,77 @@ macro_rules! export_plugin {
                 }
             }
 
-            // The component export names (`wasmctrl:controller/reconciler@0.2.0#init`) are not
+            // The component export names (`wasmctrl:controller/reconciler@0.2.1#init`) are not
             // valid symbols for native linkers, so native builds (unit tests of a plugin
             // crate) skip the export and keep the rest.
             #[cfg(target_arch = "wasm32")]
             $crate::__private::bindings::__export_plugin_world!(__WasmctrlExports with_types_in $crate::__private::bindings);
+
+            $($crate::__export_admission!($ty, $admit, __WASMCTRL_PLUGIN);)*
         };
+    };
+}
+
+/// One admission export of [`export_plugin!`]: `validate` or `mutate`, over the plugin's
+/// slot. Not a stable API.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_admission {
+    ($ty:ty, validate, $slot:ident) => {
+        #[allow(dead_code)]
+        struct __WasmctrlValidator;
+
+        impl $crate::__private::ValidatorGuest for __WasmctrlValidator {
+            fn validate(request: $crate::__private::WitAdmissionRequest) -> $crate::__private::WitVerdict {
+                $crate::__private::export_call(|| $crate::__private::validate_slot(&$slot, request))
+            }
+        }
+
+        #[cfg(target_arch = "wasm32")]
+        $crate::__private::validator_bindings::__export_validator!(__WasmctrlValidator with_types_in $crate::__private::validator_bindings);
+    };
+    ($ty:ty, mutate, $slot:ident) => {
+        #[allow(dead_code)]
+        struct __WasmctrlMutator;
+
+        impl $crate::__private::MutatorGuest for __WasmctrlMutator {
+            fn mutate(request: $crate::__private::WitAdmissionRequest) -> $crate::__private::WitMutation {
+                $crate::__private::export_call(|| $crate::__private::mutate_slot(&$slot, request))
+            }
+        }
+
+        #[cfg(target_arch = "wasm32")]
+        $crate::__private::mutator_bindings::__export_mutator!(__WasmctrlMutator with_types_in $crate::__private::mutator_bindings);
+    };
+    ($ty:ty, $other:ident, $slot:ident) => {
+        ::std::compile_error!(::std::concat!(
+            "export_plugin!: unknown admission export `",
+            ::std::stringify!($other),
+            "`: write `validate`, `mutate` or both"
+        ));
     };
 }
 
 // ---- SDK-level calls (shared by the wasm exports and `testing`) ----
 
-/// Runs `P::init`; on success also returns what `init` reports to the host.
+/// Runs `P::init`; on success also returns what `init` reports to the host. A plugin that
+/// implements an admission trait without exporting it is refused before `P::init` runs.
 pub(crate) fn init<P: Exported>(settings: Vec<u8>) -> Result<(P, Hooks), InitError> {
+    let table = P::hook_table();
+    for (implemented, exported, name, export) in [
+        (table.validate.is_some(), table.exported.0, "Validate", "validate"),
+        (table.mutate.is_some(), table.exported.1, "Mutate", "mutate"),
+    ] {
+        if implemented && !exported {
+            return Err(InitError::new(format!(
+                "the plugin implements {name} but does not export it: list it in the macro, \
+                 `export_plugin!({}, admission = [{export}, ..])`",
+                std::any::type_name::<P>().rsplit("::").next().unwrap_or("Plugin")
+            )));
+        }
+    }
     let plugin = P::init(Settings::from_json(settings))?;
-    Ok((plugin, P::hook_table().hooks()))
+    Ok((plugin, table.hooks()))
 }
 
 /// Reads the `For` object from the cache and reconciles it.
@@ -362,6 +491,74 @@ pub fn filter_slot<P>(slot: &'static SlotKey<P>, kind: wit_types::Gvk, event: wi
             None => true,
         },
         None => true,
+    }
+}
+
+fn request_from_wit(r: wit_admission::AdmissionRequest) -> AdmissionRequest {
+    let mut request = match r.operation {
+        wit_admission::Operation::Create => AdmissionRequest::blank(Operation::Create),
+        wit_admission::Operation::Update => AdmissionRequest::blank(Operation::Update),
+        wit_admission::Operation::Delete => AdmissionRequest::blank(Operation::Delete),
+        wit_admission::Operation::Connect => AdmissionRequest::blank(Operation::Connect),
+    };
+    request.uid = r.uid;
+    request.kind = gvk_from_wit(r.kind);
+    request.resource = r.resource;
+    request.sub_resource = r.sub_resource;
+    request.name = r.name;
+    request.namespace = r.namespace;
+    request.user_info = UserInfo {
+        username: r.user_info.username,
+        uid: r.user_info.uid,
+        groups: r.user_info.groups,
+        extra: r.user_info.extra,
+    };
+    request.object = r.object.map(RawObject::from_json);
+    request.old_object = r.old_object.map(RawObject::from_json);
+    request.dry_run = r.dry_run;
+    request.options = r.options.map(RawObject::from_json);
+    request
+}
+
+fn verdict_to_wit(v: Verdict) -> wit_admission::Verdict {
+    wit_admission::Verdict {
+        denial: v.denied.map(|d| wit_admission::Denial { message: d.message().to_owned(), code: d.code() }),
+        warnings: v.warnings,
+    }
+}
+
+fn not_ready() -> Verdict {
+    Verdict {
+        denied: Some(crate::admission::Denied::with_code(500, "plugin called before init")),
+        warnings: Vec::new(),
+    }
+}
+
+#[doc(hidden)]
+pub fn validate_slot<P: Validate>(
+    slot: &'static SlotKey<P>,
+    request: wit_admission::AdmissionRequest,
+) -> wit_admission::Verdict {
+    let verdict = match loaded(slot) {
+        Some(p) => crate::admission::validate(&p.0, &request_from_wit(request)),
+        None => not_ready(),
+    };
+    verdict_to_wit(verdict)
+}
+
+#[doc(hidden)]
+pub fn mutate_slot<P: Mutate>(
+    slot: &'static SlotKey<P>,
+    request: wit_admission::AdmissionRequest,
+) -> wit_mutator::Mutation {
+    let (verdict, patch) = match loaded(slot) {
+        Some(p) => crate::admission::mutate(&p.0, &request_from_wit(request)),
+        None => (not_ready(), None),
+    };
+    wit_mutator::Mutation {
+        verdict: verdict_to_wit(verdict),
+        // A patch of JSON values always encodes.
+        patch: patch.map(|p| serde_json::to_vec(&p).unwrap_or_else(|_| b"[]".to_vec())),
     }
 }
 

@@ -13,6 +13,7 @@
 //! | [`events`] | Kubernetes Events: `normal`, `warning` |
 //! | [`log`] | structured logs: `info!("msg"; key = value)`, … (each key a field of the host's log) |
 //! | [`config`] | the plugin's name and `[settings]` |
+//! | [`admission`] | validating and mutating webhooks on the plugin's kind: [`Validate`](admission::Validate), [`Mutate`](admission::Mutate) |
 //! | [`owner`], [`finalizer`], [`conditions`], [`diff`], [`time`] | pure helpers for owner references, finalizers, status conditions, "is a write needed?" checks and time |
 //! | [`arena`] | the per-call arena, every plugin's global allocator unless it opts out with `export_plugin!(MyPlugin, allocator = system)` |
 //! | `testing` (native builds only) | a fake host: run a plugin's whole `reconcile` under `cargo test` |
@@ -126,6 +127,7 @@ extern crate self as wasmctrl_guest;
 pub use k8s_openapi;
 pub use serde_json;
 
+pub mod admission;
 pub mod arena;
 mod error;
 mod export;
@@ -159,6 +161,7 @@ pub use plugin::{
 
 /// The names most plugins need: `use wasmctrl_guest::prelude::*;`.
 pub mod prelude {
+    pub use crate::admission::{AdmissionRequest, Denied, Mutate, Validate};
     pub use crate::{
         Action, Error, Filter, FilterEvent, Gvk, InitError, Kind, KindExt, Map, OnAdd, OnDelete, OnUpdate,
         Plugin, RawObject, ReconcileError, Request, ResultExt, Settings, Target, cache, client, conditions,
@@ -182,9 +185,57 @@ pub mod bindings {
     });
 }
 
+#[doc(hidden)]
+pub mod admission_bindings {
+    //! Raw wit-bindgen output for the admission exports, one world each, so a plugin exports
+    //! exactly the ones it lists in `export_plugin!` (the host reads its exports). Not a
+    //! stable API: use [`crate::admission`].
+    #![allow(missing_docs, clippy::all)]
+
+    pub mod validator {
+        wit_bindgen::generate!({
+            path: "../../wit",
+            inline: "package wasmctrl:guest-sdk;\nworld validator-export { export wasmctrl:controller/validator@0.2.1; }",
+            world: "wasmctrl:guest-sdk/validator-export",
+            pub_export_macro: true,
+            export_macro_name: "__export_validator",
+            with: {
+                "wasmctrl:controller/types@0.2.1": crate::bindings::wasmctrl::controller::types,
+                "wasmctrl:controller/admission@0.2.1": generate,
+            },
+            runtime_path: "wasmctrl_guest::__private::wit_bindgen::rt",
+            bitflags_path: "wasmctrl_guest::__private::wit_bindgen::rt::bitflags",
+        });
+    }
+
+    pub mod mutator {
+        wit_bindgen::generate!({
+            path: "../../wit",
+            inline: "package wasmctrl:guest-sdk;\nworld mutator-export { export wasmctrl:controller/mutator@0.2.1; }",
+            world: "wasmctrl:guest-sdk/mutator-export",
+            pub_export_macro: true,
+            export_macro_name: "__export_mutator",
+            with: {
+                "wasmctrl:controller/types@0.2.1": crate::bindings::wasmctrl::controller::types,
+                "wasmctrl:controller/admission@0.2.1": crate::admission_bindings::validator::wasmctrl::controller::admission,
+            },
+            runtime_path: "wasmctrl_guest::__private::wit_bindgen::rt",
+            bitflags_path: "wasmctrl_guest::__private::wit_bindgen::rt::bitflags",
+        });
+    }
+}
+
 /// Implementation details of [`export_plugin!`]; not a stable API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::admission_bindings::mutator::exports::wasmctrl::controller::mutator::{
+        Guest as MutatorGuest, Mutation as WitMutation,
+    };
+    pub use crate::admission_bindings::validator::exports::wasmctrl::controller::validator::Guest as ValidatorGuest;
+    pub use crate::admission_bindings::validator::wasmctrl::controller::admission::{
+        AdmissionRequest as WitAdmissionRequest, Verdict as WitVerdict,
+    };
+    pub use crate::admission_bindings::{mutator as mutator_bindings, validator as validator_bindings};
     pub use crate::arena::export_call;
     pub use crate::bindings;
     pub use crate::bindings::exports::wasmctrl::controller::reconciler::{
@@ -193,9 +244,10 @@ pub mod __private {
     };
     pub use crate::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as WitRequest};
     pub use crate::export::{
-        Exported, HasFilter, HasMap, HasOnAdd, HasOnDelete, HasOnUpdate, HookTable, NoFilter, NoMap, NoOnAdd,
-        NoOnDelete, NoOnUpdate, Probe, Slot, filter_slot, init_slot, map_slot, on_add_slot, on_delete_slot,
-        on_update_slot, reconcile_slot,
+        Exported, HasFilter, HasMap, HasMutate, HasOnAdd, HasOnDelete, HasOnUpdate, HasValidate, HookTable,
+        NoFilter, NoMap, NoMutate, NoOnAdd, NoOnDelete, NoOnUpdate, NoValidate, Probe, Slot, filter_slot,
+        init_slot, map_slot, mutate_slot, on_add_slot, on_delete_slot, on_update_slot, reconcile_slot,
+        validate_slot,
     };
     pub use wit_bindgen;
 }

@@ -297,6 +297,51 @@ impl Indexer {
         }
     }
 
+    /// Calls `f` with each object in `namespace` (or every object, for `None`) whose labels
+    /// match `selector`, under the read lock, until `f` breaks: a caller that bounds what it
+    /// collects never copies the rest. `f` must not call back into this store.
+    pub fn visit_selected(
+        &self,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+        mut f: impl FnMut(&Arc<Object>) -> std::ops::ControlFlow<()>,
+    ) {
+        let inner = self.inner.read();
+        let mut visit = |set: &KeySet| {
+            for b in set {
+                if selector.matches(&b.0) && f(&b.0).is_break() {
+                    return;
+                }
+            }
+        };
+        match namespace {
+            None => visit(&inner.items),
+            Some(ns) => {
+                if let Some(set) = inner.indices.get(NAMESPACE_INDEX).and_then(|idx| idx.get(ns)) {
+                    visit(set);
+                }
+            }
+        }
+    }
+
+    /// As [`visit_selected`](Self::visit_selected), over the objects whose index
+    /// `index_name` has `value`.
+    pub fn visit_index(
+        &self,
+        index_name: &str,
+        value: &str,
+        mut f: impl FnMut(&Arc<Object>) -> std::ops::ControlFlow<()>,
+    ) -> Result<(), IndexError> {
+        let inner = self.inner.read();
+        let index = Self::index_of(&inner, index_name)?;
+        for b in index.get(value).into_iter().flatten() {
+            if f(&b.0).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Objects whose index `index_name` has `value`.
     pub fn by_index(&self, index_name: &str, value: &str) -> Result<Vec<Arc<Object>>, IndexError> {
         let inner = self.inner.read();
@@ -416,6 +461,38 @@ mod tests {
         assert_eq!(sorted(s.keys()), ["ns/bar", "ns/foo"]);
         assert!(s.by_index(NAMESPACE_INDEX, "other").unwrap().is_empty());
         assert_eq!(s.list_index_values(NAMESPACE_INDEX).unwrap(), ["ns"]);
+    }
+
+    #[test]
+    fn visits_stop_when_the_visitor_breaks() {
+        use std::ops::ControlFlow;
+        let w = Writer::new();
+        let s = w.reader();
+        for i in 0..10 {
+            w.upsert(obj("ns", &format!("o{i}"), r#""app":"web""#));
+        }
+        w.upsert(obj("other", "x", r#""app":"web""#));
+        let web = LabelSelector::parse("app=web").unwrap();
+        let mut seen = 0;
+        s.visit_selected(None, &web, |_| {
+            seen += 1;
+            if seen == 3 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        });
+        assert_eq!(seen, 3);
+        let mut in_other = Vec::new();
+        s.visit_selected(Some("other"), &web, |o| {
+            in_other.push(o.key().to_owned());
+            ControlFlow::Continue(())
+        });
+        assert_eq!(in_other, ["other/x"]);
+        let mut by_ns = 0;
+        s.visit_index(NAMESPACE_INDEX, "ns", |_| {
+            by_ns += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(by_ns, 10);
+        assert!(s.visit_index("nope", "x", |_| ControlFlow::Continue(())).is_err());
     }
 
     fn with_label_index() -> (Writer, Indexer) {

@@ -32,13 +32,14 @@ mod units;
 
 pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
 pub use host::{
-    ClusterConfig, ClusterMode, ClusterToml, DefaultsToml, HostConfig, HostToml, LeaderElectionConfig,
-    LeaderElectionToml, ServerToml, TelemetryToml,
+    AdmissionServerToml, ClusterConfig, ClusterMode, ClusterToml, DefaultsToml, HostConfig, HostToml,
+    LeaderElectionConfig, LeaderElectionToml, ServerToml, ServiceToml, TelemetryToml,
 };
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{
-    IndexToml, OwnerIndex, PermissionsToml, PluginConfig, PluginDefaults, PluginToml, Predicates,
-    PredicatesToml, SourceToml, TransformToml, WatchSource,
+    AdmissionToml, FailurePolicyToml, IndexToml, OperationToml, OwnerIndex, PermissionsToml, PluginConfig,
+    PluginDefaults, PluginToml, Predicates, PredicatesToml, ReinvocationToml, SideEffectsToml, SourceToml,
+    TransformToml, WatchSource,
 };
 pub use units::{ByteSize, DurationValue, UnitError};
 

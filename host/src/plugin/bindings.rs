@@ -22,3 +22,32 @@ impl wasmtime::component::HasData for TypesHost {
 }
 
 impl wasmctrl::controller::types::Host for TypesHost {}
+
+/// The admission exports (`validator`, `mutator`), generated from the world that has both.
+/// Only their per-interface export bindings are used ([`admission::ValidatorIndices`] and
+/// [`admission::MutatorIndices`]): a component exports either, both or neither, and the
+/// host looks each one up on its own. Their imports are the ones above (`with`), so an
+/// instance is linked exactly as a `plugin` one.
+pub(crate) mod admission {
+    wasmtime::component::bindgen!({
+        world: "admitting-plugin",
+        path: "../wit",
+        imports: { default: trappable },
+        with: {
+            "wasmctrl:controller/types": super::wasmctrl::controller::types,
+            "wasmctrl:controller/cache": super::wasmctrl::controller::cache,
+            "wasmctrl:controller/client": super::wasmctrl::controller::client,
+            "wasmctrl:controller/events": super::wasmctrl::controller::events,
+            "wasmctrl:controller/log": super::wasmctrl::controller::log,
+            "wasmctrl:controller/config": super::wasmctrl::controller::config,
+        },
+    });
+
+    pub(crate) use exports::wasmctrl::controller::mutator::{
+        Guest as Mutator, GuestIndices as MutatorIndices,
+    };
+    pub(crate) use exports::wasmctrl::controller::validator::{
+        Guest as Validator, GuestIndices as ValidatorIndices,
+    };
+    pub(crate) use wasmctrl::controller::admission::{AdmissionRequest, Operation, UserInfo, Verdict};
+}

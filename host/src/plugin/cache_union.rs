@@ -8,12 +8,14 @@
 //!   API servers' are; otherwise the first member's);
 //! - `list` and `by_index` return objects in key order;
 //! - an index is usable if at least one member has it; members without it contribute
-//!   nothing to that lookup.
+//!   nothing to that lookup;
+//! - a bounded read ([`ListBound`]) bounds each member's walk and then the union, so no
+//!   member is walked past the bound.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::cache::{CacheReadError, CacheReader};
+use super::cache::{BoundedCollector, CacheReadError, CacheReader, ListBound};
 use crate::object::Object;
 
 /// The union of several caches of one kind.
@@ -71,10 +73,43 @@ impl CacheReader for UnionCache {
     }
 
     fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        self.by_index_with(|m| m.by_index(index, value))
+    }
+
+    fn list_bounded(
+        &self,
+        namespace: Option<&str>,
+        label_selector: Option<&str>,
+        bound: &ListBound<'_>,
+    ) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        let lists = self
+            .members
+            .iter()
+            .map(|m| m.list_bounded(namespace, label_selector, bound))
+            .collect::<Result<Vec<_>, _>>()?;
+        BoundedCollector::collect(bound, Self::merge(lists))
+    }
+
+    fn by_index_bounded(
+        &self,
+        index: &str,
+        value: &str,
+        bound: &ListBound<'_>,
+    ) -> Result<Vec<Arc<Object>>, CacheReadError> {
+        BoundedCollector::collect(bound, self.by_index_with(|m| m.by_index_bounded(index, value, bound))?)
+    }
+}
+
+impl UnionCache {
+    /// Merges what `lookup` finds in each member that has the index.
+    fn by_index_with(
+        &self,
+        lookup: impl Fn(&Arc<dyn CacheReader>) -> Result<Vec<Arc<Object>>, CacheReadError>,
+    ) -> Result<Vec<Arc<Object>>, CacheReadError> {
         let mut lists = Vec::new();
         let mut unknown = None;
         for m in &self.members {
-            match m.by_index(index, value) {
+            match lookup(m) {
                 Ok(list) => lists.push(list),
                 Err(e @ CacheReadError::UnknownIndex(_)) => unknown = Some(e),
                 Err(e) => return Err(e),
@@ -144,5 +179,16 @@ mod tests {
         );
         assert!(matches!(u.by_index("nope", "x"), Err(CacheReadError::UnknownIndex(_))));
         assert!(matches!(u.list(None, Some("a in")), Err(CacheReadError::InvalidSelector { .. })));
+        // Bounded: the union is bounded, not only each member.
+        let all = |_: &Object| true;
+        let wide = ListBound { max_bytes: 1 << 20, keep: &all };
+        assert_eq!(u.list_bounded(None, None, &wide).unwrap().len(), 3);
+        let size = cm("a", 1, "x").json().len();
+        let two = ListBound { max_bytes: size * 2 + 2, keep: &all };
+        assert!(matches!(u.list_bounded(None, None, &two), Err(CacheReadError::TooLarge { .. })));
+        let not_b = |o: &Object| o.name() != "b";
+        let scoped = ListBound { max_bytes: 1 << 20, keep: &not_b };
+        assert_eq!(names(u.list_bounded(None, None, &scoped).unwrap()).len(), 2);
+        assert_eq!(names(u.by_index_bounded("by-app", "x", &scoped).unwrap()).len(), 2);
     }
 }

@@ -22,12 +22,15 @@ pub(crate) struct CallInfo {
     pub request: Option<String>,
     /// When the call's deadline expires.
     pub deadline: Instant,
+    /// Why this call may not write (create, update, patch, delete, publish an Event), if it
+    /// may not: an admission call of a webhook with no side effects (or of a dry run).
+    pub writes_refused: Option<String>,
 }
 
 impl CallInfo {
     /// No call yet (an instance being created).
     pub fn idle() -> Self {
-        CallInfo { export: "", request: None, deadline: Instant::now() }
+        CallInfo { export: "", request: None, deadline: Instant::now(), writes_refused: None }
     }
 }
 

@@ -8,11 +8,18 @@
 //!
 //! Invariants:
 //! - Reads need the kind readable, writes writable (else `forbidden`, logged), checked
-//!   before any request is sent. Bodies larger than `max-output` are refused as `invalid`.
-//! - Bodies go to the API server as the guest wrote them and responses come back as the
-//!   server sent them (no serde round trip), so unknown fields survive.
-//! - Every write carries the plugin's field manager; `apply` is server-side apply and may
-//!   name another manager (1–128 printable ASCII characters, as the API server requires).
+//!   before any request is sent; so is the namespace, which must be one of the plugin's
+//!   namespaces when it is limited to some (and such a plugin writes no cluster-scoped
+//!   kind). Bodies larger than `max-output` are refused as `invalid`.
+//! - Writing is no way to read: the response of a write of a kind the plugin may not read
+//!   carries its metadata only ([`Access::write_response`]), dry runs included, and the JSON
+//!   patch operations that read the stored object (`copy`, `move`, `test`) are refused on
+//!   such a kind.
+//! - Bodies go to the API server as the guest wrote them and responses of readable kinds
+//!   come back as the server sent them (no serde round trip), so unknown fields survive.
+//! - Every write carries the plugin's field manager; `apply` may name another manager only
+//!   of the form `<own manager>/<suffix>` (1–128 printable ASCII characters, as the API
+//!   server requires), so no plugin writes as another.
 //! - A guest blocks in these calls (it runs on a blocking thread); the request itself runs
 //!   on the tokio runtime and is bounded by what is left of the call's deadline.
 //! - Once cluster access is revoked (leader lease lost) every call fails at once as
@@ -34,7 +41,7 @@ use super::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as Wit
 use super::call::CallInfo;
 use super::cluster::KubeServices;
 use super::record::{CallLog, RecordedWrite, body_value};
-use super::spec::Gvk;
+use super::spec::{Gvk, owns_field_manager};
 
 /// Where a body says it belongs.
 #[derive(Deserialize)]
@@ -90,14 +97,40 @@ fn validate_segment(what: &str, s: &str) -> Result<(), WitError> {
     Ok(())
 }
 
-/// The API server accepts field managers of at most 128 printable characters.
-fn validate_field_manager(m: &str) -> Result<&str, WitError> {
+/// The API server accepts field managers of at most 128 printable characters; a plugin
+/// may name only its own manager or `<own>/<suffix>`.
+fn validate_field_manager<'a>(own: &str, m: &'a str) -> Result<&'a str, WitError> {
     if m.is_empty() || m.len() > 128 || !m.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
         return Err(WitError::Invalid(format!(
             "field manager {m:?} must be 1 to 128 printable ASCII characters"
         )));
     }
+    if !owns_field_manager(own, m) {
+        return Err(WitError::Forbidden(format!(
+            "field manager {m:?} is not this plugin's: a plugin applies as its own manager {own:?} or as \
+             {own:?} followed by `/` and a suffix"
+        )));
+    }
     Ok(m)
+}
+
+/// The JSON patch operations that read the stored object: refused on kinds the plugin may
+/// not read (`copy`/`move` would put stored values where the metadata-only response shows
+/// them, `test` answers whether a stored value is a guess).
+const READING_PATCH_OPS: [&str; 3] = ["copy", "move", "test"];
+
+/// The first operation of a JSON patch that reads the stored object, if any. A body this
+/// cannot read as an array of operations counts as reading (it cannot be shown not to): the
+/// API server's decoder might still find operations in it. A key given twice counts once,
+/// its last value, as the API server's decoder reads it.
+fn reading_patch_op(body: &[u8]) -> Option<String> {
+    let Ok(ops) = serde_json::from_slice::<Vec<serde_json::Map<String, serde_json::Value>>>(body) else {
+        return Some("not an array of operations the host can check".to_owned());
+    };
+    ops.iter()
+        .filter_map(|o| o.get("op").and_then(|v| v.as_str()))
+        .find(|op| READING_PATCH_OPS.contains(op))
+        .map(|op| format!("its `{op}` operation"))
 }
 
 fn raw_json(bytes: &[u8], what: &str) -> Result<Box<RawValue>, WitError> {
@@ -106,6 +139,9 @@ fn raw_json(bytes: &[u8], what: &str) -> Result<Box<RawValue>, WitError> {
     RawValue::from_string(text.to_owned())
         .map_err(|e| WitError::Invalid(format!("{what} is not valid JSON: {e}")))
 }
+
+/// The content type of RFC 6902 JSON patches.
+const JSON_PATCH: &str = "application/json-patch+json";
 
 fn build_error(e: kube::core::request::Error) -> WitError {
     WitError::Invalid(format!("cannot build the request: {e}"))
@@ -194,6 +230,7 @@ impl ClientCtxView<'_> {
         } else {
             None
         };
+        self.ctx.access.check_namespace(kind, namespace.as_deref(), write, self.call, op)?;
         let path = resolved.collection_path(namespace.as_deref());
         Ok((kube, kube::core::Request::new(path), namespace))
     }
@@ -218,7 +255,8 @@ impl ClientCtxView<'_> {
         validate_segment("name", &target.name)?;
         let (kube, req, _) = self.collection(&target.kind, target.namespace.as_deref(), true, op)?;
         let http = build(&req, &target, &self.post_params(), object).map_err(build_error)?;
-        kube.send(self.call.deadline, http).map(String::into_bytes)
+        let body = kube.send(self.call.deadline, http)?.into_bytes();
+        Ok(self.ctx.access.write_response(&target.kind, body))
     }
 
     fn patch_call(
@@ -233,7 +271,7 @@ impl ClientCtxView<'_> {
         let kind = Gvk { api_version: kind.api_version, kind: kind.kind };
         let (body, content_type, patch_type) = match patch {
             WitPatch::Merge(b) => (b, "application/merge-patch+json", "merge"),
-            WitPatch::Json(b) => (b, "application/json-patch+json", "json"),
+            WitPatch::Json(b) => (b, JSON_PATCH, "json"),
             WitPatch::Strategic(b) => (b, "application/strategic-merge-patch+json", "strategic"),
         };
         let recorded = self.call_log().map(|log| (log, body.clone()));
@@ -268,6 +306,18 @@ impl ClientCtxView<'_> {
         self.ctx.access.check_input_size(body.len(), "the patch")?;
         let raw = raw_json(&body, "the patch")?;
         let (kube, req, _) = self.collection(kind, namespace, true, op)?;
+        if content_type == JSON_PATCH
+            && !self.ctx.access.can_read(kind)
+            && let Some(read_op) = reading_patch_op(&body)
+        {
+            self.ctx.access.metrics().count_forbidden(self.ctx.access.plugin(), op);
+            tracing::warn!(plugin = self.ctx.access.plugin(), request = self.call.request.as_deref().unwrap_or(""), kind = %kind, op, patch_op = %read_op, "plugin refused: a JSON patch operation that reads an unreadable kind");
+            return Err(WitError::Forbidden(format!(
+                "plugin {} may write {kind} but not read it, and this JSON patch could read the stored object \
+                 ({read_op}): use only add, remove and replace, or list {kind} in permissions.read",
+                self.ctx.access.plugin()
+            )));
+        }
         let pp = PatchParams { field_manager: Some(self.ctx.field_manager.clone()), ..Default::default() };
         // kube builds merge patches; the body is the same bytes for every patch type, only
         // the content type tells the server how to read it.
@@ -278,7 +328,8 @@ impl ClientCtxView<'_> {
         }
         .map_err(build_error)?;
         http.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
-        kube.send(self.call.deadline, http).map(String::into_bytes)
+        let response = kube.send(self.call.deadline, http)?.into_bytes();
+        Ok(self.ctx.access.write_response(kind, response))
     }
 }
 
@@ -346,14 +397,23 @@ impl Host for ClientCtxView<'_> {
             let (kube, req, _) =
                 self.collection(&target.kind, target.namespace.as_deref(), true, "client.apply")?;
             let manager = match options.field_manager.as_deref() {
-                Some(m) => validate_field_manager(m)?,
+                Some(m) => validate_field_manager(&self.ctx.field_manager, m).inspect_err(|_| {
+                    self.ctx.access.metrics().count_forbidden(self.ctx.access.plugin(), "client.apply");
+                    tracing::warn!(
+                        plugin = self.ctx.access.plugin(),
+                        request = self.call.request.as_deref().unwrap_or(""),
+                        field_manager = m,
+                        "plugin refused: a field manager that is not its own"
+                    );
+                })?,
                 None => &self.ctx.field_manager,
             };
             let mut pp = PatchParams::apply(manager);
             pp.force = options.force;
             pp.dry_run = options.dry_run;
             let http = req.patch(&target.name, &pp, &Patch::Apply(raw)).map_err(build_error)?;
-            kube.send(self.call.deadline, http).map(String::into_bytes)
+            let body = kube.send(self.call.deadline, http)?.into_bytes();
+            Ok(self.ctx.access.write_response(&target.kind, body))
         })();
         if self.call_log().is_some() {
             let mut opts = serde_json::Map::new();
@@ -470,6 +530,41 @@ mod tests {
         assert_eq!(t.name, "a");
         assert!(matches!(target_of(br#"{"kind":"X","metadata":{"name":"a"}}"#), Err(WitError::Invalid(_))));
         assert!(matches!(target_of(b"not json"), Err(WitError::Invalid(_))));
+    }
+
+    #[test]
+    fn field_managers_are_the_plugins_own() {
+        assert!(validate_field_manager("wasmctrl-a", "wasmctrl-a").is_ok());
+        assert!(validate_field_manager("wasmctrl-a", "wasmctrl-a/status").is_ok());
+        assert!(matches!(validate_field_manager("wasmctrl-a", "wasmctrl-b"), Err(WitError::Forbidden(_))));
+        assert!(matches!(validate_field_manager("wasmctrl-a", "kubectl"), Err(WitError::Forbidden(_))));
+        assert!(matches!(validate_field_manager("wasmctrl-a", ""), Err(WitError::Invalid(_))));
+        assert!(matches!(validate_field_manager("wasmctrl-a", "wasmctrl-a/\n"), Err(WitError::Invalid(_))));
+    }
+
+    #[test]
+    fn json_patch_operations_that_read_are_found() {
+        assert_eq!(reading_patch_op(br#"[{"op":"add","path":"/a","value":1},{"op":"copy","from":"/data/k","path":"/metadata/annotations/x"}]"#).as_deref(), Some("its `copy` operation"));
+        assert_eq!(
+            reading_patch_op(br#"[{"op":"test","path":"/data/k","value":"guess"}]"#).as_deref(),
+            Some("its `test` operation")
+        );
+        assert_eq!(
+            reading_patch_op(br#"[{"op":"move","from":"/a","path":"/b"}]"#).as_deref(),
+            Some("its `move` operation")
+        );
+        assert_eq!(
+            reading_patch_op(br#"[{"op":"replace","path":"/a","value":1},{"op":"remove","path":"/b"}]"#),
+            None
+        );
+        assert_eq!(
+            reading_patch_op(br#"[{"op":"add","op":"copy","from":"/data/k","path":"/x"}]"#).as_deref(),
+            Some("its `copy` operation")
+        );
+        assert!(reading_patch_op(br#"{"op":"copy"}"#).is_some());
+        let deep =
+            format!("[{{\"op\":\"add\",\"path\":\"/a\",\"value\":{}1{}}}]", "[".repeat(200), "]".repeat(200));
+        assert!(reading_patch_op(deep.as_bytes()).is_some(), "what cannot be read is not let through");
     }
 
     #[test]

@@ -34,14 +34,19 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
 use super::PluginError;
-use super::bindings::PluginPre;
+use super::bindings::{PluginIndices, PluginPre};
 use super::engine::{PluginEngine, SharedComponent};
+use super::runtime::{AdmissionExports, AdmissionIndices};
 use super::state::HostState;
 use super::tier::Tier;
 
 /// Compiled code ready to instantiate.
 pub(crate) struct Code {
     pub pre: PluginPre<HostState>,
+    /// The `reconciler` export's functions, looked up once for every instance.
+    pub indices: PluginIndices,
+    /// The admission exports the component has (`validator`, `mutator`), looked up once.
+    pub admission: AdmissionIndices,
     pub tier: Tier,
     /// The shared component this code comes from (kept shared while this code lives);
     /// `None` when built from a caller's component.
@@ -62,7 +67,15 @@ impl Code {
             reason: format!("{e:#}"),
         };
         let instance_pre = engine.linker_for(component).instantiate_pre(component).map_err(incompatible)?;
-        Ok(Code { pre: PluginPre::new(instance_pre).map_err(incompatible)?, tier, shared })
+        let indices = PluginIndices::new(&instance_pre).map_err(incompatible)?;
+        let admission = AdmissionIndices::new(&instance_pre).map_err(incompatible)?;
+        Ok(Code {
+            pre: PluginPre::new(instance_pre).map_err(incompatible)?,
+            indices,
+            admission,
+            tier,
+            shared,
+        })
     }
 
     /// The shared component this code comes from.
@@ -80,16 +93,25 @@ pub(crate) struct PluginCode {
     file: Option<PathBuf>,
     /// Set once the file is gone: the code is never dropped again.
     pinned: std::sync::atomic::AtomicBool,
+    /// What the component exports for admission (the same whichever code serves it).
+    admission: AdmissionExports,
 }
 
 impl PluginCode {
     pub fn new(code: Code, file: Option<PathBuf>) -> Self {
+        let admission = code.admission.exports();
         PluginCode {
             current: ArcSwapOption::from_pointee(code),
             reloading: Mutex::new(()),
             file,
             pinned: std::sync::atomic::AtomicBool::new(false),
+            admission,
         }
+    }
+
+    /// The admission exports of the component (known while its code is dropped too).
+    pub fn admission(&self) -> AdmissionExports {
+        self.admission
     }
 
     /// The resident code, if any.

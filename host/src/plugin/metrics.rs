@@ -1,6 +1,7 @@
 //! The plugin runtime's own metric families: traps, instantiations, refused host calls,
 //! live instances, component loads, tier-ups, code dropped while idle and reloaded, and
-//! compile cache artifacts rejected.
+//! compile cache artifacts rejected, and what a plugin's guest output and Events lost to
+//! their rate limits.
 //!
 //! Invariants: one [`RuntimeMetrics`] per engine, registered at most once (by the engine,
 //! when given the host's registry); every other module only increments what it is handed.
@@ -17,6 +18,23 @@ use crate::metrics::Metrics;
 pub struct PluginCallLabels {
     pub plugin: String,
     pub call: String,
+}
+
+/// `{plugin, stream}` labels of `wasmctrl_plugin_guest_lines_dropped`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct GuestStreamLabels {
+    pub plugin: String,
+    /// `log` (the `log` import), `stdout` or `stderr`.
+    pub stream: &'static str,
+}
+
+/// `{plugin, reason}` labels of `wasmctrl_plugin_events_dropped`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct EventDropLabels {
+    pub plugin: String,
+    /// `rate-limit` (the plugin's own budget), `spam-filter` (too many about one object)
+    /// or `queue-full` (the host's send queue).
+    pub reason: &'static str,
 }
 
 /// `{origin}` label of `wasmctrl_plugin_component_loads`.
@@ -70,6 +88,10 @@ pub(crate) struct RuntimeMetrics {
     pub code_reloads: Counter,
     /// Compile cache artifacts rejected (never loaded), by reason.
     pub rejected_artifacts: Family<RejectedArtifactLabels, Counter>,
+    /// Guest log lines (the `log` import, stdout, stderr) dropped by the plugin's rate limit.
+    pub guest_lines_dropped: Family<GuestStreamLabels, Counter>,
+    /// Events a plugin published that were not sent, by reason.
+    pub events_dropped: Family<EventDropLabels, Counter>,
 }
 
 impl RuntimeMetrics {
@@ -126,6 +148,28 @@ impl RuntimeMetrics {
             "Compile cache artifacts rejected and removed, never loaded, by reason (not-regular, owner, mode, links, unauthenticated, mac, unloadable)",
             self.rejected_artifacts.clone(),
         );
+        m.register(
+            "wasmctrl_plugin_guest_lines_dropped",
+            "Guest log lines (log import, stdout, stderr) dropped by the plugin's log rate limit",
+            self.guest_lines_dropped.clone(),
+        );
+        m.register(
+            "wasmctrl_plugin_events_dropped",
+            "Events a plugin published that were not sent: rate-limit (the plugin's budget), spam-filter (too many about one object), queue-full (the host's send queue)",
+            self.events_dropped.clone(),
+        );
+    }
+
+    /// Counts `n` guest lines of `stream` dropped for `plugin`.
+    pub fn count_guest_lines_dropped(&self, plugin: &str, stream: &'static str, n: u64) {
+        self.guest_lines_dropped
+            .get_or_create(&GuestStreamLabels { plugin: plugin.to_owned(), stream })
+            .inc_by(n);
+    }
+
+    /// Counts one Event of `plugin` dropped for `reason`.
+    pub fn count_event_dropped(&self, plugin: &str, reason: &'static str) {
+        self.events_dropped.get_or_create(&EventDropLabels { plugin: plugin.to_owned(), reason }).inc();
     }
 
     /// Counts one call of `call` refused to `plugin` for lack of a permission.

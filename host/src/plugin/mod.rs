@@ -6,13 +6,15 @@
 //! 1. Foundations, importing nothing of the runtime but each other: [`spec`] (what the runtime knows of a plugin), `bindings` (generated from
 //!    `wit/`), [`metrics`] (the runtime's metric families), `call` (the call in progress),
 //!    `callsites` (tracing callsites for guest log fields), [`record`] (the fixture call
-//!    log), `recorder` (the Event spam filter and aggregation), `stdio` (guest stdout and
+//!    log), `recorder` (the Event spam filter, rate limits and aggregation), `output_limit` (a
+//!    plugin's budget of guest log lines), `stdio` (guest stdout and
 //!    stderr into the log), [`shared`], `slots` (the host's instance slots, shared fairly),
 //!    [`pool`], `gate`, `idle`, [`compile_cache`],
 //!    [`tier`] (a component's code across its tier-up from Winch to Cranelift), then
 //!    `optimizer` (Cranelift through the compile cache) and `tier_up` (the background
 //!    Cranelift compiles), which import only these.
-//! 2. Shared pieces of the imports: `access` (a plugin's permission checks) and
+//! 2. Shared pieces of the imports: `access` (a plugin's permission checks, and what of an
+//!    object a guest may be sent) and
 //!    [`cluster`] ([`KubeServices`], the host's cluster access, owned here so that the
 //!    `client` and `events` imports both use it without importing each other).
 //! 3. One module per WIT interface — [`cache`], [`client`], `events`, `log`, `config` —
@@ -24,16 +26,21 @@
 //! 5. [`engine`]: the shared engine, and the linker that links each interface with its own
 //!    getter returning only that interface's view of the state.
 //! 6. `code` (a loaded plugin's compiled code: resident, dropped while idle, reloaded),
-//!    [`runtime`] (a loaded [`Plugin`]: instance pool, blocking calls into its exports) and
+//!    [`runtime`] (a loaded [`Plugin`]: instance pool, blocking calls into its exports; the
+//!    admission calls of `validator` and `mutator` in its child `admit`) and
 //!    [`inspect`] (`wasmctrl check`); [`adapter`] on top ([`PluginReconciler`], the plugin
 //!    as the controller's `Reconciler` and as an informer event handler).
 //!    [`cache_union`]: one kind's cache when several informers watch it for one plugin.
 //!
 //! Invariants kept across the module: a plugin never gets a capability its TOML did not
 //! grant (only the WASI of [`wasi`] is linked, the filesystem and sockets granting nothing,
-//! and a component importing more is refused at check and at load; `cache`/`client` check
-//! declared kinds); an import reaches nothing but its own context and the call in progress;
-//! a trap fails one call and discards one instance, never the host.
+//! and a component importing more is refused at check and at load; `cache`, `client` and
+//! `events` check declared kinds and namespaces); every object a guest receives, through an
+//! import or as an export's argument, is of a kind it may read, in its namespaces (else its
+//! metadata only, or nothing: see `access`); what a guest makes the host copy per host call
+//! or return value is bounded (the store's hostcall fuel, see [`runtime`]); an import reaches
+//! nothing but its own context and the call in progress; a trap fails one call and discards
+//! one instance, never the host.
 
 mod access;
 pub mod adapter;
@@ -56,6 +63,7 @@ pub mod inspect;
 mod log;
 pub mod metrics;
 mod optimizer;
+mod output_limit;
 pub mod pool;
 pub mod record;
 mod recorder;
@@ -82,7 +90,10 @@ pub use engine::{
 };
 pub use inspect::{ComponentReport, inspect_component};
 pub use record::{CallLog, RecordedEvent, RecordedWrite};
-pub use runtime::{CallError, FilterInput, Plugin, PluginEnv, PluginHooks, TierCalls};
+pub use runtime::{
+    AdmissionExports, AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, CallError, FilterInput,
+    GuestDenial, GuestMutation, GuestVerdict, Plugin, PluginEnv, PluginHooks, TierCalls,
+};
 pub use spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
 pub use tier::Tier;
 

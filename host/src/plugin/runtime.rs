@@ -14,7 +14,16 @@
 //!   by the host's shutdown ([`PluginEngine::shut_down_calls`]) all the same, with a trap
 //!   naming the host call it was blocked in (see [`super::call`]).
 //! - Data a guest returns is measured against `max-output`; more is a sandbox violation,
-//!   reported like a trap.
+//!   reported like a trap. Each store's hostcall fuel ([`hostcall_fuel`]) bounds what one
+//!   host call's arguments or one export's results make wasmtime copy out of the guest,
+//!   checked before the copy: past it the call traps, naming `max-output`. The resource
+//!   handles an instance holds are bounded the same way (`handles`, in the store and in its
+//!   WASI table): past it the call traps, naming the limit.
+//! - An object handed to a hook, `map` or `filter` is what the plugin may see of it
+//!   ([`Access::guest_view`]): whole if its kind is readable, else its metadata only; one
+//!   outside the plugin's namespaces is not handed over at all (the hook is not called,
+//!   `map` maps it to nothing, `filter` drops it), and requests `map` returns outside them
+//!   are dropped.
 //! - Calls block: run them on blocking threads (the adapter does).
 //! - Plugins loaded from bytes share compiled code by content hash (one compile for any
 //!   number of copies); instances idle past the engine's idle timeout are released and the
@@ -44,7 +53,7 @@ use wasmtime::Store;
 use wasmtime::component::Component;
 
 use super::PluginError;
-use super::access::Access;
+use super::access::{Access, GuestView};
 use super::bindings::Plugin as PluginBindings;
 use super::bindings::exports::wasmctrl::controller::reconciler::{
     FilterEvent, Hooks, ReconcileError as WitReconcileError, ReconcileResult,
@@ -61,6 +70,7 @@ use super::events::EventsCtx;
 use super::idle::IdlePlugin;
 use super::log::LogCtx;
 use super::metrics::PluginCallLabels;
+use super::output_limit::GuestOutputLimit;
 use super::pool::{CheckoutError, Pool};
 use super::spec::{Gvk, PluginSpec};
 use super::state::{HostState, PluginContexts};
@@ -133,6 +143,8 @@ impl From<CallError> for ReconcileError {
 pub(crate) struct Instance {
     store: Store<HostState>,
     bindings: PluginBindings,
+    /// The admission exports, when the component has them.
+    admission: AdmissionFuncs,
     /// The compiler of the code it runs.
     tier: Tier,
     _live: LiveInstance,
@@ -509,8 +521,11 @@ impl Plugin {
         }
     }
 
-    /// Calls `on-add`. Blocking.
+    /// Calls `on-add` with what the plugin may see of `object` (nothing when it is outside
+    /// the plugin's namespaces: the hook is not called). Blocking.
     pub fn on_add_blocking(&self, kind: &Gvk, object: &[u8], in_initial_list: bool) -> Result<(), CallError> {
+        let view = self.inner.access().guest_view(kind, object);
+        let Some(object) = view.bytes() else { return Ok(()) };
         let kind = wit_gvk(kind);
         self.inner.call("on-add", None, |inst| {
             inst.bindings.wasmctrl_controller_reconciler().call_on_add(
@@ -522,8 +537,11 @@ impl Plugin {
         })
     }
 
-    /// Calls `on-update`. Blocking.
+    /// Calls `on-update` (see [`on_add_blocking`](Self::on_add_blocking)). Blocking.
     pub fn on_update_blocking(&self, kind: &Gvk, old: &[u8], new: &[u8]) -> Result<(), CallError> {
+        let access = self.inner.access();
+        let (old, new) = (access.guest_view(kind, old), access.guest_view(kind, new));
+        let (Some(old), Some(new)) = (old.bytes(), new.bytes()) else { return Ok(()) };
         let kind = wit_gvk(kind);
         self.inner.call("on-update", None, |inst| {
             inst.bindings.wasmctrl_controller_reconciler().call_on_update(
@@ -535,13 +553,15 @@ impl Plugin {
         })
     }
 
-    /// Calls `on-delete`. Blocking.
+    /// Calls `on-delete` (see [`on_add_blocking`](Self::on_add_blocking)). Blocking.
     pub fn on_delete_blocking(
         &self,
         kind: &Gvk,
         object: &[u8],
         final_state_unknown: bool,
     ) -> Result<(), CallError> {
+        let view = self.inner.access().guest_view(kind, object);
+        let Some(object) = view.bytes() else { return Ok(()) };
         let kind = wit_gvk(kind);
         self.inner.call("on-delete", None, |inst| {
             inst.bindings.wasmctrl_controller_reconciler().call_on_delete(
@@ -553,8 +573,12 @@ impl Plugin {
         })
     }
 
-    /// Calls `map`. Blocking.
+    /// Calls `map` with what the plugin may see of `object`; an object outside the plugin's
+    /// namespaces maps to nothing, and so does a returned request outside them. Blocking.
     pub fn map_blocking(&self, kind: &Gvk, object: &[u8]) -> Result<Vec<Request>, CallError> {
+        let access = self.inner.access();
+        let view = access.guest_view(kind, object);
+        let Some(object) = view.bytes() else { return Ok(Vec::new()) };
         let wit_kind = wit_gvk(kind);
         let max = self.inner.spec.limits.max_output;
         let requests = self.inner.call("map", None, |inst| {
@@ -569,17 +593,30 @@ impl Plugin {
             check_output(size, max)?;
             Ok(list)
         })?;
-        Ok(requests.into_iter().map(|r| Request { namespace: r.namespace, name: r.name }).collect())
+        let (kept, outside): (Vec<_>, Vec<_>) =
+            requests.into_iter().partition(|r| access.in_scope(r.namespace.as_deref()));
+        if !outside.is_empty() {
+            tracing::warn!(plugin = %self.name(), version = %self.short_version(), kind = %kind, dropped = outside.len(), "map returned requests outside the plugin's namespaces; they were dropped");
+        }
+        Ok(kept.into_iter().map(|r| Request { namespace: r.namespace, name: r.name }).collect())
     }
 
-    /// Calls `filter`. Blocking.
+    /// Calls `filter` with what the plugin may see of the event's objects; an event about
+    /// an object outside the plugin's namespaces is dropped without asking. Blocking.
     pub fn filter_blocking(&self, kind: &Gvk, event: FilterInput<'_>) -> Result<bool, CallError> {
-        let kind = wit_gvk(kind);
+        let access = self.inner.access();
+        let view = |json| access.guest_view(kind, json);
+        let owned = |v: &GuestView<'_>| v.bytes().map(<[u8]>::to_vec);
         let event = match event {
-            FilterInput::Create(o) => FilterEvent::Create(o.to_vec()),
-            FilterInput::Update(old, new) => FilterEvent::Update((old.to_vec(), new.to_vec())),
-            FilterInput::Delete(o) => FilterEvent::Delete(o.to_vec()),
+            FilterInput::Create(o) => owned(&view(o)).map(FilterEvent::Create),
+            FilterInput::Update(old, new) => match (owned(&view(old)), owned(&view(new))) {
+                (Some(old), Some(new)) => Some(FilterEvent::Update((old, new))),
+                _ => None,
+            },
+            FilterInput::Delete(o) => owned(&view(o)).map(FilterEvent::Delete),
         };
+        let Some(event) = event else { return Ok(false) };
+        let kind = wit_gvk(kind);
         self.inner.call("filter", None, |inst| {
             inst.bindings.wasmctrl_controller_reconciler().call_filter(&mut inst.store, &kind, &event)
         })
@@ -598,6 +635,18 @@ fn wit_gvk(kind: &Gvk) -> WitGvk {
     WitGvk { api_version: kind.api_version.clone(), kind: kind.kind.clone() }
 }
 
+/// The hostcall fuel of a plugin's stores: roughly the bytes wasmtime copies out of the
+/// guest for one host call's arguments or one export's results. `max-output` plus room for
+/// the small arguments beside a body, so a body just over `max-output` reaches the import
+/// (which refuses it as `invalid`, a clear error) while anything larger traps before it is
+/// copied.
+fn hostcall_fuel(limits: &super::spec::SandboxLimits) -> usize {
+    limits.max_output.saturating_add(HOSTCALL_FUEL_SLACK)
+}
+
+/// What [`hostcall_fuel`] allows beyond `max-output`.
+const HOSTCALL_FUEL_SLACK: usize = 64 << 10;
+
 /// A guest returned more than `max-output` bytes.
 #[derive(Debug, thiserror::Error)]
 #[error("returned {size} bytes, over the plugin's max-output of {max}")]
@@ -614,6 +663,11 @@ fn check_output(size: usize, max: usize) -> wasmtime::Result<()> {
 }
 
 impl PluginInner {
+    /// The plugin's grants.
+    fn access(&self) -> &Access {
+        &self.contexts.cache.access
+    }
+
     /// When this plugin runs baseline code: asks to be told of its tier-up, or switches now
     /// when the tier-up came already (while the plugin was being built, or its code
     /// reloaded).
@@ -660,19 +714,27 @@ impl PluginInner {
         let code = self.code()?;
         let mut store = Store::new(code.pre.engine(), HostState::new(&self.contexts));
         store.limiter(|s| &mut s.limits);
+        store.set_hostcall_fuel(hostcall_fuel(&self.spec.limits));
+        store.set_max_component_handles(self.spec.limits.handles);
         store.epoch_deadline_callback(check_at_tick);
         store.set_epoch_deadline(1);
-        store.data_mut().call =
-            CallInfo { export: "init", request: None, deadline: Instant::now() + self.spec.limits.deadline };
+        store.data_mut().call = CallInfo {
+            export: "init",
+            deadline: Instant::now() + self.spec.limits.deadline,
+            ..CallInfo::idle()
+        };
         self.engine
             .metrics()
             .instantiations
             .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: "init".into() })
             .inc();
-        let bindings = code.pre.instantiate(&mut store).map_err(|e| CallError::Init {
+        let init_failed = |e: wasmtime::Error, store: &Store<HostState>| CallError::Init {
             plugin: plugin.clone(),
-            reason: describe_error(&e, &store, &self.spec),
-        })?;
+            reason: describe_error(&e, store, &self.spec),
+        };
+        let instance = code.pre.instance_pre().instantiate(&mut store).map_err(|e| init_failed(e, &store))?;
+        let bindings = code.indices.load(&mut store, &instance).map_err(|e| init_failed(e, &store))?;
+        let admission = code.admission.load(&mut store, &instance).map_err(|e| init_failed(e, &store))?;
         let init = bindings
             .wasmctrl_controller_reconciler()
             .call_init(&mut store, &self.spec.settings.to_vec())
@@ -684,7 +746,7 @@ impl PluginInner {
         let for_kind = info.for_kind.map(|g| Gvk::new(g.api_version, g.kind));
         let live = LiveInstance::new(self.engine.metrics(), plugin);
         Ok((
-            Instance { store, bindings, tier: code.tier, _live: live },
+            Instance { store, bindings, admission, tier: code.tier, _live: live },
             InitInfo { hooks: info.hooks.into(), for_kind },
         ))
     }
@@ -696,7 +758,17 @@ impl PluginInner {
         request: Option<String>,
         f: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
-        let deadline = Instant::now() + self.spec.limits.deadline;
+        self.call_until(export, request, Instant::now() + self.spec.limits.deadline, f)
+    }
+
+    /// As [`PluginInner::call`], with the call's deadline given (an admission call's).
+    fn call_until<R>(
+        &self,
+        export: &'static str,
+        request: Option<String>,
+        deadline: Instant,
+        f: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
         let mut lease = match self.pool.checkout(deadline, || self.instantiate().map(|(i, _)| i)) {
             Ok(l) => l,
             Err(CheckoutError::Create(e)) => return Err(e),
@@ -707,7 +779,7 @@ impl PluginInner {
         let inst = lease.get();
         inst.store.set_epoch_deadline(1);
         let data = inst.store.data_mut();
-        data.call = CallInfo { export, request, deadline };
+        data.call = CallInfo { export, request, deadline, writes_refused: None };
         data.stderr.lock().clear();
         self.calls[match inst.tier {
             Tier::Baseline => 0,
@@ -759,24 +831,21 @@ fn contexts(spec: &PluginSpec, short_version: &str, env: PluginEnv, engine: &Plu
     let access = Arc::new(Access::new(
         spec.name.clone(),
         spec.permissions.clone(),
-        spec.limits.max_output,
+        &spec.limits,
         engine.metrics().clone(),
     ));
+    let output = Arc::new(GuestOutputLimit::new(spec.name.as_str().into(), engine.metrics().clone()));
     PluginContexts {
-        plugin: spec.name.as_str().into(),
+        output: output.clone(),
         limits: spec.limits.clone(),
         cache: Arc::new(CacheCtx { access: access.clone(), caches: env.caches }),
         client: Arc::new(ClientCtx {
-            access,
+            access: access.clone(),
             field_manager: spec.field_manager.clone(),
             kube: env.kube.clone(),
         }),
-        events: Arc::new(EventsCtx { plugin: spec.name.clone(), kube: env.kube }),
-        log: Arc::new(LogCtx {
-            plugin: spec.name.clone(),
-            version: short_version.to_owned(),
-            max_output: spec.limits.max_output,
-        }),
+        events: Arc::new(EventsCtx { access, kube: env.kube }),
+        log: Arc::new(LogCtx { plugin: spec.name.clone(), version: short_version.to_owned(), limit: output }),
         config: Arc::new(ConfigCtx { plugin: spec.name.clone(), settings: spec.settings.clone() }),
         interrupts,
     }
@@ -813,6 +882,23 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSp
         let text = e.root_cause().to_string();
         if text.contains("growing memory") || text.contains("memory growth") {
             format!("out of memory: the plugin's memory limit of {} bytes was reached", spec.limits.memory)
+        } else if text.contains("resource table has no free keys")
+            || text.contains("store handle limit exceeded")
+        {
+            // The resource limits of the store and of its WASI table (known by their messages).
+            format!(
+                "the plugin holds more than {} resource handles (WASI streams, pollables, ...) at once, \
+                 its limit per instance",
+                spec.limits.handles
+            )
+        } else if text.contains("fuel allocated for hostcalls has been exhausted") {
+            // wasmtime's hostcall fuel (its error type is private: known by its message).
+            format!(
+                "a host call's arguments or a returned value would copy more than {} bytes out of the guest, \
+                 over the plugin's max-output of {} (plus room for small arguments); nothing was copied",
+                hostcall_fuel(&spec.limits),
+                spec.limits.max_output
+            )
         } else {
             text
         }
@@ -827,3 +913,12 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSp
 #[cfg(test)]
 #[path = "tier_up_tests.rs"]
 mod tier_up_tests;
+
+// Admission calls (`validator`, `mutator`): their own file, a child of this module.
+#[path = "admit.rs"]
+mod admit;
+pub use admit::{
+    AdmissionExports, AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, GuestDenial,
+    GuestMutation, GuestVerdict,
+};
+pub(crate) use admit::{AdmissionFuncs, AdmissionIndices};

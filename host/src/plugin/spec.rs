@@ -1,8 +1,11 @@
 //! What the runtime needs to know about one plugin, independent of where it came from.
 //!
 //! The config module maps a plugin TOML onto [`PluginSpec`]; tests build one by hand.
-//! Invariants: every limit is non-zero once [`SandboxLimits::normalized`] ran, and
-//! `v1/Secret` is readable only when listed in the plugin's explicit `read` permissions.
+//! Invariants: every limit is non-zero once [`SandboxLimits::normalized`] ran;
+//! `v1/Secret` is readable only when listed in the plugin's explicit `read` permissions; a
+//! plugin limited to namespaces ([`Permissions::with_namespaces`]) is in scope only there;
+//! a field manager is the plugin's own only when it is its manager or `<manager>/<suffix>`
+//! ([`owns_field_manager`]).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -56,11 +59,16 @@ impl fmt::Display for Gvk {
     }
 }
 
-/// Which kinds a plugin may read (cache and live `client.get`) and write.
+/// Which kinds a plugin may read (cache and live `client.get`), write and admit, and in
+/// which namespaces.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Permissions {
     readable: BTreeSet<Gvk>,
     writable: BTreeSet<Gvk>,
+    /// `None`: every namespace.
+    namespaces: Option<BTreeSet<String>>,
+    /// Kinds whose admission requests the plugin may receive (its `[[admission]]` kinds).
+    admitted: BTreeSet<Gvk>,
 }
 
 impl Permissions {
@@ -74,7 +82,50 @@ impl Permissions {
     ) -> Self {
         let mut readable: BTreeSet<Gvk> = watched.into_iter().filter(|g| !g.is_secret()).collect();
         readable.extend(read);
-        Permissions { readable, writable: write.into_iter().collect() }
+        Permissions {
+            readable,
+            writable: write.into_iter().collect(),
+            namespaces: None,
+            admitted: BTreeSet::new(),
+        }
+    }
+
+    /// These permissions limited to `namespaces`: objects of namespaced kinds elsewhere are
+    /// neither read nor written, and no cluster-scoped object is written.
+    pub fn with_namespaces(mut self, namespaces: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.namespaces = Some(namespaces.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The namespaces the plugin is limited to; `None` for every namespace.
+    pub fn namespaces(&self) -> Option<&BTreeSet<String>> {
+        self.namespaces.as_ref()
+    }
+
+    /// Whether an object in `namespace` (`None`: a cluster-scoped object) is in the
+    /// plugin's scope. Cluster-scoped objects are in every plugin's scope for reading.
+    pub fn in_scope(&self, namespace: Option<&str>) -> bool {
+        match (namespace, &self.namespaces) {
+            (_, None) | (None, _) => true,
+            (Some(ns), Some(scope)) => scope.contains(ns),
+        }
+    }
+
+    /// These permissions, also admitting `kinds` (the kinds of its `[[admission]]` sections).
+    pub fn admitting(mut self, kinds: impl IntoIterator<Item = Gvk>) -> Self {
+        self.admitted.extend(kinds);
+        self
+    }
+
+    /// Whether admission requests for objects of `kind` may reach the plugin: a kind its
+    /// `[[admission]]` sections name, and a Secret only when it may also read Secrets.
+    pub fn can_admit(&self, kind: &Gvk) -> bool {
+        self.admitted.contains(kind) && (!kind.is_secret() || self.can_read(kind))
+    }
+
+    /// Whether `kind` is among the `[[admission]]` kinds (whatever else it needs).
+    pub fn lists_admitted(&self, kind: &Gvk) -> bool {
+        self.admitted.contains(kind)
     }
 
     /// Whether the plugin may read objects of `kind`.
@@ -98,6 +149,19 @@ impl Permissions {
     }
 }
 
+/// Whether `requested` is a field manager a plugin whose own manager is `own` may use:
+/// `own` itself, or `own` followed by `/` and a suffix (`wasmctrl-mirror/status`). Plugin
+/// names are DNS labels, so no other plugin's default manager has this form.
+pub fn owns_field_manager(own: &str, requested: &str) -> bool {
+    requested == own
+        || requested.strip_prefix(own).and_then(|r| r.strip_prefix('/')).is_some_and(|s| !s.is_empty())
+}
+
+/// Whether two plugins' field managers overlap: one could write as the other.
+pub fn field_managers_overlap(a: &str, b: &str) -> bool {
+    a == b || owns_field_manager(a, b) || owns_field_manager(b, a)
+}
+
 /// Per-plugin sandbox limits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxLimits {
@@ -116,6 +180,9 @@ pub struct SandboxLimits {
     pub tables: usize,
     /// Maximum linear memories one plugin instance may create.
     pub memories: usize,
+    /// Maximum resource handles (WASI streams, pollables, ...) one plugin instance may hold
+    /// at once, in its own handle tables and in the host's resource table.
+    pub handles: usize,
 }
 
 impl Default for SandboxLimits {
@@ -128,6 +195,7 @@ impl Default for SandboxLimits {
             instances: 64,
             tables: 16,
             memories: 4,
+            handles: 4096,
         }
     }
 }
@@ -147,6 +215,7 @@ impl SandboxLimits {
             (&mut self.instances, d.instances),
             (&mut self.tables, d.tables),
             (&mut self.memories, d.memories),
+            (&mut self.handles, d.handles),
         ] {
             if *value == 0 {
                 *value = default;
@@ -216,6 +285,41 @@ mod tests {
         let p = Permissions::new([secret.clone()], [secret.clone()], []);
         assert!(p.can_read(&secret));
         assert!(!p.can_write(&secret));
+    }
+
+    #[test]
+    fn namespaces_limit_the_scope_but_not_cluster_scoped_objects() {
+        let p = Permissions::new([Gvk::new("v1", "ConfigMap")], [], []);
+        assert!(p.in_scope(Some("any")) && p.namespaces().is_none());
+        let p = p.with_namespaces(["team-a"]);
+        assert!(p.in_scope(Some("team-a")));
+        assert!(!p.in_scope(Some("team-b")));
+        assert!(p.in_scope(None));
+    }
+
+    #[test]
+    fn field_managers_are_owned_with_a_slash_suffix_only() {
+        assert!(owns_field_manager("wasmctrl-a", "wasmctrl-a"));
+        assert!(owns_field_manager("wasmctrl-a", "wasmctrl-a/status"));
+        assert!(!owns_field_manager("wasmctrl-a", "wasmctrl-a/"));
+        assert!(!owns_field_manager("wasmctrl-a", "wasmctrl-ab"));
+        assert!(!owns_field_manager("wasmctrl-a", "wasmctrl-a-b"));
+        assert!(!owns_field_manager("wasmctrl-a", "kubectl"));
+        assert!(field_managers_overlap("wasmctrl-a/x", "wasmctrl-a"));
+        assert!(!field_managers_overlap("wasmctrl-a", "wasmctrl-ab"));
+    }
+
+    #[test]
+    fn only_admitted_kinds_are_admitted_and_secrets_only_when_readable() {
+        let secret = Gvk::new("v1", "Secret");
+        let cm = Gvk::new("v1", "ConfigMap");
+        let p = Permissions::new([cm.clone()], [], []);
+        assert!(!p.can_admit(&cm), "watching a kind does not admit it");
+        let p = Permissions::new([], [], []).admitting([cm.clone(), secret.clone()]);
+        assert!(p.can_admit(&cm));
+        assert!(!p.can_admit(&secret), "a Secret needs permissions.read too");
+        let p = Permissions::new([], [secret.clone()], []).admitting([secret.clone()]);
+        assert!(p.can_admit(&secret));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! Invariants:
 //! - What every instance of a plugin shares ([`PluginContexts`]) is built once per plugin;
 //!   an instance's own state is its [`CallInfo`], limits, WASI context and stderr lines.
-//! - The WASI context grants nothing beyond what [`super::wasi`] documents.
+//! - The WASI context grants nothing beyond what [`super::wasi`] documents, and its resource
+//!   table holds at most the plugin's `handles` limit of entries.
 //! - [`CallInfo`] is reset by the runtime before every call.
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use super::client::{ClientCtx, ClientCtxView};
 use super::config::{ConfigCtx, ConfigCtxView};
 use super::events::{EventsCtx, EventsCtxView};
 use super::log::{LogCtx, LogCtxView};
+use super::output_limit::GuestOutputLimit;
 use super::spec::SandboxLimits;
 use super::stdio::GuestStderr;
 use super::wasi::PollView;
@@ -33,7 +35,8 @@ use super::wasi::PollView;
 /// The import contexts of one plugin, shared by all its instances.
 #[derive(Clone)]
 pub(crate) struct PluginContexts {
-    pub plugin: Arc<str>,
+    /// The plugin's line budget, shared by its `log` import and every instance's stdio.
+    pub output: Arc<GuestOutputLimit>,
     pub limits: SandboxLimits,
     pub cache: Arc<CacheCtx>,
     pub client: Arc<ClientCtx>,
@@ -74,6 +77,10 @@ impl HostState {
             .trap_on_grow_failure(true)
             .build();
         let stderr = Arc::new(Mutex::new(GuestStderr::default()));
+        // Every WASI resource the guest holds is an entry here: bounded, so a guest cannot
+        // make the host allocate without end by keeping them.
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(l.handles);
         HostState {
             call: CallInfo::idle(),
             limits,
@@ -83,8 +90,8 @@ impl HostState {
             events: contexts.events.clone(),
             log: contexts.log.clone(),
             config: contexts.config.clone(),
-            wasi: super::wasi::context(contexts.plugin.clone(), stderr.clone()),
-            table: ResourceTable::new(),
+            wasi: super::wasi::context(contexts.output.clone(), stderr.clone()),
+            table,
             stderr,
         }
     }
@@ -101,7 +108,7 @@ impl HostState {
 
     /// The `events` import's view.
     pub fn events(&mut self) -> EventsCtxView<'_> {
-        EventsCtxView { ctx: &self.events }
+        EventsCtxView { ctx: &self.events, call: &self.call }
     }
 
     /// The `log` import's view.

@@ -2,9 +2,11 @@
 //! plugin's name, and the last lines of stderr are kept to explain a trap.
 //!
 //! Invariants: nothing a guest writes reaches the host's own stdio; a line longer than
-//! [`MAX_LINE`] is flushed as is, so a guest cannot grow host memory by writing without
-//! newlines; at most [`KEPT_LINES`] stderr lines are kept per call. This module imports
-//! nothing of the runtime but the log target.
+//! [`MAX_LINE`] goes out in pieces of [`MAX_LINE`] bytes, so a guest can neither grow host
+//! memory by writing without newlines nor log a longer line; lines are rate-limited per plugin together with its `log` import
+//! ([`super::output_limit`]); at most [`KEPT_LINES`] stderr lines are kept per call (kept
+//! whether or not the rate limit let them into the log, to explain a trap). This module
+//! imports nothing of the runtime but the log target and the plugin's line budget.
 
 use std::sync::Arc;
 
@@ -14,6 +16,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 
 use super::callsites::TARGET;
+use super::output_limit::GuestOutputLimit;
 
 /// Lines of stderr kept per call to explain a trap.
 pub(crate) const KEPT_LINES: usize = 8;
@@ -57,20 +60,20 @@ impl GuestStderr {
 
 /// One guest output stream (stdout or stderr), turned into tracing lines.
 pub(crate) struct GuestOutput {
-    plugin: Arc<str>,
+    limit: Arc<GuestOutputLimit>,
     stream: &'static str,
     stderr: Option<Arc<Mutex<GuestStderr>>>,
 }
 
 impl GuestOutput {
-    /// The plugin's stdout.
-    pub fn stdout(plugin: Arc<str>) -> Self {
-        GuestOutput { plugin, stream: "stdout", stderr: None }
+    /// The plugin's stdout, within the plugin's line budget `limit`.
+    pub fn stdout(limit: Arc<GuestOutputLimit>) -> Self {
+        GuestOutput { limit, stream: "stdout", stderr: None }
     }
 
     /// The plugin's stderr, whose last lines are also kept in `kept`.
-    pub fn stderr(plugin: Arc<str>, kept: Arc<Mutex<GuestStderr>>) -> Self {
-        GuestOutput { plugin, stream: "stderr", stderr: Some(kept) }
+    pub fn stderr(limit: Arc<GuestOutputLimit>, kept: Arc<Mutex<GuestStderr>>) -> Self {
+        GuestOutput { limit, stream: "stderr", stderr: Some(kept) }
     }
 }
 
@@ -83,7 +86,7 @@ impl IsTerminal for GuestOutput {
 impl StdoutStream for GuestOutput {
     fn p2_stream(&self) -> Box<dyn OutputStream> {
         Box::new(LineWriter {
-            plugin: self.plugin.clone(),
+            limit: self.limit.clone(),
             stream: self.stream,
             stderr: self.stderr.clone(),
             pending: Vec::new(),
@@ -97,12 +100,12 @@ impl StdoutStream for GuestOutput {
     }
 }
 
-/// Longest line kept before it is flushed as is (a guest can't grow host memory by
-/// writing without newlines).
+/// Longest line: a longer one goes out in pieces of this size (a guest can't grow host
+/// memory by writing without newlines).
 pub(crate) const MAX_LINE: usize = 8 << 10;
 
 struct LineWriter {
-    plugin: Arc<str>,
+    limit: Arc<GuestOutputLimit>,
     stream: &'static str,
     stderr: Option<Arc<Mutex<GuestStderr>>>,
     pending: Vec<u8>,
@@ -115,7 +118,9 @@ impl LineWriter {
         if text.is_empty() {
             return;
         }
-        tracing::info!(target: TARGET, plugin = %self.plugin, stream = self.stream, "{text}");
+        if tracing::enabled!(target: TARGET, tracing::Level::INFO) && self.limit.admit(self.stream) {
+            tracing::info!(target: TARGET, plugin = %self.limit.plugin(), stream = self.stream, "{text}");
+        }
         if let Some(s) = &self.stderr {
             s.lock().push(text);
         }
@@ -136,11 +141,16 @@ impl OutputStream for LineWriter {
             self.emit(&line);
             rest = &rest[i + 1..];
         }
-        self.pending.extend_from_slice(rest);
-        if self.pending.len() >= MAX_LINE {
-            let line = std::mem::take(&mut self.pending);
+        // A line longer than MAX_LINE goes out in pieces of MAX_LINE, whatever the size of
+        // one write.
+        while self.pending.len() + rest.len() >= MAX_LINE {
+            let take = MAX_LINE - self.pending.len();
+            let mut line = std::mem::take(&mut self.pending);
+            line.extend_from_slice(&rest[..take]);
             self.emit(&line);
+            rest = &rest[take..];
         }
+        self.pending.extend_from_slice(rest);
         Ok(())
     }
 
@@ -159,5 +169,23 @@ impl Drop for LineWriter {
             let line = std::mem::take(&mut self.pending);
             self.emit(&line);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::metrics::RuntimeMetrics;
+
+    #[test]
+    fn long_lines_go_out_in_pieces_and_stderr_keeps_the_last_lines() {
+        let kept = Arc::new(Mutex::new(GuestStderr::default()));
+        let limit = Arc::new(GuestOutputLimit::new("p".into(), RuntimeMetrics::default()));
+        let mut w = LineWriter { limit, stream: "stderr", stderr: Some(kept.clone()), pending: Vec::new() };
+        w.write(Bytes::from(vec![b'x'; 3 * MAX_LINE + 10])).unwrap();
+        assert_eq!(w.pending.len(), 10, "only the rest of the line waits");
+        w.write(Bytes::from_static(b"yz\nlast\n")).unwrap();
+        let lines: Vec<usize> = kept.lock().lines.iter().map(String::len).collect();
+        assert_eq!(lines, [MAX_LINE, MAX_LINE, MAX_LINE, 12, 4]);
     }
 }

@@ -28,7 +28,8 @@
 //! guest blocked in the host. The streams' blocking operations never wait here: stdin is
 //! always at its end and stdout and stderr take every write at once (into the log).
 //!
-//! This module imports nothing of the runtime but [`super::stdio`] and [`super::call`].
+//! This module imports nothing of the runtime but [`super::stdio`], [`super::call`] and the
+//! plugin's line budget ([`super::output_limit`]).
 
 use std::sync::Arc;
 
@@ -45,6 +46,7 @@ use wasmtime_wasi::sockets::{WasiSockets, WasiSocketsView};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiView};
 
 use super::call::{CallInfo, Interrupts};
+use super::output_limit::GuestOutputLimit;
 use super::stdio::{GuestOutput, GuestStderr};
 
 /// WASI interfaces linked with a real (read-only or log-only) capability.
@@ -199,12 +201,12 @@ impl bindings::sync::io::poll::HostPollable for PollView<'_> {
     }
 }
 
-/// The WASI context of one instance: stdout and stderr into the log (the last stderr lines
-/// also into `stderr`), nothing else.
-pub(crate) fn context(plugin: Arc<str>, stderr: Arc<Mutex<GuestStderr>>) -> WasiCtx {
+/// The WASI context of one instance: stdout and stderr into the log within the plugin's
+/// line budget `limit` (the last stderr lines also into `stderr`), nothing else.
+pub(crate) fn context(limit: Arc<GuestOutputLimit>, stderr: Arc<Mutex<GuestStderr>>) -> WasiCtx {
     WasiCtxBuilder::new()
-        .stdout(GuestOutput::stdout(plugin.clone()))
-        .stderr(GuestOutput::stderr(plugin, stderr))
+        .stdout(GuestOutput::stdout(limit.clone()))
+        .stderr(GuestOutput::stderr(limit, stderr))
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false)

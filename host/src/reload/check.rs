@@ -4,7 +4,8 @@
 //!
 //! Invariants: the checks are the ones the [`super::PluginManager`] applies before starting
 //! a plugin (same parsing, same kind checks, same component validation through
-//! [`ComponentValidator`]); a report with any error has `ok() == false`.
+//! [`ComponentValidator`], names and field managers unique within a directory); a report
+//! with any error has `ok() == false`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -16,6 +17,7 @@ use crate::config::{
 };
 
 use super::scan::{plugin_tomls, read_settled, wasm_files};
+use crate::plugin::spec::field_managers_overlap;
 
 /// What validating a component found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +28,8 @@ pub struct ComponentInfo {
     pub world: String,
     /// The optional hooks `init` declared, when `init` was run.
     pub hooks: Option<Hooks>,
+    /// The admission exports the component has (`validator`, `mutator`).
+    pub admission: crate::plugin::AdmissionExports,
 }
 
 /// The optional hooks a plugin declares that its TOML depends on.
@@ -186,6 +190,12 @@ fn describe_plugin(p: &CheckedPlugin) -> String {
     if !c.write.is_empty() {
         let _ = writeln!(out, "  write    {}", list(&c.write));
     }
+    if let Some(namespaces) = &c.namespaces {
+        let _ = writeln!(out, "  only in  {}", namespaces.join(", "));
+    }
+    for rule in &c.admission {
+        let _ = writeln!(out, "  admits   {}", describe_rule(&c.name, rule));
+    }
     let _ = writeln!(
         out,
         "  limits   concurrency {}, deadline {}, memory {}, max-output {}, resync {}",
@@ -196,6 +206,24 @@ fn describe_plugin(p: &CheckedPlugin) -> String {
         c.resync.map_or("off".to_owned(), |r| crate::config::DurationValue(r).to_string()),
     );
     out
+}
+
+fn describe_rule(plugin: &str, r: &crate::admission::AdmissionRule) -> String {
+    let mut d = format!(
+        "{} {} ({}) {} on {}",
+        r.webhook_type.verb(),
+        r.kinds.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        r.operations.iter().map(|o| o.as_str()).collect::<Vec<_>>().join(" "),
+        r.path(plugin),
+        format_args!("failure policy {}, timeout {}s", r.failure_policy.as_str(), r.timeout_seconds()),
+    );
+    if let Some(n) = &r.namespace_selector {
+        d.push_str(&format!(", namespaces {n}"));
+    }
+    if let Some(o) = &r.object_selector {
+        d.push_str(&format!(", objects {o}"));
+    }
+    d
 }
 
 /// Short content hash used as a plugin's version.
@@ -347,6 +375,31 @@ fn check_plugins_dir(
                 .with_hint("each plugin in a directory needs its own name"),
         );
     }
+    // Field managers too: a plugin writes only as its own manager.
+    let mut clashes = Vec::new();
+    for (i, p) in report.plugins.iter().enumerate().skip(first_plugin) {
+        let earlier = report.plugins[first_plugin..i]
+            .iter()
+            .find(|q| field_managers_overlap(&q.config.field_manager, &p.config.field_manager));
+        if let Some(q) = earlier {
+            clashes.push((i, q.config.field_manager.clone(), q.config.toml_path.clone()));
+        }
+    }
+    for (i, theirs, path) in clashes.iter().rev() {
+        let p = report.plugins.remove(*i);
+        report.errors.push(
+            p.config
+                .field_error(
+                    "field-manager",
+                    format!(
+                        "field manager `{}` overlaps `{theirs}`, the field manager of {}: a plugin writes only as its own manager",
+                        p.config.field_manager,
+                        path.display()
+                    ),
+                )
+                .with_hint("give each plugin a field manager of its own (the default, `wasmctrl-<name>`, is)"),
+        );
+    }
     // A component no TOML refers to does nothing: probably a missing TOML.
     if let Ok(wasms) = wasm_files(dir) {
         for w in wasms {
@@ -418,6 +471,7 @@ pub fn validate_plugin(
             if let Some(h) = info.hooks {
                 config.check_hooks(h.map, h.filter)?;
             }
+            config.check_admission_exports(info.admission)?;
             Some(info)
         }
         None => None,
@@ -453,6 +507,7 @@ impl ComponentValidator for EngineValidator {
             version: version_of(wasm),
             world: report.world.clone().unwrap_or_else(|| "(unknown)".into()),
             hooks,
+            admission: report.admission,
         })
     }
 }

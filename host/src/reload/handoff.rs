@@ -330,6 +330,14 @@ impl Shared {
     /// drain into it, its in-flight reconciles finish; then its informers are released.
     pub(super) async fn stop_plugin(&self, id: &str, r: Running) {
         let name = r.name().to_owned();
+        if let Some(router) = &self.options.admission {
+            // Its webhooks go first: no review reaches a plugin that is stopping.
+            router.remove(&name).await;
+        }
+        // From here until the plugin comes back no version of it runs: a change the server
+        // applies after the catch-up below started may reach none.
+        tracing::info!(plugin = %name, version = %r.generation.version,
+            "plugin stopping: its informers catch up with the server, then its queue is parked");
         self.status.update(id, r.generation.config.toml_path.clone(), |s| {
             s.state = super::status::PluginState::Stopping
         });

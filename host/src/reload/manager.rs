@@ -10,7 +10,10 @@
 //!   any other (its queue, retries and pending deletes follow it);
 //! - two files renamed together (TOML and code, contents unchanged, within one quiet
 //!   period) are a rename of the same plugin even with default names: a controller restart
-//!   under the new name that hands the queue over;
+//!   under the new name that hands the queue over (and what it parked moves along). A
+//!   round that reads the TOML renamed and its code not yet (the old code still there: a
+//!   slow script, or a periodic rescan between the two renames) leaves the plugin as it is
+//!   and waits for the code to follow, for [`RENAME_GRACE`] or a few quiet periods;
 //! - two files that claim one name: the file the running version came from keeps it (else
 //!   the first by path), the other is refused, in `/plugins` and `/readyz`, and loads once
 //!   the conflict is gone (decided in one place, the plan, so there is no race);
@@ -25,6 +28,12 @@
 //! `wasmctrl_plugin_reloads_total{result="rejected"}`, shown in `/plugins` and `/readyz`;
 //! a running version keeps running. The hand-offs themselves are in `handoff`.
 //!
+//! Admission (a plugin with `[[admission]]`, see [`crate::admission`]): once a new version
+//! took over, the admission router is pointed at it in one swap — reviews after it go to the
+//! new version, reviews in flight finish on the old one; a stopped plugin's webhooks go
+//! first. A version whose sections need exports its component lacks, or a host without an
+//! admission server, is rejected like any broken version.
+//!
 //! A running version whose code file is gone keeps running (its compiled code is kept
 //! loaded from then on) and says so in `/plugins` and `/readyz`; a TOML edit meanwhile is
 //! applied with the running version's compiled code, or refused saying why.
@@ -32,6 +41,10 @@
 //! Changes are seen through directory watches that follow symlinks (`watcher`), debounced,
 //! through SIGHUP, and through a periodic full rescan, the safety net for whatever a watch
 //! cannot see (a network file system, say).
+//!
+//! Field managers are unique like names: no plugin's manager is another's, or another's
+//! followed by `/` (no plugin writes as another). The plan decides it as it decides names:
+//! the running plugin keeps its manager, the other claim is refused until the overlap goes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -50,10 +63,12 @@ use super::snapshot::{Claim, FileId};
 use super::status::{PluginState, StatusBoard};
 use super::watcher::DirWatcher;
 use super::wiring::{Generation, InformerLeases, Leases};
+use crate::admission::AdmissionRouter;
 use crate::config::{
     ConfigErrors, KindLookupError, KindResolver, PluginConfig, PluginDefaults, PluginToml, ResolvedKind,
 };
 use crate::metrics::Metrics;
+use crate::plugin::spec::field_managers_overlap;
 use crate::plugin::{Gvk, KubeServices, Plugin, PluginEngine, PluginEnv, PluginReconciler};
 
 /// Where the plugins are and how to treat them.
@@ -73,6 +88,9 @@ pub struct ManagerOptions {
     pub rescan_interval: Option<Duration>,
     /// How long the pending keys of a stopped plugin are kept for its return.
     pub parked_keys_ttl: Duration,
+    /// Where admitting plugins' versions are installed (the host's admission server);
+    /// `None`: the host serves no admission, and a plugin with `[[admission]]` is refused.
+    pub admission: Option<AdmissionRouter>,
 }
 
 /// Default of [`ManagerOptions::rescan_interval`].
@@ -92,6 +110,7 @@ impl ManagerOptions {
             watch: true,
             rescan_interval: Some(DEFAULT_RESCAN_INTERVAL),
             parked_keys_ttl: DEFAULT_PARKED_KEYS_TTL,
+            admission: None,
         }
     }
 }
@@ -177,8 +196,10 @@ impl PluginManager {
             slots: Mutex::default(),
             desired: Mutex::default(),
             runs: Mutex::default(),
+            refused_managers: Mutex::default(),
             parked: Mutex::new(parked),
             watch_dirs: Mutex::default(),
+            rename_wait: Mutex::default(),
             shutdown: shutdown.clone(),
             retry: events_tx,
         });
@@ -217,7 +238,15 @@ struct RunInfo {
     toml: PathBuf,
     file: PluginToml,
     version: String,
+    /// The field manager the running version writes as.
+    field_manager: String,
+    /// Where its code came from.
+    wasm: PathBuf,
 }
+
+/// How long a rename whose TOML moved before its code is waited for (at least; four quiet
+/// periods when that is longer), before the two files are taken for what they are.
+pub const RENAME_GRACE: Duration = Duration::from_secs(2);
 
 pub(super) struct Shared {
     pub(super) options: ManagerOptions,
@@ -229,10 +258,14 @@ pub(super) struct Shared {
     desired: Mutex<BTreeMap<String, Claim>>,
     /// Name → what runs under it.
     runs: Mutex<BTreeMap<String, RunInfo>>,
+    /// Names whose claim the latest plan refused for its field manager.
+    refused_managers: Mutex<BTreeSet<String>>,
     /// Queues of plugins that are not running, by name and kind.
     pub(super) parked: Mutex<ParkedQueues>,
     /// The directories the latest plan wants watched.
     watch_dirs: Mutex<BTreeSet<PathBuf>>,
+    /// Since when a rename has waited for its code to follow (see [`RENAME_GRACE`]).
+    rename_wait: Mutex<Option<Instant>>,
     pub(super) shutdown: CancellationToken,
     /// Feeds a path back into the debouncer (a file that was still being written).
     retry: mpsc::UnboundedSender<PathBuf>,
@@ -441,19 +474,30 @@ impl Shared {
             by_name.entry(name).or_default().push(claim);
         }
         let mut desired: BTreeMap<String, Claim> = BTreeMap::new();
-        let mut refused: Vec<(Claim, String, PathBuf)> = Vec::new();
+        let mut refused: Vec<(Claim, String, Refusal)> = Vec::new();
         for (name, mut claims) in by_name {
             // The file the running version came from keeps its name; else the first by path.
             let at =
                 claims.iter().position(|c| runs.get(&name).is_some_and(|r| r.toml == c.toml)).unwrap_or(0);
             let winner = claims.remove(at);
             for other in claims {
-                refused.push((other, name.clone(), winner.toml.clone()));
+                refused.push((other, name.clone(), Refusal::Name(winner.toml.clone())));
             }
             desired.insert(name, winner);
         }
-        self.find_renames(&runs, &desired).await;
-        self.record_refused(refused);
+        self.refuse_shared_field_managers(&runs, &mut desired, &mut refused);
+        let waiting = self.find_renames(&runs, &desired).await;
+        if !waiting.is_empty() {
+            // A rename half-way: both names stay as the previous plan had them.
+            let previous = self.desired.lock();
+            for name in &waiting {
+                match previous.get(name) {
+                    Some(claim) => desired.insert(name.clone(), claim.clone()),
+                    None => desired.remove(name),
+                };
+            }
+        }
+        self.record_refused(refused, &desired);
         let mut dirs: BTreeSet<PathBuf> = snapshot.real_dir.into_iter().collect();
         for claim in desired.values() {
             if let Ok(config) = &claim.config
@@ -467,68 +511,192 @@ impl Shared {
         let mut names: BTreeSet<String> = desired.keys().cloned().collect();
         names.extend(self.slots.lock().keys().cloned());
         *self.desired.lock() = desired;
-        names.into_iter().collect()
+        names.into_iter().filter(|n| !waiting.contains(n)).collect()
     }
 
     /// A running plugin with a default name whose files were renamed together (same TOML
-    /// contents, same code) is the same plugin under its new name: its slot moves there,
-    /// and the load that follows is a restart that hands its queue over.
-    async fn find_renames(&self, runs: &BTreeMap<String, RunInfo>, desired: &BTreeMap<String, Claim>) {
+    /// contents, same code) is the same plugin under its new name: its slot and the queues
+    /// it parked move there, and the load that follows is a restart that hands its queue
+    /// over.
+    ///
+    /// Returns the names to leave alone this round: a rename read half-way (the TOML under
+    /// its new name, the code not yet, the old code still there) waits for the code to
+    /// follow, for at most [`RENAME_GRACE`] (or four quiet periods), before the files are
+    /// taken for what they are (the old plugin stopped, the new one waiting for its code).
+    async fn find_renames(
+        &self,
+        runs: &BTreeMap<String, RunInfo>,
+        desired: &BTreeMap<String, Claim>,
+    ) -> BTreeSet<String> {
         let gone: Vec<(&String, &RunInfo)> =
             runs.iter().filter(|(n, r)| !desired.contains_key(*n) && r.file.name.is_none()).collect();
-        if gone.is_empty() {
-            return;
-        }
+        let mut waiting = BTreeSet::new();
         let mut taken = BTreeSet::new();
         for (name, claim) in desired {
             let Ok(config) = &claim.config else { continue };
-            if runs.contains_key(name) || claim.explicit_name() {
+            if gone.is_empty() || runs.contains_key(name) || claim.explicit_name() {
                 continue;
             }
-            let Some((old, _)) = gone.iter().find(|(o, r)| !taken.contains(*o) && r.file == config.file)
+            let Some((old, info)) =
+                gone.iter().find(|(o, r)| !taken.contains(*o) && r.file == config.file).copied()
             else {
                 continue;
             };
-            let Ok(Fetched::Ready(code)) = CodeSource::of(config).fetch().await else { continue };
-            if runs.get(*old).is_none_or(|r| r.version != code.version) {
-                continue;
+            match CodeSource::of(config).fetch().await {
+                Ok(Fetched::Ready(code)) if code.version == info.version => {}
+                Ok(Fetched::Missing) => {
+                    let old_code = CodeSource::File(info.wasm.clone()).fetch().await;
+                    if matches!(old_code, Ok(Fetched::Ready(code)) if code.version == info.version) {
+                        tracing::debug!(plugin = %name, previous_name = %old,
+                            "a plugin's TOML was renamed and its code not yet: waiting for the code to follow");
+                        waiting.extend([name.clone(), old.clone()]);
+                    }
+                    continue;
+                }
+                _ => continue,
             }
-            taken.insert((*old).clone());
+            taken.insert(old.clone());
             tracing::info!(plugin = %name, previous_name = %old, file = %claim.toml.display(),
                 "plugin files renamed together: the same plugin under a new name");
             let mut slots = self.slots.lock();
             if slots.get(name).is_none_or(|s| Arc::strong_count(s) <= 1)
-                && let Some(slot) = slots.remove(*old)
+                && let Some(slot) = slots.remove(old)
             {
                 slots.insert(name.clone(), slot);
                 drop(slots);
                 let mut runs = self.runs.lock();
-                if let Some(info) = runs.remove(*old) {
+                if let Some(info) = runs.remove(old) {
                     runs.insert(name.clone(), info);
                 }
                 drop(runs);
+                // What it parked (keys of a `for` kind it left) is its too.
+                self.parked.lock().rename(old, name);
                 self.status.remove(old);
+            }
+        }
+        let mut since = self.rename_wait.lock();
+        if waiting.is_empty() {
+            *since = None;
+            return waiting;
+        }
+        let grace = RENAME_GRACE.max(self.options.debounce * 4);
+        if since.get_or_insert_with(Instant::now).elapsed() >= grace {
+            tracing::info!(plugins = ?waiting, "the code of a renamed plugin TOML did not follow in time; taking the files as they are");
+            *since = None;
+            return BTreeSet::new();
+        }
+        drop(since);
+        self.retry_later();
+        waiting
+    }
+
+    /// Refuses every desired claim of a plugin that does not run whose field manager
+    /// overlaps (see [`field_managers_overlap`]) the manager of a running plugin, or of
+    /// another such claim first by name. The refused claims leave `desired` and load once
+    /// the overlap is gone. A running plugin's new version is checked when it loads
+    /// ([`Self::check_field_manager`]): refused there, its running version keeps running.
+    fn refuse_shared_field_managers(
+        &self,
+        runs: &BTreeMap<String, RunInfo>,
+        desired: &mut BTreeMap<String, Claim>,
+        refused: &mut Vec<(Claim, String, Refusal)>,
+    ) {
+        let mut kept: Vec<(String, PathBuf)> = runs
+            .iter()
+            .filter(|(name, _)| desired.contains_key(*name))
+            .map(|(_, r)| (r.field_manager.clone(), r.toml.clone()))
+            .collect();
+        let mut losers = Vec::new();
+        for (name, claim) in desired.iter() {
+            let Ok(config) = &claim.config else { continue };
+            if runs.contains_key(name) {
+                continue;
+            }
+            match kept.iter().find(|(theirs, _)| field_managers_overlap(theirs, &config.field_manager)) {
+                Some((theirs, toml)) => losers.push((
+                    name.clone(),
+                    Refusal::FieldManager {
+                        mine: config.field_manager.clone(),
+                        theirs: theirs.clone(),
+                        toml: toml.clone(),
+                    },
+                )),
+                None => kept.push((config.field_manager.clone(), claim.toml.clone())),
+            }
+        }
+        for (name, why) in losers {
+            if let Some(claim) = desired.remove(&name) {
+                refused.push((claim, name, why));
             }
         }
     }
 
-    /// Shows each refused claim (another file has its name) in the status, and clears the
-    /// entries of claims no longer refused.
-    fn record_refused(&self, refused: Vec<(Claim, String, PathBuf)>) {
+    /// Refuses a new version of `name` whose field manager overlaps the manager of another
+    /// running plugin (no plugin writes as another).
+    fn check_field_manager(&self, name: &str, config: &PluginConfig) -> Result<(), Rejection> {
+        let runs = self.runs.lock();
+        let Some((other, info)) = runs.iter().find(|(n, r)| {
+            n.as_str() != name && field_managers_overlap(&r.field_manager, &config.field_manager)
+        }) else {
+            return Ok(());
+        };
+        Err(Rejection(
+            config
+                .field_error(
+                    "field-manager",
+                    format!(
+                        "field manager `{}` overlaps `{}`, the field manager of plugin {other} ({}): \
+                         a plugin writes only as its own manager",
+                        config.field_manager,
+                        info.field_manager,
+                        info.toml.display()
+                    ),
+                )
+                .with_hint("give each plugin a field manager of its own (the default, `wasmctrl-<name>`, is)")
+                .to_string(),
+        ))
+    }
+
+    /// Shows each refused claim (another file has its name or its field manager) in the
+    /// status, and clears the entries of claims no longer refused.
+    fn record_refused(&self, refused: Vec<(Claim, String, Refusal)>, desired: &BTreeMap<String, Claim>) {
         let mut ids = BTreeSet::new();
-        for (claim, name, winner) in refused {
-            let id = claim.toml.display().to_string();
-            let error = match &claim.config {
-                Ok(config) => config
+        let mut by_manager = BTreeSet::new();
+        for (claim, name, why) in refused {
+            // A claim refused for its name is shown under its file (the name is another's);
+            // one refused for its field manager under its own name, which nothing else runs.
+            let id = match why {
+                Refusal::Name(_) => claim.toml.display().to_string(),
+                Refusal::FieldManager { .. } => {
+                    by_manager.insert(name.clone());
+                    name.clone()
+                }
+            };
+            let file_name = |p: &PathBuf| {
+                p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
+            };
+            let error = match (&claim.config, why) {
+                (Ok(config), Refusal::Name(winner)) => config
                     .field_error(
                         "name",
                         format!(
                             "plugin name `{name}` is already used by {}; a name can run from one file only (this one loads once the other is gone or renamed)",
-                            winner.file_name().map_or_else(|| winner.display().to_string(), |f| f.to_string_lossy().into_owned())
+                            file_name(&winner)
                         ),
                     )
                     .to_string(),
-                Err(e) => e.clone(),
+                (Ok(config), Refusal::FieldManager { mine, theirs, toml }) => config
+                    .field_error(
+                        "field-manager",
+                        format!(
+                            "field manager `{mine}` overlaps `{theirs}`, the field manager of {}: \
+                             a plugin writes only as its own manager (this one loads once the overlap is gone)",
+                            file_name(&toml)
+                        ),
+                    )
+                    .with_hint("give each plugin a field manager of its own (the default, `wasmctrl-<name>`, is)")
+                    .to_string(),
+                (Err(e), _) => e.clone(),
             };
             self.status.update(&id, claim.toml.clone(), |s| {
                 s.name = name.clone();
@@ -545,6 +713,15 @@ impl Shared {
                 self.status.remove(&id);
             }
         }
+        // A name refused for its field manager in an earlier round whose claim is neither
+        // refused nor wanted now (its file is gone) leaves the status.
+        let mut previous = self.refused_managers.lock();
+        for name in previous.difference(&by_manager) {
+            if !desired.contains_key(name) && !self.runs.lock().contains_key(name) {
+                self.status.remove(name);
+            }
+        }
+        *previous = by_manager;
     }
 
     /// Brings the plugin `name` in line with the latest plan.
@@ -705,27 +882,38 @@ impl Shared {
             return Ok(());
         }
 
+        self.check_field_manager(name, &config)?;
         // Everything the new version needs, before touching the running one.
         let Some(leases) = self.sync_leases(&config).await? else {
             return Ok(());
         };
         let plugin = self.compile(&config, &leases, code, source).await?;
+        config.check_admission_served(self.options.admission.is_some())?;
+        config.check_admission_exports(plugin.admission_exports())?;
+        let admitting = (plugin.clone(), config.admission.clone());
         let reconciler = check_component(&config, &leases, plugin)?;
+        let previous_name = running.as_ref().map(|r| r.name().to_owned());
 
         let previous = running.as_ref().map(|r| r.generation.version.clone());
         let restart =
             running.as_ref().is_some_and(|r| needs_restart(&r.generation.config, &config) || !r.alive());
         let for_keys = leases.for_keys(&config);
-        let file = config.file.clone();
+        let (file, wasm) = (config.file.clone(), config.wasm_path.clone());
+        let field_manager = config.field_manager.clone();
         let candidate = Candidate { config, version: version.clone(), reconciler, leases };
         match running.take() {
             Some(r) if !restart => self.swap(running, r, candidate, for_keys).await?,
             Some(old) => self.restart(running, old, candidate).await?,
             None => self.first_start(running, candidate)?,
         }
-        self.runs
-            .lock()
-            .insert(name.to_owned(), RunInfo { toml: claim.toml.clone(), file, version: version.clone() });
+        if let Some(router) = &self.options.admission {
+            // Reviews from now on go to this version; those in flight finish on the old one.
+            router.install(previous_name.as_deref(), admitting.0, admitting.1).await;
+        }
+        self.runs.lock().insert(
+            name.to_owned(),
+            RunInfo { toml: claim.toml.clone(), file, version: version.clone(), field_manager, wasm },
+        );
         self.record_loaded(name, &claim.toml, running, &version, previous.as_deref(), started);
         Ok(())
     }
@@ -860,4 +1048,12 @@ impl Shared {
         }
         while set.join_next().await.is_some() {}
     }
+}
+
+/// Why a claim in the plugins directory was refused.
+enum Refusal {
+    /// Another file (this one) runs the same plugin name.
+    Name(PathBuf),
+    /// The claim's field manager `mine` overlaps `theirs`, of the plugin in `toml`.
+    FieldManager { mine: String, theirs: String, toml: PathBuf },
 }

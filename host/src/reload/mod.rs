@@ -11,6 +11,8 @@
 //! - [`check_paths`] ([`check`]): `wasmctrl check`, the loader's validation, offline.
 //! - [`rbac_for`] ([`rbac`]): `wasmctrl rbac`, the RBAC the plugins need.
 //! - [`StatusBoard`] ([`status`]): per-plugin status for `/plugins` and `/readyz`.
+//! - [`webhook_configurations_for`] ([`webhook_config`]): `wasmctrl webhook-config`, the
+//!   admitting plugins' webhook configurations.
 
 pub mod check;
 pub mod code_source;
@@ -25,6 +27,7 @@ mod slot;
 pub mod snapshot;
 pub mod status;
 pub mod watcher;
+pub mod webhook_config;
 mod wiring;
 
 pub use check::{
@@ -40,4 +43,5 @@ pub use manager::{
 pub use parked::MAX_PARKED;
 pub use rbac::{RbacManifests, RbacObject, RbacOptions, rbac_for};
 pub use status::{PluginState, PluginStatus, StatusBoard};
+pub use webhook_config::{WebhookConfigPrintError, webhook_configurations_for};
 pub use wiring::{InformerLeases, LeasedInformer, Leases, WatchKey};

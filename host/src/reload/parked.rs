@@ -11,6 +11,8 @@
 //!   `evicted`) and logged.
 //! - Parking a queue where one of the same name and kind waits merges them: nothing parked
 //!   is dropped by a second park.
+//! - A plugin renamed (its files renamed together) takes everything parked under its old
+//!   name along ([`ParkedQueues::rename`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -61,6 +63,25 @@ impl ParkedQueues {
             };
             if let Some(p) = self.queues.remove(&oldest) {
                 self.drop_parked(&oldest.0, &oldest.1, p, "evicted");
+            }
+        }
+    }
+
+    /// Hands everything parked for `from` to `to` (the same plugin, renamed), kind by kind.
+    pub fn rename(&mut self, from: &str, to: &str) {
+        let moved: Vec<(String, Gvk)> =
+            self.queues.keys().filter(|(plugin, _)| plugin == from).cloned().collect();
+        for key in moved {
+            if let Some(p) = self.queues.remove(&key) {
+                let at = (to.to_owned(), key.1);
+                match self.queues.get(&at) {
+                    Some(existing) => {
+                        p.queue.hand_over_to(&existing.queue);
+                    }
+                    None => {
+                        self.queues.insert(at, p);
+                    }
+                }
             }
         }
     }
@@ -149,6 +170,22 @@ mod tests {
         assert_eq!(parked.expire(later), 1);
         assert_eq!(parked.len(), 0);
         assert_eq!(dropped(&metrics, "expired"), 1.0);
+    }
+
+    #[tokio::test]
+    async fn a_rename_moves_every_kind_parked_for_the_plugin() {
+        let metrics = Metrics::new();
+        let mut parked = ParkedQueues::new(Duration::from_secs(60), metrics.clone());
+        let (cm, secret) = (Gvk::new("v1", "ConfigMap"), Gvk::new("v1", "Secret"));
+        parked.park("a", &cm, queue_with(&["ns/a"]));
+        parked.park("a", &secret, queue_with(&["ns/s"]));
+        parked.park("b", &cm, queue_with(&["ns/b"]));
+        parked.park("other", &cm, queue_with(&["ns/o"]));
+        parked.rename("a", "b");
+        assert!(parked.take("a", &cm).is_none() && parked.take("a", &secret).is_none());
+        assert_eq!(parked.take("b", &cm).expect("merged").len(), 2, "merged with what b had");
+        assert_eq!(parked.take("b", &secret).expect("moved").len(), 1);
+        assert_eq!(parked.take("other", &cm).expect("untouched").len(), 1);
     }
 
     #[tokio::test]

@@ -7,16 +7,25 @@
 //!   every kind in `permissions.write`, plus `update`/`patch` on its `status` subresource;
 //! - `update` on the `finalizers` subresource of each `for` kind whose plugin owns objects
 //!   (setting `blockOwnerDeletion` on an owner reference requires it);
-//! - `create`/`patch` on Events (core and `events.k8s.io`), which plugins may always publish;
+//! - `create`/`patch` on Events (core and `events.k8s.io`), which plugins may publish about
+//!   what they may read;
 //! - with leader election on, `get`/`create`/`update`/`patch` on the host's Lease, as a Role in
-//!   the Lease's namespace.
+//!   the Lease's namespace;
+//! - when the host writes webhook configurations and a plugin admits, `get`/`create`/
+//!   `patch`/`update`/`delete` on Validating/MutatingWebhookConfigurations, as a ClusterRole
+//!   of its own (they are cluster-scoped).
 //!
-//! A namespaced `Role` is emitted instead of a `ClusterRole` when every plugin watches only one
-//! and the same namespace and every kind involved is namespaced; the plugins' writes are then
-//! granted in that namespace only (a plugin that writes elsewhere needs `cluster_scope = Some(true)`).
+//! When every plugin is limited to namespaces ([`PluginConfig::namespaces`]: its
+//! `permissions.namespaces`, or `[for]`'s namespace), the rules follow the limits: one `Role`
+//! (and `RoleBinding`) per namespace, granting there what the plugins limited to it need of
+//! namespaced kinds, and a `ClusterRole` only for the cluster-scoped kinds they read (a
+//! plugin limited to namespaces writes no cluster-scoped kind). Otherwise one `ClusterRole`
+//! holds the union (or, with `cluster_scope = Some(false)`, a Role in the ServiceAccount's
+//! namespace).
 //!
-//! Invariants: output is deterministic (rules sorted by group then resource, verbs sorted) so
-//! it can be committed and diffed.
+//! Invariants: output is deterministic (rules sorted by group then resource, verbs sorted;
+//! Roles by namespace) so it can be committed and diffed; a namespace-limited plugin is
+//! granted nothing outside its namespaces but reads of cluster-scoped kinds it declared.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,12 +46,17 @@ pub struct RbacOptions {
     pub service_account_namespace: String,
     /// Name of the (Cluster)Role and its binding.
     pub name: String,
-    /// `None`: a Role when everything is in one namespace, else a ClusterRole.
-    /// `Some(true)`: always a ClusterRole. `Some(false)`: always a Role (in the plugins'
-    /// namespace, or the ServiceAccount's namespace when they watch everywhere).
+    /// `None`: Roles in the plugins' namespaces when every plugin is limited to some (and a
+    /// ClusterRole for the cluster-scoped kinds they read), else a ClusterRole.
+    /// `Some(true)`: always one ClusterRole. `Some(false)`: Roles as with `None`, and a Role
+    /// in the ServiceAccount's namespace instead of the ClusterRole of plugins that are not
+    /// limited to namespaces.
     pub cluster_scope: Option<bool>,
     /// Adds a Role for the Lease when set.
     pub leader_election: Option<LeaderElectionConfig>,
+    /// The host writes the admitting plugins' webhook configurations (`[admission]
+    /// manage-configurations`): adds a ClusterRole for them when a plugin admits.
+    pub webhook_configurations: bool,
 }
 
 impl Default for RbacOptions {
@@ -53,6 +67,7 @@ impl Default for RbacOptions {
             name: "wasmctrl".into(),
             cluster_scope: None,
             leader_election: None,
+            webhook_configurations: false,
         }
     }
 }
@@ -99,14 +114,47 @@ fn add(rules: &mut RuleSet, group: &str, resource: &str, verbs: &[&'static str])
     rules.entry((group.to_owned(), resource.to_owned())).or_default().extend(verbs.iter().copied());
 }
 
-/// The single namespace every source of every plugin is limited to, if there is one.
-fn common_namespace(plugins: &[PluginConfig]) -> Option<String> {
-    let mut namespaces = plugins
-        .iter()
-        .flat_map(|p| std::iter::once(&p.for_source).chain(&p.owns).chain(&p.watches))
-        .map(|s| s.namespace.clone());
-    let first = namespaces.next()??;
-    namespaces.all(|ns| ns.as_deref() == Some(&first)).then_some(first)
+/// The rules `plugins` need: namespaced kinds in `namespaced`, cluster-scoped ones in
+/// `cluster`. Events always go to `namespaced`.
+fn rules_of<'a>(
+    plugins: impl IntoIterator<Item = &'a PluginConfig>,
+    resolver: &dyn KindResolver,
+    namespaced: &mut RuleSet,
+    cluster: &mut RuleSet,
+) {
+    let mut note_kind = |kind: &Gvk, verbs: &[&'static str], sub: Option<(&str, &[&'static str])>| {
+        let r = resolve_or_guess(resolver, kind);
+        let rules = if r.namespaced { &mut *namespaced } else { &mut *cluster };
+        add(rules, kind.group(), &r.plural, verbs);
+        if let Some((sub, sub_verbs)) = sub {
+            add(rules, kind.group(), &format!("{}/{sub}", r.plural), sub_verbs);
+        }
+    };
+    for p in plugins {
+        for kind in p.cached_kinds() {
+            note_kind(kind, READ, None);
+        }
+        for kind in &p.write {
+            note_kind(kind, WRITE, Some(("status", &["patch", "update"])));
+        }
+        if !p.owns.is_empty() {
+            note_kind(&p.for_source.kind, READ, Some(("finalizers", &["update"])));
+        }
+    }
+    add(namespaced, "", "events", &["create", "patch"]);
+    add(namespaced, "events.k8s.io", "events", &["create", "patch"]);
+}
+
+fn policy_rules(rules: RuleSet) -> Vec<PolicyRule> {
+    rules
+        .into_iter()
+        .map(|((group, resource), verbs)| PolicyRule {
+            api_groups: Some(vec![group]),
+            resources: Some(vec![resource]),
+            verbs: verbs.into_iter().map(str::to_owned).collect(),
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// Builds the RBAC objects for `plugins`. `resolver` gives plurals and scopes (discovery when
@@ -117,46 +165,6 @@ pub fn rbac_for(
     options: &RbacOptions,
     resolver: &dyn KindResolver,
 ) -> RbacManifests {
-    let mut rules = RuleSet::new();
-    let mut all_namespaced = true;
-    let mut note_kind =
-        |rules: &mut RuleSet, kind: &Gvk, verbs: &[&'static str], sub: Option<(&str, &[&'static str])>| {
-            let r = resolve_or_guess(resolver, kind);
-            all_namespaced &= r.namespaced;
-            add(rules, kind.group(), &r.plural, verbs);
-            if let Some((sub, sub_verbs)) = sub {
-                add(rules, kind.group(), &format!("{}/{sub}", r.plural), sub_verbs);
-            }
-        };
-    for p in plugins {
-        for kind in p.cached_kinds() {
-            note_kind(&mut rules, kind, READ, None);
-        }
-        for kind in &p.write {
-            note_kind(&mut rules, kind, WRITE, Some(("status", &["patch", "update"])));
-        }
-        if !p.owns.is_empty() {
-            note_kind(&mut rules, &p.for_source.kind, READ, Some(("finalizers", &["update"])));
-        }
-    }
-    add(&mut rules, "", "events", &["create", "patch"]);
-    add(&mut rules, "events.k8s.io", "events", &["create", "patch"]);
-
-    let policy_rules: Vec<PolicyRule> = rules
-        .into_iter()
-        .map(|((group, resource), verbs)| PolicyRule {
-            api_groups: Some(vec![group]),
-            resources: Some(vec![resource]),
-            verbs: verbs.into_iter().map(str::to_owned).collect(),
-            ..Default::default()
-        })
-        .collect();
-
-    let common = common_namespace(plugins).filter(|_| all_namespaced);
-    let namespaced = match options.cluster_scope {
-        Some(cluster) => !cluster,
-        None => common.is_some(),
-    };
     let subject = Subject {
         kind: "ServiceAccount".into(),
         name: options.service_account.clone(),
@@ -170,38 +178,67 @@ pub fn rbac_for(
         labels: labels.clone(),
         ..Default::default()
     };
+    let role = |namespace: &str, rules: RuleSet| {
+        [
+            RbacObject::Role(Role {
+                metadata: meta(&options.name, Some(namespace.to_owned())),
+                rules: Some(policy_rules(rules)),
+            }),
+            RbacObject::RoleBinding(RoleBinding {
+                metadata: meta(&options.name, Some(namespace.to_owned())),
+                role_ref: RoleRef {
+                    api_group: String::from("rbac.authorization.k8s.io").into(),
+                    kind: "Role".into(),
+                    name: options.name.clone(),
+                },
+                subjects: Some(vec![subject.clone()]),
+            }),
+        ]
+    };
+    let cluster_role = |rules: RuleSet| {
+        [
+            RbacObject::ClusterRole(ClusterRole {
+                metadata: meta(&options.name, None),
+                rules: Some(policy_rules(rules)),
+                aggregation_rule: None,
+            }),
+            RbacObject::ClusterRoleBinding(ClusterRoleBinding {
+                metadata: meta(&options.name, None),
+                role_ref: RoleRef {
+                    api_group: String::from("rbac.authorization.k8s.io").into(),
+                    kind: "ClusterRole".into(),
+                    name: options.name.clone(),
+                },
+                subjects: Some(vec![subject.clone()]),
+            }),
+        ]
+    };
 
+    // Every plugin limited to namespaces: Roles where they work.
+    let scopes: Option<Vec<&Vec<String>>> = plugins.iter().map(|p| p.namespaces.as_ref()).collect();
+    let limited = scopes.filter(|_| !plugins.is_empty() && options.cluster_scope != Some(true));
     let mut objects = Vec::new();
-    if namespaced {
-        let ns = common.unwrap_or_else(|| options.service_account_namespace.clone());
-        objects.push(RbacObject::Role(Role {
-            metadata: meta(&options.name, Some(ns.clone())),
-            rules: Some(policy_rules),
-        }));
-        objects.push(RbacObject::RoleBinding(RoleBinding {
-            metadata: meta(&options.name, Some(ns)),
-            role_ref: RoleRef {
-                api_group: String::from("rbac.authorization.k8s.io").into(),
-                kind: "Role".into(),
-                name: options.name.clone(),
-            },
-            subjects: Some(vec![subject.clone()]),
-        }));
+    if let Some(scopes) = limited {
+        let namespaces: BTreeSet<&String> = scopes.iter().flat_map(|s| s.iter()).collect();
+        let mut cluster = RuleSet::new();
+        for ns in namespaces {
+            let mut rules = RuleSet::new();
+            let here = plugins.iter().filter(|p| p.namespaces.as_ref().is_some_and(|s| s.contains(ns)));
+            rules_of(here, resolver, &mut rules, &mut cluster);
+            objects.extend(role(ns, rules));
+        }
+        if !cluster.is_empty() {
+            objects.extend(cluster_role(cluster));
+        }
     } else {
-        objects.push(RbacObject::ClusterRole(ClusterRole {
-            metadata: meta(&options.name, None),
-            rules: Some(policy_rules),
-            aggregation_rule: None,
-        }));
-        objects.push(RbacObject::ClusterRoleBinding(ClusterRoleBinding {
-            metadata: meta(&options.name, None),
-            role_ref: RoleRef {
-                api_group: String::from("rbac.authorization.k8s.io").into(),
-                kind: "ClusterRole".into(),
-                name: options.name.clone(),
-            },
-            subjects: Some(vec![subject.clone()]),
-        }));
+        let (mut rules, mut cluster) = (RuleSet::new(), RuleSet::new());
+        rules_of(plugins, resolver, &mut rules, &mut cluster);
+        rules.append(&mut cluster);
+        if options.cluster_scope == Some(false) {
+            objects.extend(role(&options.service_account_namespace, rules));
+        } else {
+            objects.extend(cluster_role(rules));
+        }
     }
     if let Some(le) = &options.leader_election {
         let name = format!("{}-leader-election", options.name);
@@ -219,6 +256,31 @@ pub fn rbac_for(
             role_ref: RoleRef {
                 api_group: String::from("rbac.authorization.k8s.io").into(),
                 kind: "Role".into(),
+                name,
+            },
+            subjects: Some(vec![subject.clone()]),
+        }));
+    }
+    if options.webhook_configurations && plugins.iter().any(|p| !p.admission.is_empty()) {
+        let name = format!("{}-admission", options.name);
+        objects.push(RbacObject::ClusterRole(ClusterRole {
+            metadata: meta(&name, None),
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec!["admissionregistration.k8s.io".into()]),
+                resources: Some(vec![
+                    "mutatingwebhookconfigurations".into(),
+                    "validatingwebhookconfigurations".into(),
+                ]),
+                verbs: ["create", "delete", "get", "patch", "update"].map(str::to_owned).to_vec(),
+                ..Default::default()
+            }]),
+            aggregation_rule: None,
+        }));
+        objects.push(RbacObject::ClusterRoleBinding(ClusterRoleBinding {
+            metadata: meta(&name, None),
+            role_ref: RoleRef {
+                api_group: String::from("rbac.authorization.k8s.io").into(),
+                kind: "ClusterRole".into(),
                 name,
             },
             subjects: Some(vec![subject]),

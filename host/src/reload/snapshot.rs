@@ -9,10 +9,16 @@
 //! file is identified by what it resolves to (the real path, device, inode, size and
 //! modification time), before and after the read; a read that saw a change is repeated.
 //!
+//! A volume is also read only between two updates: the kubelet swaps `..data` first and
+//! only then links the new files' names and removes the links of files gone, so for a
+//! moment the visible files are not what the volume holds (a renamed file has neither
+//! name). A read that sees that moment is repeated, like one that saw a change.
+//!
 //! Invariants: a [`Snapshot`] holds, for each TOML, the bytes of one version of it and the
 //! identity of the file they came from ([`FileId`]); the listing and every identity were the
-//! same before and after the TOMLs were read. Hidden files (the volume's `..data`, editors'
-//! temporaries) are never plugins (see `scan`).
+//! same before and after the TOMLs were read, and a volume's visible files matched its
+//! `..data` both times. Hidden files (the volume's `..data`, editors' temporaries) are never
+//! plugins (see `scan`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -92,6 +98,9 @@ const ATTEMPTS: usize = 5;
 /// while being read; read it again after the next quiet period.
 pub fn read(dir: &Path, defaults: &PluginDefaults) -> std::io::Result<Option<Snapshot>> {
     for _ in 0..ATTEMPTS {
+        if !volume_settled(dir)? {
+            continue;
+        }
         let before = listing(dir)?;
         let mut claims = Vec::with_capacity(before.len());
         let mut settled = true;
@@ -116,11 +125,42 @@ pub fn read(dir: &Path, defaults: &PluginDefaults) -> std::io::Result<Option<Sna
                 }
             }
         }
-        if settled && listing(dir)? == before {
+        if settled && listing(dir)? == before && volume_settled(dir)? {
             return Ok(Some(Snapshot { real_dir: std::fs::canonicalize(dir).ok(), claims }));
         }
     }
     Ok(None)
+}
+
+/// Whether `dir`, if it is a ConfigMap or Secret volume (it has `..data`), is between two
+/// updates: every entry of `..data` has its visible link, and no link into `..data` dangles.
+fn volume_settled(dir: &Path) -> std::io::Result<bool> {
+    let data = dir.join("..data");
+    if std::fs::symlink_metadata(&data).is_err() {
+        return Ok(true);
+    }
+    let entries = match std::fs::read_dir(&data) {
+        Ok(entries) => entries,
+        // `..data` points nowhere: not a moment to read.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let name = entry?.file_name();
+        if !name.to_string_lossy().starts_with("..") && std::fs::symlink_metadata(dir.join(&name)).is_err() {
+            return Ok(false);
+        }
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if let Ok(target) = std::fs::read_link(&path)
+            && target.starts_with("..data")
+            && !path.exists()
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// The plugin TOMLs of `dir` with their identities, by path.
@@ -172,5 +212,28 @@ mod tests {
         assert_ne!(first.claims[0].id, second.claims[0].id);
         assert_eq!(second.claims[0].config.as_ref().map(|c| c.concurrency).ok(), Some(2));
         assert_eq!(second.claims[0].toml, d.join("p.toml"), "claims keep the configured path");
+    }
+
+    #[test]
+    fn a_volume_between_its_data_swap_and_its_links_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let toml = "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n";
+        std::fs::create_dir(d.join("..v1")).unwrap();
+        std::fs::write(d.join("..v1/a.toml"), toml).unwrap();
+        std::os::unix::fs::symlink("..v1", d.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/a.toml", d.join("a.toml")).unwrap();
+        assert_eq!(read(d, &PluginDefaults::default()).unwrap().unwrap().claims.len(), 1);
+        // `a.toml` renamed `b.toml`: `..data` swapped, `b.toml` not linked yet.
+        std::fs::create_dir(d.join("..v2")).unwrap();
+        std::fs::write(d.join("..v2/b.toml"), toml).unwrap();
+        std::os::unix::fs::symlink("..v2", d.join("..data_tmp")).unwrap();
+        std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+        assert!(read(d, &PluginDefaults::default()).unwrap().is_none(), "a new name not linked yet");
+        std::os::unix::fs::symlink("..data/b.toml", d.join("b.toml")).unwrap();
+        assert!(read(d, &PluginDefaults::default()).unwrap().is_none(), "an old link dangling");
+        std::fs::remove_file(d.join("a.toml")).unwrap();
+        let settled = read(d, &PluginDefaults::default()).unwrap().unwrap();
+        assert_eq!(settled.claims.iter().map(|c| c.stem()).collect::<Vec<_>>(), ["b"]);
     }
 }

@@ -15,6 +15,13 @@
 //! - `status.conditions`: `Ready` (children in place and up to date) and `Available`
 //!   (the Deployment reports at least `spec.replicas` available replicas);
 //!   `lastTransitionTime` moves only when a condition's status flips.
+//!
+//! It also admits Websites (the `[[admission]]` sections of its TOML): a mutating webhook
+//! fills in what the user left out ([`Mutate`]: the spec's defaults, a page naming the
+//! site), and a validating one refuses what the operator could not run ([`Validate`]:
+//! replicas from 0 to [`MAX_REPLICAS`], a port, an image; a `spec.host` another Website of
+//! the namespace already serves, read from the operator's own cache), with warnings for the
+//! doubtful (a `:latest` image, scaling to zero).
 
 use std::collections::BTreeMap;
 
@@ -37,6 +44,8 @@ pub const FINALIZER: &str = "website.example.com/cleanup";
 pub const CONTENT_HASH_ANNOTATION: &str = "website.example.com/content-hash";
 /// `app.kubernetes.io/managed-by` value on every child.
 pub const MANAGED_BY: &str = "website-operator";
+/// The most replicas a Website may ask for.
+pub const MAX_REPLICAS: i32 = 10;
 
 /// A website: `kubectl get websites`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -66,11 +75,20 @@ pub struct WebsiteSpec {
     pub content: String,
     /// Service and container port.
     pub port: i32,
+    /// The host name the site is served under, unique among the namespace's Websites.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 impl Default for WebsiteSpec {
     fn default() -> Self {
-        WebsiteSpec { image: "nginx:1.27-alpine".into(), replicas: 1, content: String::new(), port: 80 }
+        WebsiteSpec {
+            image: "nginx:1.27-alpine".into(),
+            replicas: 1,
+            content: String::new(),
+            port: 80,
+            host: None,
+        }
     }
 }
 
@@ -404,7 +422,80 @@ impl Plugin for WebsiteOperator {
     }
 }
 
-wasmctrl_guest::export_plugin!(WebsiteOperator);
+/// The checks a Website must pass, on create and on update (pure but for the cache read of
+/// the namespace's other Websites).
+fn check_spec(request: &AdmissionRequest, site: &Website) -> Result<(), Denied> {
+    let spec = &site.spec;
+    if !(0..=MAX_REPLICAS).contains(&spec.replicas) {
+        return Err(Denied::invalid(format!(
+            "spec.replicas: Invalid value: {}: must be between 0 and {MAX_REPLICAS}",
+            spec.replicas
+        )));
+    }
+    if !(1..=65535).contains(&spec.port) {
+        return Err(Denied::invalid(format!(
+            "spec.port: Invalid value: {}: must be a port, 1 to 65535",
+            spec.port
+        )));
+    }
+    if spec.image.is_empty() || spec.image.contains(char::is_whitespace) {
+        return Err(Denied::invalid(format!(
+            "spec.image: Invalid value: {:?}: must be an image reference",
+            spec.image
+        )));
+    }
+    if spec.image.ends_with(":latest")
+        || !spec.image.rsplit('/').next().unwrap_or_default().contains([':', '@'])
+    {
+        request
+            .warn(format!("spec.image {:?} has no fixed tag: pods may run different versions", spec.image));
+    }
+    if let Some(host) = &spec.host {
+        let others = cache::list::<Website>(site.namespace(), None)?;
+        if let Some(other) =
+            others.iter().find(|o| o.name() != site.name() && o.spec.host.as_ref() == Some(host))
+        {
+            return Err(Denied::invalid(format!(
+                "spec.host: Duplicate value: {host:?}: website {} already serves it",
+                other.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Validate for WebsiteOperator {
+    fn validate_create(&self, request: &AdmissionRequest, site: &Website) -> Result<(), Denied> {
+        check_spec(request, site)
+    }
+
+    fn validate_update(
+        &self,
+        request: &AdmissionRequest,
+        old: &Website,
+        site: &Website,
+    ) -> Result<(), Denied> {
+        check_spec(request, site)?;
+        if site.spec.replicas == 0 && old.spec.replicas > 0 {
+            request.warn(format!("website {} is scaled to zero: it serves nothing", site.name()));
+        }
+        Ok(())
+    }
+}
+
+impl Mutate for WebsiteOperator {
+    /// Defaults: decoding the Website already fills in the spec fields left out (image,
+    /// replicas, port: [`WebsiteSpec::default`]), which the patch adds; a site without a
+    /// page gets one naming it.
+    fn mutate(&self, _request: &AdmissionRequest, site: &mut Website) -> Result<(), Denied> {
+        if site.spec.content.is_empty() {
+            site.spec.content = format!("<h1>{}</h1>", site.name());
+        }
+        Ok(())
+    }
+}
+
+wasmctrl_guest::export_plugin!(WebsiteOperator, admission = [validate, mutate]);
 
 #[cfg(test)]
 mod tests {
@@ -581,5 +672,59 @@ mod tests {
         assert!(host.server_get::<Website>(Some("team-a"), "blog").is_none());
         assert!(host.server_get::<Deployment>(Some("team-a"), "blog").is_none());
         assert_eq!(host.events().last().map(|e| e.reason.clone()), Some("Deleted".into()));
+    }
+
+    #[test]
+    fn admission_defaults_then_refuses_what_cannot_run() {
+        use wasmctrl_guest::admission::AdmissionRequest;
+        let host = wasmctrl_guest::testing::TestHost::new();
+        let plugin = host.init::<WebsiteOperator>().unwrap();
+        let bare: Website = serde_json::from_str(
+            r#"{"apiVersion":"example.com/v1","kind":"Website","metadata":{"name":"blog","namespace":"team-a"},"spec":{}}"#,
+        )
+        .unwrap();
+        // The patch fills in the defaults and a page.
+        let (verdict, defaulted) =
+            plugin.mutate::<Website>(&AdmissionRequest::create(&bare).unwrap()).unwrap().unwrap();
+        assert!(verdict.allowed());
+        let defaulted = defaulted.unwrap();
+        assert_eq!(defaulted.spec.content, "<h1>blog</h1>");
+        assert_eq!((defaulted.spec.replicas, defaulted.spec.port), (1, 80));
+
+        let mut too_big = site();
+        too_big.spec.replicas = MAX_REPLICAS + 1;
+        let verdict = plugin.validate(&AdmissionRequest::create(&too_big).unwrap()).unwrap();
+        let denied = verdict.denied.unwrap();
+        assert_eq!(denied.code(), Some(422));
+        assert!(denied.message().starts_with("spec.replicas: Invalid value: 11"), "{denied}");
+
+        let mut latest = site();
+        latest.spec.image = "nginx:latest".into();
+        let verdict = plugin.validate(&AdmissionRequest::create(&latest).unwrap()).unwrap();
+        assert!(verdict.allowed());
+        assert_eq!(verdict.warnings.len(), 1, "{:?}", verdict.warnings);
+
+        let mut zero = site();
+        zero.spec.replicas = 0;
+        let verdict = plugin.validate(&AdmissionRequest::update(&site(), &zero).unwrap()).unwrap();
+        assert!(verdict.allowed() && verdict.warnings[0].contains("scaled to zero"), "{verdict:?}");
+    }
+
+    #[test]
+    fn a_host_another_website_serves_is_refused_from_the_cache() {
+        use wasmctrl_guest::admission::AdmissionRequest;
+        let host = wasmctrl_guest::testing::TestHost::new();
+        let mut first = site();
+        first.metadata.name = Some("first".into());
+        first.spec.host = Some("blog.example.com".into());
+        host.add(&first).unwrap();
+        let plugin = host.init::<WebsiteOperator>().unwrap();
+        let mut second = site();
+        second.spec.host = Some("blog.example.com".into());
+        let denied = plugin.validate(&AdmissionRequest::create(&second).unwrap()).unwrap().denied.unwrap();
+        assert!(denied.message().contains("website first already serves it"), "{denied}");
+        // The site itself may keep its host on update.
+        let verdict = plugin.validate(&AdmissionRequest::update(&first, &first).unwrap()).unwrap();
+        assert!(verdict.allowed(), "{verdict:?}");
     }
 }

@@ -108,6 +108,17 @@ def _filter_input(event: Any) -> FilterInput:
     return FilterInput("delete", decode(event.value))
 
 
+#: The plugin object ``init`` built in this instance (the admission exports use it too).
+_current: dict = {}
+
+
+def current_plugin() -> Any:
+    """The plugin object of this instance; raises before ``init`` built it."""
+    if "plugin" not in _current:
+        raise RuntimeError("the host called the plugin before init")
+    return _current["plugin"]
+
+
 def export_plugin(cls: type) -> type:
     """The ``Reconciler`` export class for the plugin class ``cls``."""
     hooks = _wit.Hooks(0)
@@ -132,6 +143,7 @@ def export_plugin(cls: type) -> type:
         def init(self, settings: bytes) -> _wit.PluginInfo:
             try:
                 state["plugin"] = cls(decode(settings))
+                _current["plugin"] = state["plugin"]
             except Exception as e:
                 raise Err(str(e) or type(e).__name__) from None
             gvk = None if for_kind is None else _types.Gvk(api_version=for_kind.api_version, kind=for_kind.kind)

@@ -835,6 +835,36 @@ impl<P: Exported> TestPlugin<P> {
         }
     }
 
+    /// The plugin's answer to an admission `request` (build one with
+    /// [`AdmissionRequest::create`](crate::admission::AdmissionRequest::create), ...);
+    /// `None` when it does not implement [`Validate`](crate::admission::Validate).
+    pub fn validate(
+        &self,
+        request: &crate::admission::AdmissionRequest,
+    ) -> Option<crate::admission::Verdict> {
+        Some((self.table.validate?)(&self.plugin, request))
+    }
+
+    /// The plugin's mutation of `request`'s object: the verdict and the object with the
+    /// patch applied (the object unchanged when there is no patch); `None` when it does not
+    /// implement [`Mutate`](crate::admission::Mutate).
+    pub fn mutate<K: Kind>(
+        &self,
+        request: &crate::admission::AdmissionRequest,
+    ) -> Option<Result<(crate::admission::Verdict, Option<K>), Error>> {
+        let (verdict, patch) = (self.table.mutate?)(&self.plugin, request);
+        let mutated = || -> Result<Option<K>, Error> {
+            let Some(object) = &request.object else { return Ok(None) };
+            let mut doc: Value = object.parse_as()?;
+            if let Some(patch) = &patch {
+                json_patch::patch(&mut doc, patch)
+                    .map_err(|e| Error::Invalid(format!("the patch does not apply: {e}")))?;
+            }
+            Ok(Some(serde_json::from_value(doc)?))
+        };
+        Some(mutated().map(|object| (verdict, object)))
+    }
+
     /// Delivers a delete notification; `false` when the plugin has no `OnDelete`.
     pub fn on_delete<K: Kind>(&self, object: &K, final_state_unknown: bool) -> bool {
         match (self.table.on_delete, crate::kind::to_json(object)) {

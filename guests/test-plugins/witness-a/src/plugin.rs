@@ -24,10 +24,12 @@
 //   plugin runs for (a `map-prefix` name for Secrets, any other name for ConfigMaps) and
 //   logs `kind-ok`, then works on the ConfigMap the key stands for (`key` is that
 //   ConfigMap's key).
-// - Failures: `[settings] fail-percent = N` fails (retryable) the first reconcile an
-//   instance makes of about N % of the (key, resourceVersion) pairs, so retries and their
-//   backoff are exercised; `fail-gone = true` fails every reconcile of a key whose
-//   ConfigMap is gone. `reconcile-end` logs `result` (`ok` or `error`).
+// - Failures: `[settings] fail-percent = N` (fractions allowed) fails (retryable) the first
+//   reconcile an instance makes of about N % of the (key, resourceVersion) pairs, at most
+//   `fail-max` times per instance (no bound without it), so retries and their backoff are
+//   exercised without outrunning the host's retry rate limit; `fail-gone = true` fails every
+//   reconcile of a key whose ConfigMap is gone. `reconcile-end` logs `result` (`ok` or
+//   `error`).
 // - With `[settings] trace-calls = true`, `map` and `filter` log `map-start`/`map-end` and
 //   `filter-start`/`filter-end` with the object's key, so overlapping calls of two versions
 //   can be seen.
@@ -95,6 +97,9 @@ fn maybe_sleep(setting: &str, key: &str) -> bool {
 /// (key, resourceVersion) pairs this instance already failed once.
 static FAILED: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
 
+/// How many reconciles this instance failed under `fail-percent`.
+static FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// FNV-1a: a stable hash of `text`.
 fn hash(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
@@ -105,22 +110,25 @@ fn should_fail(s: &serde_json::Value, key: &str, rv: &str) -> bool {
     if rv == "not-found" && s["fail-gone"].as_bool() == Some(true) {
         return true;
     }
-    let percent = s["fail-percent"].as_u64().unwrap_or(0);
-    if percent == 0 || rv == "not-found" {
+    let percent = s["fail-percent"].as_f64().unwrap_or(0.0);
+    if percent <= 0.0 || rv == "not-found" {
         return false;
     }
     let h = hash(&format!("{key}@{rv}"));
-    if h % 100 >= percent {
+    // In hundredths of a percent.
+    if (h % 10_000) as f64 >= percent * 100.0 {
         return false;
     }
+    let max = s["fail-max"].as_u64().unwrap_or(u64::MAX);
     let mut failed = FAILED.lock().unwrap_or_else(|e| e.into_inner());
-    if failed.contains(&h) {
+    if failed.contains(&h) || FAILURES.load(std::sync::atomic::Ordering::Relaxed) >= max {
         return false;
     }
     if failed.len() >= 4096 {
         failed.clear();
     }
     failed.push(h);
+    FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     true
 }
 

@@ -3,7 +3,7 @@
  * Only the kinds the plugin's TOML declares are readable; others throw a `forbidden`
  * {@link HostError}.
  */
-import * as wit from "wasmctrl:controller/cache@0.2.0";
+import * as wit from "wasmctrl:controller/cache@0.2.1";
 import { hostCall } from "./errors.js";
 import { decode, type Kind, type KubeObject } from "./objects.js";
 

@@ -3,7 +3,7 @@
  * against the plugin's `permissions.write` and carries its field manager; failures throw
  * a {@link HostError}.
  */
-import * as wit from "wasmctrl:controller/client@0.2.0";
+import * as wit from "wasmctrl:controller/client@0.2.1";
 import { HostError, hostCall } from "./errors.js";
 import { decode, encode, type Kind, type KubeObject } from "./objects.js";
 

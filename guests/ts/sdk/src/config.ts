@@ -2,7 +2,7 @@
  * The plugin's own configuration: its name and its `[settings]` table (the same JSON
  * `init` receives).
  */
-import * as wit from "wasmctrl:controller/config@0.2.0";
+import * as wit from "wasmctrl:controller/config@0.2.1";
 import { decode } from "./objects.js";
 
 /** The plugin's name (its TOML's `name`). */

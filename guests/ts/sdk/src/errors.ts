@@ -8,7 +8,7 @@
  *   `reconcile` becomes retryable or terminal by its `retryable` flag; any other exception
  *   becomes retryable with its message (the object is retried with backoff).
  */
-import type { Error as WitError } from "wasmctrl:controller/types@0.2.0";
+import type { Error as WitError } from "wasmctrl:controller/types@0.2.1";
 
 /** The cases of the WIT `error` variant. */
 export type HostErrorKind =

@@ -2,7 +2,7 @@
  * Kubernetes Events about objects, as `kubectl describe` shows them. The host
  * deduplicates and rate-limits them; a failure throws a {@link HostError}.
  */
-import * as wit from "wasmctrl:controller/events@0.2.0";
+import * as wit from "wasmctrl:controller/events@0.2.1";
 import { hostCall } from "./errors.js";
 import type { KubeObject } from "./objects.js";
 

@@ -17,6 +17,9 @@
  * }
  * export const reconciler = exportPlugin(Stamp);
  * ```
+ *
+ * A plugin that also admits defines `validate` and/or `mutate` and exports
+ * `validator = exportValidator(Cls)` / `mutator = exportMutator(Cls)` (see `admission.ts`).
  */
 export * as cache from "./cache.js";
 export * as client from "./client.js";
@@ -28,6 +31,8 @@ export * as kinds from "./objects.js";
 export { HostError, RetryableError, TerminalError, ignoreNotFound, withContext } from "./errors.js";
 export type { HostErrorKind } from "./errors.js";
 export { Action, exportPlugin } from "./plugin.js";
+export { AdmissionRequest, Denied, exportMutator, exportValidator } from "./admission.js";
+export type { Mutating, MutatorExport, Operation, UserInfo, Validating, ValidatorExport } from "./admission.js";
 export type { FilterInput, Plugin, PluginClass, ReconcilerExport } from "./plugin.js";
 export type { ConfigMap, Kind, KubeObject, Namespace, ObjectMeta, OwnerReference, Secret } from "./objects.js";
 export {
@@ -39,4 +44,4 @@ export {
   label,
   requestFor,
 } from "./objects.js";
-export type { Gvk, Request } from "wasmctrl:controller/types@0.2.0";
+export type { Gvk, Request } from "wasmctrl:controller/types@0.2.1";

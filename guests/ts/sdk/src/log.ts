@@ -3,7 +3,7 @@
  * being reconciled: `log.info("mirrored default/x", { created: "team-a" })`. Field values
  * that are not strings are written as JSON.
  */
-import * as wit from "wasmctrl:controller/log@0.2.0";
+import * as wit from "wasmctrl:controller/log@0.2.1";
 
 export type Level = "trace" | "debug" | "info" | "warn" | "error";
 

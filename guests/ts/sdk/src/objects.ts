@@ -7,7 +7,7 @@
  * cast. The interfaces here cover the metadata every object has and a few core kinds;
  * declare others with {@link kind}.
  */
-import type { Gvk, Request } from "wasmctrl:controller/types@0.2.0";
+import type { Gvk, Request } from "wasmctrl:controller/types@0.2.1";
 
 /** `metadata.ownerReferences[]`. */
 export interface OwnerReference {

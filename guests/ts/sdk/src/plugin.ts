@@ -16,13 +16,13 @@
  * - Hooks (`map`, `filter`, `onAdd`, ...) are not `result`s in the WIT: an exception there
  *   is logged and then rethrown, which traps the call; the host discards that instance.
  */
-import type { Gvk, Request } from "wasmctrl:controller/types@0.2.0";
+import type { Gvk, Request } from "wasmctrl:controller/types@0.2.1";
 import type {
   FilterEvent,
   PluginInfo,
   ReconcileError,
   ReconcileResult,
-} from "wasmctrl:controller/reconciler@0.2.0";
+} from "wasmctrl:controller/reconciler@0.2.1";
 import { HostError, RetryableError, TerminalError } from "./errors.js";
 import * as log from "./log.js";
 import { decode, type Kind, type KubeObject } from "./objects.js";
@@ -74,6 +74,14 @@ export interface ReconcilerExport {
   filter(kind: Gvk, event: FilterEvent): boolean;
 }
 
+/** The plugin object `init` built in this instance (the admission exports use it too). */
+let current: Plugin | undefined;
+
+/** The plugin object of this instance, once `init` built it. */
+export function currentPlugin(): Plugin | undefined {
+  return current;
+}
+
 /**
  * The `reconciler` export for `cls`. Use as
  * `export const reconciler = exportPlugin(MyPlugin);` in the component's entry module.
@@ -91,6 +99,7 @@ export function exportPlugin<S>(cls: PluginClass<S>): ReconcilerExport {
     init(settings) {
       try {
         plugin = new cls(decode<S>(settings));
+        current = plugin;
       } catch (e) {
         throw errPayload(e instanceof Error ? e.message : String(e));
       }

@@ -19,7 +19,7 @@ use wasmctrl::plugin::{CompileLimits, EngineConfig, KubeServices, PluginEngine, 
 use wasmctrl::reload::scan::plugin_tomls;
 use wasmctrl::reload::{
     CheckOptions, EngineValidator, FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, RbacOptions,
-    StatusBoard, check_paths, rbac_for,
+    StatusBoard, check_paths, rbac_for, webhook_configurations_for,
 };
 use wasmctrl::server::{Readiness, StatusSource};
 use wasmctrl::telemetry::Telemetry;
@@ -75,9 +75,18 @@ pub struct RbacArgs {
     /// Name of the (Cluster)Role and its binding.
     #[arg(long, default_value = "wasmctrl")]
     pub name: String,
-    /// Always emit a ClusterRole (default: a Role when every plugin stays in one namespace).
+    /// Always emit one ClusterRole (default: a Role per namespace when every plugin is
+    /// limited to namespaces).
     #[arg(long)]
     pub cluster_scope: bool,
+}
+
+/// `wasmctrl webhook-config`.
+#[derive(Args, Debug)]
+pub struct WebhookConfigArgs {
+    /// The host TOML whose `[admission]` table and plugins directory are read.
+    #[arg(long, short, default_value = "wasmctrl.toml")]
+    pub config: PathBuf,
 }
 
 /// `wasmctrl dev-cluster`.
@@ -198,6 +207,15 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
         factory.discovery().clone(),
     );
     let leader_metrics = metrics.clone();
+    // Admission reviews are served from start-up; the plugins' versions join as they load.
+    let admission = match &host.admission {
+        Some(settings) => Some(
+            wasmctrl::admission::start(settings, Some(client.clone()), Some(&metrics), shutdown.clone())
+                .await
+                .context("starting the admission server")?,
+        ),
+        None => None,
+    };
     let deps = ManagerDeps {
         engine,
         informers: Arc::new(FactoryLeases(factory)),
@@ -209,6 +227,7 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
     options.cache_sync_timeout = host.cache_sync_timeout;
     options.rescan_interval = host.rescan_interval;
     options.parked_keys_ttl = host.parked_keys_ttl;
+    options.admission = admission.as_ref().map(|a| a.router.clone());
 
     let signal = {
         let shutdown = shutdown.clone();
@@ -260,6 +279,9 @@ async fn run_host(host: HostConfig, kubeconfig_out: Option<PathBuf>) -> Result<E
     };
     shutdown.cancel();
     signal.abort();
+    if let Some(admission) = admission {
+        admission.server.stopped().await;
+    }
     if let Ok(Err(error)) = server.await {
         tracing::warn!(%error, "metrics endpoint");
     }
@@ -415,9 +437,59 @@ pub fn rbac(args: RbacArgs) -> Result<ExitCode> {
         name: args.name,
         cluster_scope: args.cluster_scope.then_some(true),
         leader_election: host.leader_election.clone(),
+        webhook_configurations: host.admission.as_ref().is_some_and(|a| a.manage_configurations),
     };
     let manifests = rbac_for(&plugins, &options, &BuiltinKinds);
     print!("{}", manifests.to_yaml().context("encoding the RBAC as YAML")?);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn webhook_config(args: WebhookConfigArgs) -> Result<ExitCode> {
+    let host = match HostConfig::load(&args.config) {
+        Ok(host) => host,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let Some(settings) = &host.admission else {
+        anyhow::bail!(
+            "{} has no [admission] table: the host serves no admission webhooks (see docs/admission.md)",
+            args.config.display()
+        );
+    };
+    let ca = match &settings.certificate {
+        Some(files) => match &files.ca {
+            Some(ca) => {
+                Some(std::fs::read(ca).with_context(|| format!("reading the CA bundle {}", ca.display()))?)
+            }
+            None => None,
+        },
+        None => {
+            eprintln!(
+                "note: the host generates its certificate at start, so its CA is not known here and no caBundle is printed; \
+                 give [admission] cert-file, key-file and ca-file, or let the host write the configurations"
+            );
+            None
+        }
+    };
+    let tomls = plugin_tomls(&host.plugins_dir)
+        .with_context(|| format!("reading plugins directory {}", host.plugins_dir.display()))?;
+    let mut plugins = Vec::new();
+    let mut failed = false;
+    for toml in &tomls {
+        match PluginConfig::load(toml, &host.plugin_defaults) {
+            Ok(p) => plugins.push(p),
+            Err(errors) => {
+                eprintln!("{errors}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        return Ok(ExitCode::from(2));
+    }
+    print!("{}", webhook_configurations_for(&plugins, settings, ca.as_deref(), &BuiltinKinds)?);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,6 +1,6 @@
 //! The `wasmctrl` command line: run the host, check a setup offline, test a plugin against
-//! fixtures, scaffold a plugin, print the RBAC the plugins need, or run the embedded dev
-//! cluster alone.
+//! fixtures, scaffold a plugin, print the RBAC or the webhook configurations the plugins
+//! need, or run the embedded dev cluster alone.
 
 use std::path::PathBuf;
 
@@ -76,6 +76,9 @@ enum Command {
     /// Show a running host's plugins: versions, states, queue depths, reconcile and error
     /// rates, instances and last errors (read from its /plugins and /metrics).
     Status(status::StatusArgs),
+    /// Print the Validating/MutatingWebhookConfigurations the admitting plugins need, as
+    /// YAML (for a host whose `[admission]` has `manage-configurations = false`).
+    WebhookConfig(cli::WebhookConfigArgs),
     /// Start the embedded Kubernetes API server alone (loopback only), write a kubeconfig
     /// for it and serve until interrupted.
     DevCluster(cli::DevClusterArgs),
@@ -117,6 +120,7 @@ fn main() -> std::process::ExitCode {
         Command::New(args) => new::new(args),
         Command::Rbac(args) => cli::rbac(args),
         Command::Status(args) => status::status(args),
+        Command::WebhookConfig(args) => cli::webhook_config(args),
         Command::DevCluster(args) => cli::dev_cluster(args),
         Command::CompileComponent { .. } => Ok(std::process::ExitCode::SUCCESS),
     };

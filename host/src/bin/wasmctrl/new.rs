@@ -1,6 +1,8 @@
-//! `wasmctrl new NAME --kind <apiVersion/Kind>`: scaffolds a plugin crate that builds with
-//! `cargo build --release --target wasm32-wasip2`, with its TOML, a native test on the SDK's
-//! test host and a `wasmctrl test` fixture.
+//! `wasmctrl new NAME --kind <apiVersion/Kind> [--admission]`: scaffolds a plugin crate that
+//! builds with `cargo build --release --target wasm32-wasip2`, with its TOML, a native test
+//! on the SDK's test host and a `wasmctrl test` fixture; with `--admission`, a validating and
+//! a mutating webhook on the kind too (their traits, `[[admission]]` sections, tests and
+//! fixture steps).
 //!
 //! Invariants: nothing is overwritten (an existing directory is an error); the crate is its
 //! own workspace, so it builds wherever it is put; a built-in kind maps to its k8s-openapi
@@ -31,6 +33,10 @@ pub struct NewArgs {
     /// Default: the checkout this binary was built from.
     #[arg(long)]
     pub sdk: Option<PathBuf>,
+    /// Also validate and mutate objects of the kind: admission webhooks the host serves
+    /// (`Validate`, `Mutate`, `[[admission]]` sections; see docs/admission.md).
+    #[arg(long)]
+    pub admission: bool,
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -195,7 +201,7 @@ pub fn new(args: NewArgs) -> Result<ExitCode> {
     if !sdk.join("Cargo.toml").is_file() {
         bail!("{} has no Cargo.toml: pass --sdk PATH/TO/wasmctrl/guests/sdk", sdk.display());
     }
-    let files = render(&args.name, &kind, &sdk);
+    let files = render(&args.name, &kind, &sdk, args.admission);
     for (rel, text) in &files {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
@@ -204,7 +210,13 @@ pub fn new(args: NewArgs) -> Result<ExitCode> {
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     let lib = args.name.replace('-', "_");
-    println!("created plugin crate {} ({} reconciles {})", dir.display(), args.name, kind.gvk);
+    println!(
+        "created plugin crate {} ({} reconciles{} {})",
+        dir.display(),
+        args.name,
+        if args.admission { ", validates and mutates" } else { "" },
+        kind.gvk
+    );
     println!();
     println!("  cd {}", dir.display());
     println!("  cargo test                                         # native tests on the SDK's test host");
@@ -218,6 +230,12 @@ pub fn new(args: NewArgs) -> Result<ExitCode> {
         "  cp target/wasm32-wasip2/release/{lib}.wasm PLUGINS_DIR/{}.wasm && cp {}.toml PLUGINS_DIR/",
         args.name, args.name
     );
+    if args.admission {
+        println!();
+        println!(
+            "  its webhooks are served by a host whose TOML has an [admission] table (docs/admission.md)"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -233,8 +251,75 @@ const CARGO_CONFIG: &str = r#"# Built for wasm32-wasip2 at the profile's opt-lev
 rustflags = ["-Cllvm-args=-inline-threshold=500"]
 "#;
 
+/// The label the scaffold's mutating webhook sets, and the annotation its validating
+/// webhook refuses objects for.
+const ADMITTED_BY: &str = "wasmctrl.example.com/admitted-by";
+const DENY: &str = "wasmctrl.example.com/deny";
+
+/// `--admission`: the webhooks' code, put after the plugin's `impl`.
+fn admission_rs(name: &str, ty: &str, k: &str) -> String {
+    format!(
+        r#"
+/// The label the mutating webhook sets.
+pub const ADMITTED_BY: &str = "{ADMITTED_BY}";
+/// An annotation the validating webhook refuses objects for (its value is the message).
+pub const DENY: &str = "{DENY}";
+
+/// The validating webhook: every method admits unless implemented. Replace the check with
+/// what objects of the kind must satisfy; `request.warn(..)` sends the client a warning.
+impl Validate for {ty} {{
+    fn validate_create(&self, _request: &AdmissionRequest, object: &{k}) -> Result<(), Denied> {{
+        check(object)
+    }}
+
+    fn validate_update(&self, _request: &AdmissionRequest, _old: &{k}, object: &{k}) -> Result<(), Denied> {{
+        check(object)
+    }}
+}}
+
+fn check(object: &{k}) -> Result<(), Denied> {{
+    match object.annotation(DENY) {{
+        Some(why) => Err(Denied::invalid(format!("{{DENY}}: {{why}}"))),
+        None => Ok(()),
+    }}
+}}
+
+/// The mutating webhook: change the object; the SDK sends what changed as a JSON patch.
+impl Mutate for {ty} {{
+    fn mutate(&self, _request: &AdmissionRequest, object: &mut {k}) -> Result<(), Denied> {{
+        object.metadata.labels.get_or_insert_with(Default::default).insert(ADMITTED_BY.into(), "{name}".into());
+        Ok(())
+    }}
+}}
+"#
+    )
+}
+
+/// `--admission`: its native tests, inside the generated `mod tests`.
+fn admission_tests_rs(ty: &str, k: &str) -> String {
+    format!(
+        r#"
+    #[test]
+    fn admits_labels_and_refuses_on_the_annotation() {{
+        use wasmctrl_guest::admission::AdmissionRequest;
+        let host = TestHost::new();
+        let plugin = host.init::<{ty}>().unwrap();
+        let (verdict, mutated) = plugin.mutate::<{k}>(&AdmissionRequest::create(&example()).unwrap()).unwrap().unwrap();
+        assert!(verdict.allowed());
+        assert!(mutated.unwrap().metadata.labels.unwrap().contains_key(ADMITTED_BY));
+
+        let mut denied = example();
+        denied.metadata.annotations = Some([(DENY.to_owned(), "not today".to_owned())].into());
+        let verdict = plugin.validate(&AdmissionRequest::create(&denied).unwrap()).unwrap();
+        assert_eq!(verdict.denied.unwrap().message(), format!("{{DENY}}: not today"));
+        assert!(plugin.validate(&AdmissionRequest::create(&example()).unwrap()).unwrap().allowed());
+    }}
+"#
+    )
+}
+
 /// The files of the crate, relative to its directory.
-fn render(name: &str, kind: &KindInfo, sdk: &Path) -> Vec<(String, String)> {
+fn render(name: &str, kind: &KindInfo, sdk: &Path, admission: bool) -> Vec<(String, String)> {
     let ty = camel(name);
     let lib = name.replace('-', "_");
     let k = &kind.gvk.kind;
@@ -313,7 +398,8 @@ impl Plugin for {ty} {{
     }}
 }}
 
-wasmctrl_guest::export_plugin!({ty});
+{admission_impls}
+wasmctrl_guest::export_plugin!({ty}{admission_export});
 
 #[cfg(test)]
 mod tests {{
@@ -346,12 +432,15 @@ mod tests {{
         assert_eq!(plugin.reconcile(request), Ok(Action::Done));
         assert!(host.writes().is_empty());
     }}
-}}
+{admission_tests}}}
 "#,
         gvk = kind.gvk,
         rust = kind.rust,
+        admission_impls = if admission { admission_rs(name, &ty, k) } else { String::new() },
+        admission_export = if admission { ", admission = [validate, mutate]" } else { "" },
+        admission_tests = if admission { admission_tests_rs(&ty, k) } else { String::new() },
     );
-    let toml = format!(
+    let mut toml = format!(
         r#"# {name}: the plugin's TOML. Put it next to {name}.wasm in the host's plugins directory.
 [for]
 api-version = "{api_version}"
@@ -363,6 +452,22 @@ write = ["{gvk}"]
         api_version = kind.gvk.api_version,
         gvk = kind.gvk,
     );
+    if admission {
+        toml.push_str(
+            r#"
+# Admission webhooks, served by a host whose TOML has an [admission] table: the API server
+# calls `mutate` (default) then `validate` before it stores an object of the kind.
+[[admission]]
+name = "mutate"
+mutating = true
+operations = ["CREATE", "UPDATE"]
+
+[[admission]]
+name = "validate"
+operations = ["CREATE", "UPDATE"]
+"#,
+        );
+    }
     let crd_doc = kind
         .crd
         .as_ref()
@@ -398,6 +503,31 @@ steps:
         gvk = kind.gvk,
         ns_yaml_indented = ns_yaml.replace('\n', "\n  "),
     );
+    let fixture = if admission {
+        format!(
+            r#"{fixture}  - name: the mutating webhook labels the object
+    admit: mutate
+    object: {{apiVersion: {api_version}, kind: {k}, metadata: {{name: new{ns_inline}}}}}
+    expect:
+      allowed: true
+      patched: {{metadata: {{labels: {{{ADMITTED_BY}: {name}}}}}}}
+  - name: the validating webhook refuses an object carrying the annotation
+    admit: validate
+    object:
+      apiVersion: {api_version}
+      kind: {k}
+      metadata: {{name: new{ns_inline}, annotations: {{{DENY}: not today}}}}
+    expect:
+      allowed: false
+      code: 422
+      message: "{DENY}: not today"
+"#,
+            api_version = kind.gvk.api_version,
+            ns_inline = if kind.namespaced { ", namespace: default" } else { "" },
+        )
+    } else {
+        fixture
+    };
     let mut files = vec![
         ("Cargo.toml".to_owned(), cargo),
         ("src/lib.rs".to_owned(), lib_rs),
@@ -449,7 +579,33 @@ mod tests {
         assert!(!ours.is_empty());
         assert_eq!(wasm_rustflags(CARGO_CONFIG), ours);
         let kind = kind_info("v1/ConfigMap").unwrap();
-        let files = render("hello", &kind, Path::new("/sdk"));
+        let files = render("hello", &kind, Path::new("/sdk"), false);
         assert!(files.iter().any(|(path, text)| path == ".cargo/config.toml" && text == CARGO_CONFIG));
+    }
+
+    #[test]
+    fn admission_adds_the_webhooks_their_sections_and_fixture_steps() {
+        let kind = kind_info("v1/ConfigMap").unwrap();
+        let file = |files: &[(String, String)], name: &str| {
+            files.iter().find(|(p, _)| p == name).map(|(_, t)| t.clone()).unwrap()
+        };
+        let plain = render("hello", &kind, Path::new("/sdk"), false);
+        assert!(!file(&plain, "src/lib.rs").contains("impl Validate"));
+        assert!(!file(&plain, "hello.toml").contains("[[admission]]"));
+        let admitting = render("hello", &kind, Path::new("/sdk"), true);
+        let lib = file(&admitting, "src/lib.rs");
+        for part in ["impl Validate for Hello", "impl Mutate for Hello", "admission = [validate, mutate]"] {
+            assert!(lib.contains(part), "{part} missing");
+        }
+        let toml = file(&admitting, "hello.toml");
+        let config =
+            wasmctrl::config::PluginConfig::parse(Path::new("hello.toml"), &toml, &Default::default())
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            config.admission.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+            ["mutate", "validate"]
+        );
+        let fixture = file(&admitting, "tests/fixtures/basic.yaml");
+        assert!(fixture.contains("admit: mutate") && fixture.contains("admit: validate"), "{fixture}");
     }
 }

@@ -6,8 +6,10 @@
 //! Invariants of a [`HostConfig`]: paths are resolved against the TOML's directory (and `~`
 //! against `$HOME`); cluster keys that do not apply to the chosen mode are errors, not
 //! ignored; leader-election timings satisfy client-go's ordering
-//! (lease-duration > renew-deadline > 1.2 × retry-period).
+//! (lease-duration > renew-deadline > 1.2 × retry-period); `[admission]` (the webhook
+//! server, in `admission`) says how the API server reaches the host.
 
+mod admission;
 mod resolver;
 mod schema;
 
@@ -15,6 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use admission::{AdmissionServerToml, ServiceToml};
 pub use schema::{
     ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, ServerToml, TelemetryToml,
 };
@@ -85,6 +88,8 @@ pub struct HostConfig {
     pub cache_sync_timeout: Duration,
     /// OpenTelemetry traces (`None`: off).
     pub telemetry: Option<crate::telemetry::TelemetryConfig>,
+    /// `[admission]`: the admission webhook server, when the table is there.
+    pub admission: Option<crate::admission::AdmissionSettings>,
     /// The file as written.
     pub file: HostToml,
 }
@@ -127,6 +132,7 @@ impl HostConfig {
             plugin_defaults: PluginDefaults::default(),
             cache_sync_timeout: Duration::from_secs(120),
             telemetry: None,
+            admission: None,
             file: HostToml::default(),
         }
     }

@@ -296,6 +296,7 @@ pub(super) fn resolve(
         }
         endpoint.map(|endpoint| crate::telemetry::TelemetryConfig { endpoint, sampling_ratio, service_name })
     });
+    let admission = file.admission.as_ref().map(|a| super::admission::resolve(map, &mut errors, a, base));
 
     let config = HostConfig {
         path,
@@ -323,6 +324,7 @@ pub(super) fn resolve(
         },
         cache_sync_timeout,
         telemetry,
+        admission,
         file,
     };
     errors.into_result(config)

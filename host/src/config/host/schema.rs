@@ -64,6 +64,9 @@ pub struct HostToml {
     pub defaults: DefaultsToml,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<TelemetryToml>,
+    /// The admission webhook server; none runs without this table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<super::admission::AdmissionServerToml>,
 }
 
 /// How the host reaches a cluster.

@@ -4,11 +4,17 @@
 //!
 //! Invariants of a [`PluginConfig`]: the name is a DNS label; every kind is well formed
 //! (`apiVersion` + CamelCase `Kind`); selectors parse; each index has exactly one source;
-//! every limit is non-zero; `settings` is a JSON object. Whether the cluster serves the
-//! kinds and whether the component exports `map`/`filter` are checked later, against
-//! discovery ([`PluginConfig::check_kinds`]) and the compiled component
-//! ([`PluginConfig::check_hooks`]), with errors that still point into the file.
+//! every limit is non-zero; `settings` is a JSON object; Secrets are watched only when
+//! `permissions.read` lists them (watching hands the objects to the plugin); every namespace
+//! a source names is one of the plugin's namespaces ([`PluginConfig::namespaces`]); the field
+//! manager is 1–128 printable ASCII characters. Whether the cluster serves the kinds (and,
+//! for a plugin limited to namespaces, that no source of a namespaced kind watches every
+//! namespace and no cluster-scoped kind is writable) and whether the component exports
+//! `map`/`filter` are checked later, against discovery ([`PluginConfig::check_kinds`]) and
+//! the compiled component ([`PluginConfig::check_hooks`]), with errors that still point into
+//! the file.
 
+mod admission;
 mod resolver;
 mod schema;
 
@@ -17,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use admission::{AdmissionToml, FailurePolicyToml, OperationToml, ReinvocationToml, SideEffectsToml};
 pub use schema::{
     IndexToml, OwnerIndex, PermissionsToml, PluginToml, PredicatesToml, SourceToml, TransformToml,
 };
@@ -25,8 +32,10 @@ use super::decode::decode;
 use super::error::{ConfigError, ConfigErrors, did_you_mean};
 use super::kinds::{BuiltinKinds, KindLookupError, KindResolver};
 use super::source::{SourceMap, parse_path};
+use crate::admission::{AdmissionRule, WebhookType};
 use crate::cache::IndexSpec;
 use crate::object::Transform;
+use crate::plugin::AdmissionExports;
 use crate::plugin::spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
 
 /// Values a plugin TOML falls back to (the host TOML's `[defaults]`).
@@ -103,8 +112,14 @@ pub struct PluginConfig {
     pub read: Vec<Gvk>,
     /// Kinds the plugin may write.
     pub write: Vec<Gvk>,
+    /// The namespaces the plugin reads and writes in (sorted); `None`: every namespace.
+    /// `permissions.namespaces` when given (`["*"]` is `None`), else, when `[for]` names a
+    /// namespace, that one and those `[[owns]]` and `[[watches]]` name.
+    pub namespaces: Option<Vec<String>>,
     /// `[transform]`, resolved: what every cache this plugin reads strips.
     pub transform: Transform,
+    /// `[[admission]]`, checked: the webhooks the plugin answers.
+    pub admission: Vec<AdmissionRule>,
     /// `[settings]` as a JSON object.
     pub settings: serde_json::Value,
     /// The file as written.
@@ -165,7 +180,21 @@ impl PluginConfig {
         for (list, name) in [(&self.read, "read"), (&self.write, "write")] {
             out.extend(list.iter().enumerate().map(|(i, g)| (format!("permissions.{name}[{i}]"), g)));
         }
+        for (i, rule) in self.admission.iter().enumerate() {
+            let named = !self.file.admission.get(i).is_some_and(|s| s.kinds.is_empty());
+            out.extend(rule.kinds.iter().enumerate().map(|(j, g)| {
+                (if named { format!("admission[{i}].kinds[{j}]") } else { format!("admission[{i}]") }, g)
+            }));
+        }
         out
+    }
+
+    /// The kinds the plugin's `[[admission]]` sections admit.
+    pub fn admitted_kinds(&self) -> Vec<&Gvk> {
+        let mut kinds: Vec<&Gvk> = self.admission.iter().flat_map(|r| &r.kinds).collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
     }
 
     /// The kinds the plugin watches or may read: each needs an informer.
@@ -181,12 +210,20 @@ impl PluginConfig {
         kinds
     }
 
-    /// Checks that the cluster (or the built-in catalog) serves every kind named.
+    /// Checks that the cluster (or the built-in catalog) serves every kind named, and, for
+    /// a plugin limited to namespaces, that no source of a namespaced kind watches every
+    /// namespace and no cluster-scoped kind is writable.
     pub fn check_kinds(&self, resolver: &dyn KindResolver) -> Result<(), ConfigErrors> {
         let mut errors = ConfigErrors::default();
         for (field, kind) in self.kinds() {
             let (message, hint) = match resolver.resolve(kind) {
-                Ok(_) | Err(KindLookupError::Unknown) => continue,
+                Ok(resolved) => {
+                    if let Some(e) = self.scope_error(&field, kind, resolved.namespaced) {
+                        errors.push(e);
+                    }
+                    continue;
+                }
+                Err(KindLookupError::Unknown) => continue,
                 Err(KindLookupError::UnknownKind { known_kinds }) => (
                     format!("the cluster serves no kind `{}` in `{}`", kind.kind, kind.api_version),
                     did_you_mean(&kind.kind, known_kinds.iter().map(String::as_str))
@@ -216,6 +253,42 @@ impl PluginConfig {
             errors.push(e);
         }
         errors.into_result(())
+    }
+
+    /// What is wrong with the kind at `field` (as [`kinds`](Self::kinds) names it) for a
+    /// plugin limited to namespaces, given whether the kind is `namespaced`.
+    fn scope_error(&self, field: &str, kind: &Gvk, namespaced: bool) -> Option<ConfigError> {
+        let scope = self.namespaces.as_ref()?.join(", ");
+        if let Some(source) = field.strip_suffix(".kind") {
+            let watched = match source {
+                "for" => &self.for_source,
+                _ => {
+                    let (list, i) = source.split_once('[')?;
+                    let i: usize = i.strip_suffix(']')?.parse().ok()?;
+                    if list == "owns" { self.owns.get(i)? } else { self.watches.get(i)? }
+                }
+            };
+            if namespaced && watched.namespace.is_none() {
+                return Some(
+                    self.field_error(
+                        field,
+                        format!("`{kind}` is watched in every namespace, but the plugin works only in {scope}"),
+                    )
+                    .with_hint(
+                        "set `namespace` on this source, or `namespaces = [\"*\"]` in `[permissions]` to let the plugin work in every namespace",
+                    ),
+                );
+            }
+        } else if field.starts_with("permissions.write") && !namespaced {
+            return Some(
+                self.field_error(
+                    field,
+                    format!("`{kind}` is cluster-scoped, and a plugin that works only in {scope} writes nothing outside them"),
+                )
+                .with_hint("remove it, or set `namespaces = [\"*\"]` in `[permissions]`"),
+            );
+        }
+        None
     }
 
     /// Checks the TOML against the component's optional exports: `[[watches]]` needs
@@ -250,6 +323,45 @@ impl PluginConfig {
         errors.into_result(())
     }
 
+    /// Checks the `[[admission]]` sections against the component's exports: a validating
+    /// webhook needs `validator`, a mutating one `mutator`.
+    pub fn check_admission_exports(&self, exports: AdmissionExports) -> Result<(), ConfigErrors> {
+        let mut errors = ConfigErrors::default();
+        for (i, rule) in self.admission.iter().enumerate() {
+            let (exported, interface, what) = match rule.webhook_type {
+                WebhookType::Validating => (exports.validate, "validator", "validates"),
+                WebhookType::Mutating => (exports.mutate, "mutator", "mutates"),
+            };
+            if !exported {
+                errors.push(
+                    self.field_error(
+                        &format!("admission[{i}]"),
+                        format!(
+                            "webhook `{}` needs the plugin to export `{interface}` (wasmctrl:controller@0.2.1), and it does not",
+                            rule.name
+                        ),
+                    )
+                    .with_hint(format!(
+                        "build a plugin that {what} (Rust SDK: implement `{}` and list it in `export_plugin!(.., admission = [..])`), or remove this section",
+                        if rule.webhook_type == WebhookType::Validating { "Validate" } else { "Mutate" }
+                    )),
+                );
+            }
+        }
+        errors.into_result(())
+    }
+
+    /// Checks that the host serves admission webhooks when the plugin asks for one.
+    pub fn check_admission_served(&self, served: bool) -> Result<(), ConfigErrors> {
+        if self.admission.is_empty() || served {
+            return Ok(());
+        }
+        Err(self
+            .field_error("admission[0]", "the plugin answers admission webhooks, but this host serves none")
+            .with_hint("add an `[admission]` table to the host TOML (see docs/admission.md)")
+            .into())
+    }
+
     /// The values the host TOML's `[defaults]` may have filled in: two configs read from
     /// the same file differ only here when the defaults changed.
     fn resolved_limits(&self) -> ResolvedLimits<'_> {
@@ -277,7 +389,14 @@ impl PluginConfig {
                 max_output: usize::try_from(self.max_output).unwrap_or(usize::MAX),
                 ..SandboxLimits::default()
             },
-            permissions: Permissions::new(watched, self.read.iter().cloned(), self.write.iter().cloned()),
+            permissions: {
+                let p = Permissions::new(watched, self.read.iter().cloned(), self.write.iter().cloned())
+                    .admitting(self.admitted_kinds().into_iter().cloned());
+                match &self.namespaces {
+                    Some(namespaces) => p.with_namespaces(namespaces.iter().cloned()),
+                    None => p,
+                }
+            },
             settings: serde_json::to_vec(&self.settings).unwrap_or_else(|_| b"{}".to_vec()).into(),
             field_manager: self.field_manager.clone(),
         }

@@ -141,8 +141,15 @@ impl Resolver<'_, '_> {
             None => defaults.max_output,
         };
         let field_manager = file.field_manager.clone().unwrap_or_else(|| format!("wasmctrl-{name}"));
-        if field_manager.is_empty() || field_manager.len() > 128 {
-            self.err(&[key("field-manager")], "a field manager must be 1 to 128 characters", None);
+        if field_manager.is_empty()
+            || field_manager.len() > 128
+            || !field_manager.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+        {
+            self.err(
+                &[key("field-manager")],
+                "a field manager must be 1 to 128 printable ASCII characters, as the API server requires",
+                None,
+            );
         }
 
         let transform = file.transform.resolve();
@@ -151,6 +158,17 @@ impl Resolver<'_, '_> {
         let watches = self.sources(&file.watches, "watches", &for_source);
         let read = self.permission_kinds(&file.permissions.read, "read");
         let write = self.permission_kinds(&file.permissions.write, "write");
+        self.check_watched_secrets(&for_source, &owns, &watches, &read);
+        let namespaces =
+            self.namespaces(file.permissions.namespaces.as_deref(), &for_source, &owns, &watches);
+        let admission = super::admission::resolve(
+            self.map,
+            &mut self.errors,
+            &file.admission,
+            &for_source.kind,
+            &read,
+            namespaces.as_deref(),
+        );
         let settings = match toml_to_json(&toml::Value::Table(file.settings.clone())) {
             Ok(v) => v,
             Err((path, message)) => {
@@ -176,7 +194,9 @@ impl Resolver<'_, '_> {
             watches,
             read,
             write,
+            namespaces,
             transform,
+            admission,
             settings,
             file,
             source: self.map.text.into(),
@@ -353,6 +373,114 @@ impl Resolver<'_, '_> {
             Some(OwnerIndex::Controller) => Some(IndexSpec::Owner(CacheOwnerIndex::Controller)),
             None => None,
         }
+    }
+
+    /// A Secret watched (`for`, `owns`, `watches`) is handed to the plugin whole, so it must
+    /// be readable: listed in `permissions.read`.
+    fn check_watched_secrets(
+        &mut self,
+        for_source: &WatchSource,
+        owns: &[WatchSource],
+        watches: &[WatchSource],
+        read: &[Gvk],
+    ) {
+        if read.iter().any(Gvk::is_secret) {
+            return;
+        }
+        let sources = std::iter::once((vec![key("for")], for_source, "`[for]`"))
+            .chain(
+                owns.iter().enumerate().map(|(i, s)| (vec![key("owns"), PathSeg::Index(i)], s, "`[[owns]]`")),
+            )
+            .chain(
+                watches
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (vec![key("watches"), PathSeg::Index(i)], s, "`[[watches]]`")),
+            );
+        let secrets: Vec<(Vec<PathSeg>, &str)> =
+            sources.filter(|(_, s, _)| s.kind.is_secret()).map(|(p, _, what)| (p, what)).collect();
+        for (mut path, what) in secrets {
+            path.push(key("kind"));
+            self.err(
+                &path,
+                format!(
+                    "{what} watches `v1/Secret`, which hands every Secret it sees (its data included) to the plugin, \
+                     but `permissions.read` does not list `v1/Secret`"
+                ),
+                Some("add `read = [\"v1/Secret\"]` to `[permissions]` if the plugin is to read Secrets".into()),
+            );
+        }
+    }
+
+    /// The plugin's namespaces (see [`PluginConfig::namespaces`]), checking
+    /// `permissions.namespaces` and that every source's namespace is one of them.
+    fn namespaces(
+        &mut self,
+        listed: Option<&[String]>,
+        for_source: &WatchSource,
+        owns: &[WatchSource],
+        watches: &[WatchSource],
+    ) -> Option<Vec<String>> {
+        let sources = || {
+            std::iter::once((vec![key("for")], for_source))
+                .chain(owns.iter().enumerate().map(|(i, s)| (vec![key("owns"), PathSeg::Index(i)], s)))
+                .chain(watches.iter().enumerate().map(|(i, s)| (vec![key("watches"), PathSeg::Index(i)], s)))
+        };
+        let Some(listed) = listed else {
+            // Derived from the sources when `[for]` names a namespace.
+            for_source.namespace.as_ref()?;
+            let mut scope: Vec<String> = sources().filter_map(|(_, s)| s.namespace.clone()).collect();
+            scope.sort();
+            scope.dedup();
+            return Some(scope);
+        };
+        let at = |i: usize| [key("permissions"), key("namespaces"), PathSeg::Index(i)];
+        if listed.is_empty() {
+            self.err(
+                &[key("permissions"), key("namespaces")],
+                "`namespaces` is empty: the plugin could read and write nowhere",
+                Some("list the namespaces the plugin works in, `[\"*\"]` for every namespace, or remove the key".into()),
+            );
+            return Some(Vec::new());
+        }
+        let mut scope = Vec::new();
+        for (i, ns) in listed.iter().enumerate() {
+            if ns == "*" {
+                if listed.len() > 1 {
+                    self.err(
+                        &at(i),
+                        "`*` (every namespace) is given with other namespaces",
+                        Some("keep `*` alone, or remove it".into()),
+                    );
+                }
+                continue;
+            }
+            if !is_dns_label(ns) {
+                self.err(&at(i), format!("`{ns}` is not a valid namespace name"), None);
+            } else if scope.contains(ns) {
+                self.err(&at(i), format!("`{ns}` is listed twice"), None);
+            } else {
+                scope.push(ns.clone());
+            }
+        }
+        if listed.iter().any(|ns| ns == "*") {
+            return None;
+        }
+        for (path, s) in sources() {
+            if let Some(ns) = &s.namespace
+                && !scope.contains(ns)
+            {
+                let mut p = path;
+                p.push(key("namespace"));
+                self.err(
+                    &p,
+                    format!("`{ns}` is not one of `permissions.namespaces` ({})", scope.join(", ")),
+                    Some(format!("add `{ns}` to `permissions.namespaces`")),
+                );
+            }
+        }
+        scope.sort();
+        Some(scope)
     }
 
     fn permission_kinds(&mut self, list: &[String], which: &str) -> Vec<Gvk> {

@@ -54,6 +54,9 @@ pub struct PluginToml {
     /// What the caches this plugin reads strip from objects.
     #[serde(default, skip_serializing_if = "TransformToml::is_empty")]
     pub transform: TransformToml,
+    /// Validating and mutating webhooks the plugin answers (see `admission`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admission: Vec<super::admission::AdmissionToml>,
     /// Free-form, handed to `init` as JSON.
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub settings: toml::Table,
@@ -127,7 +130,7 @@ impl PredicatesToml {
     }
 }
 
-/// `[permissions]`: kinds as `"<apiVersion>/<Kind>"`.
+/// `[permissions]`: kinds as `"<apiVersion>/<Kind>"`, and the namespaces the plugin works in.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PermissionsToml {
@@ -135,11 +138,16 @@ pub struct PermissionsToml {
     pub read: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub write: Vec<String>,
+    /// The only namespaces the plugin reads and writes in (`["*"]`: every namespace). Left
+    /// out: `[for]`'s namespace and those `[[owns]]`/`[[watches]]` name, when `[for]` names
+    /// one; else every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Vec<String>>,
 }
 
 impl PermissionsToml {
     pub(super) fn is_empty(&self) -> bool {
-        self.read.is_empty() && self.write.is_empty()
+        self.read.is_empty() && self.write.is_empty() && self.namespaces.is_none()
     }
 }
 

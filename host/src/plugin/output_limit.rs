@@ -1,0 +1,121 @@
+//! One plugin's budget of guest log lines: what the `log` import and the guest's stdout and
+//! stderr may put into the host's log, all instances of the plugin together.
+//!
+//! Invariants:
+//! - A token bucket of [`BURST`] lines, refilled at [`PER_SECOND`] lines a second, shared by
+//!   the plugin's `log` import and its stdout and stderr: a plugin logging in a loop fills
+//!   the host's log at that rate at most, and another plugin's lines are not affected.
+//! - Every line dropped is counted in `wasmctrl_plugin_guest_lines_dropped{plugin, stream}`;
+//!   the host logs one warning when a plugin starts losing lines and one line with the count
+//!   when its lines get through again, never one per dropped line.
+//! - Only lines that would be recorded spend the budget: callers ask after the level check.
+//!
+//! This module imports nothing of the runtime but [`super::metrics`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::metrics::RuntimeMetrics;
+
+/// Lines a plugin may log in a burst.
+pub(crate) const BURST: f64 = 10_000.0;
+/// Lines a second a plugin may log, sustained.
+pub(crate) const PER_SECOND: f64 = 1_000.0;
+
+struct Budget {
+    tokens: f64,
+    at: Instant,
+    /// Lines dropped since the last one that got through.
+    dropped: u64,
+}
+
+/// One plugin's log line budget, shared by its instances.
+pub(crate) struct GuestOutputLimit {
+    plugin: Arc<str>,
+    budget: Mutex<Budget>,
+    metrics: RuntimeMetrics,
+}
+
+impl GuestOutputLimit {
+    pub fn new(plugin: Arc<str>, metrics: RuntimeMetrics) -> Self {
+        GuestOutputLimit {
+            plugin,
+            budget: Mutex::new(Budget { tokens: BURST, at: Instant::now(), dropped: 0 }),
+            metrics,
+        }
+    }
+
+    /// The plugin's name.
+    pub fn plugin(&self) -> &Arc<str> {
+        &self.plugin
+    }
+
+    /// Whether one more line of `stream` (`log`, `stdout`, `stderr`) may be logged now;
+    /// counts it when not.
+    pub fn admit(&self, stream: &'static str) -> bool {
+        self.admit_at(stream, Instant::now())
+    }
+
+    fn admit_at(&self, stream: &'static str, now: Instant) -> bool {
+        let mut b = self.budget.lock();
+        let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
+        b.tokens = (b.tokens + elapsed * PER_SECOND).min(BURST);
+        b.at = b.at.max(now);
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            let dropped = std::mem::take(&mut b.dropped);
+            drop(b);
+            if dropped > 0 {
+                tracing::info!(plugin = %self.plugin, dropped, "guest log lines get through again after the plugin's log rate limit dropped some");
+            }
+            return true;
+        }
+        b.dropped += 1;
+        let first = b.dropped == 1;
+        drop(b);
+        self.metrics.count_guest_lines_dropped(&self.plugin, stream, 1);
+        if first {
+            tracing::warn!(
+                plugin = %self.plugin,
+                stream,
+                burst = BURST,
+                per_second = PER_SECOND,
+                "guest log lines dropped: the plugin logs faster than its rate limit"
+            );
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_burst_then_the_sustained_rate_and_drops_are_counted() {
+        let metrics = RuntimeMetrics::default();
+        let limit = GuestOutputLimit::new("p".into(), metrics.clone());
+        let t = Instant::now();
+        let burst = BURST as usize;
+        assert!((0..burst).all(|_| limit.admit_at("log", t)));
+        assert!(!limit.admit_at("stdout", t));
+        assert!(!limit.admit_at("log", t));
+        let later = t + Duration::from_millis(10);
+        let refilled = (PER_SECOND / 100.0) as usize;
+        assert!((0..refilled).all(|_| limit.admit_at("log", later)));
+        assert!(!limit.admit_at("log", later));
+        let count = |stream| {
+            metrics
+                .guest_lines_dropped
+                .get_or_create(&super::super::metrics::GuestStreamLabels { plugin: "p".into(), stream })
+                .get()
+        };
+        assert_eq!((count("log"), count("stdout")), (2, 1));
+        // Another plugin's budget is its own.
+        let other = GuestOutputLimit::new("q".into(), metrics);
+        assert!(other.admit_at("log", t));
+    }
+}
