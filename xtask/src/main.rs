@@ -279,7 +279,8 @@ fn lint(root: &Path) -> Result<()> {
 /// `differential` compares the dev cluster with the real server, request by request;
 /// `chaos` reloads a plugin under churn and checks that nothing is lost (at its reduced size);
 /// `sandbox_runtime` ends a sleeping plugin call on the loss of a real Lease; `sandbox` runs
-/// the adversarial plugins.
+/// the adversarial plugins; `operations` runs `wasmctrl run` for the monitoring files,
+/// `wasmctrl status` and traces.
 const BACKEND_AWARE_SUITES: &[&str] = &[
     "informer",
     "controller",
@@ -292,6 +293,7 @@ const BACKEND_AWARE_SUITES: &[&str] = &[
     "sandbox_runtime",
     "sandbox",
     "admission",
+    "operations",
 ];
 
 /// Builds the real API server, timing the build.
