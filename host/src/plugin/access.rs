@@ -251,6 +251,17 @@ impl Access {
     }
 }
 
+/// Refuses any write of a call that may not write (see [`CallInfo::writes_refused`]).
+pub(crate) fn check_call_may_write(plugin: &str, call: &CallInfo) -> Result<(), WitError> {
+    match &call.writes_refused {
+        None => Ok(()),
+        Some(why) => {
+            tracing::warn!(plugin, export = call.export, request = call.request.as_deref().unwrap_or(""), reason = %why, "plugin write refused during an admission call");
+            Err(WitError::Forbidden(format!("plugin {plugin} may not write during this call: {why}")))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,16 +313,5 @@ mod tests {
         assert!(matches!(a.check_namespace(&cm, None, true, &call, "t"), Err(WitError::Forbidden(_))));
         let open = access(Permissions::new([cm.clone()], [], []));
         assert!(open.check_namespace(&cm, Some("c"), true, &call, "t").is_ok());
-    }
-}
-
-/// Refuses any write of a call that may not write (see [`CallInfo::writes_refused`]).
-pub(crate) fn check_call_may_write(plugin: &str, call: &CallInfo) -> Result<(), WitError> {
-    match &call.writes_refused {
-        None => Ok(()),
-        Some(why) => {
-            tracing::warn!(plugin, export = call.export, request = call.request.as_deref().unwrap_or(""), reason = %why, "plugin write refused during an admission call");
-            Err(WitError::Forbidden(format!("plugin {plugin} may not write during this call: {why}")))
-        }
     }
 }
