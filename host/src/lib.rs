@@ -9,7 +9,8 @@
 //! code comes from files or, through [`oci`], from OCI registries;
 //! `fixture` runs one plugin against fixture files on the embedded dev cluster (`wasmctrl
 //! test`; with the default-on `embedded` feature);
-//! [`metrics`] and [`server`] make the whole visible. `heap` hands the allocator's free
+//! [`metrics`], [`telemetry`] (OpenTelemetry traces, off by default) and [`server`] make
+//! the whole visible. `heap` hands the allocator's free
 //! pages back after the one-off bursts (a large list applied, a plugin loaded) and holds the
 //! jemalloc options a program on jemalloc exports ([`heap::MallocConf`]).
 
@@ -44,6 +45,8 @@ pub mod reload;
 pub mod fixture;
 
 pub mod metrics;
+
+pub mod telemetry;
 
 pub mod server;
 

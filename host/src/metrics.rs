@@ -2,7 +2,10 @@
 //!
 //! Names follow client-go's workqueue metrics and controller-runtime's controller metrics,
 //! so existing dashboards work unchanged. (prometheus-client adds the `_total` suffix to
-//! counters itself.)
+//! counters itself.) Leader status uses client-go's `leader_election_master_status`; the
+//! host's own families are `wasmctrl_*`; `process_resident_memory_bytes` is the Prometheus
+//! client libraries' process metric. `deploy/monitoring/` charts and alerts on these names,
+//! and its test checks every name it uses against a running host's `/metrics`.
 
 use std::sync::Arc;
 
@@ -54,6 +57,32 @@ pub struct PluginReasonLabels {
     pub reason: String,
 }
 
+/// `{resource, event}`: a watch event (`added`, `modified`, `deleted`) of an informer's
+/// resource (`apiVersion/Kind`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InformerEventLabels {
+    pub resource: String,
+    pub event: &'static str,
+}
+
+/// `{resource}`: an informer's resource (`apiVersion/Kind`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub resource: String,
+}
+
+/// `{name}`: a leader-election lease (`namespace/name`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseLabels {
+    pub name: String,
+}
+
+/// `{plugin}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabels {
+    pub plugin: String,
+}
+
 fn duration_histogram() -> Histogram {
     // 10 µs .. ~10 min, as client-go's workqueue buckets span.
     Histogram::new(exponential_buckets(1e-5, 4.0, 13))
@@ -86,6 +115,15 @@ pub struct Metrics {
     pub plugin_reloads: Family<PluginResultLabels, Counter>,
     /// Keys kept for a stopped plugin that were dropped (reason `expired` or `evicted`).
     pub plugin_parked_keys_dropped: Family<PluginReasonLabels, Counter>,
+
+    /// Watch events received, per resource and event type.
+    pub informer_events: Family<InformerEventLabels, Counter>,
+    /// Lists after an informer's first one (a 410 Gone, a failed watch or an undecodable
+    /// event makes the reflector list again).
+    pub informer_relists: Family<ResourceLabels, Counter>,
+
+    /// client-go's `leader_election_master_status`: 1 while this replica holds the lease.
+    pub leader_status: Family<LeaseLabels, Gauge>,
 }
 
 impl Metrics {
@@ -109,6 +147,9 @@ impl Metrics {
             plugin_info: Family::default(),
             plugin_reloads: Family::default(),
             plugin_parked_keys_dropped: Family::default(),
+            informer_events: Family::default(),
+            informer_relists: Family::default(),
+            leader_status: Family::default(),
         };
         {
             let mut r = m.registry.lock();
@@ -193,8 +234,29 @@ impl Metrics {
                 "Pending keys kept for a stopped plugin and dropped: expired, or evicted past the bound",
                 m.plugin_parked_keys_dropped.clone(),
             );
+            r.register(
+                "wasmctrl_informer_events",
+                "Watch events received by informers, per resource (apiVersion/Kind) and event (added, modified, deleted)",
+                m.informer_events.clone(),
+            );
+            r.register(
+                "wasmctrl_informer_relists",
+                "Lists after an informer's first (watch expired or failed, undecodable event), per resource",
+                m.informer_relists.clone(),
+            );
+            r.register(
+                "leader_election_master_status",
+                "1 while this replica holds the leader lease (name: namespace/name), 0 otherwise",
+                m.leader_status.clone(),
+            );
+            r.register_collector(Box::new(ProcessCollector));
         }
         Arc::new(m)
+    }
+
+    /// Registers a collector, asked for its series at every scrape.
+    pub fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry.lock().register_collector(collector);
     }
 
     /// Registers an extra metric (e.g. a plugin runtime's own) in the shared registry.
@@ -208,5 +270,55 @@ impl Metrics {
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry.lock());
         out
+    }
+}
+
+/// `process_resident_memory_bytes`, read from `/proc/self/statm` at each scrape (the name the
+/// Prometheus client libraries' process collectors use). Nothing is exported where the file
+/// cannot be read.
+#[derive(Debug)]
+struct ProcessCollector;
+
+/// Resident memory of this process in bytes, from `/proc/self/statm` (Linux).
+pub fn resident_memory_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok().filter(|p| *p > 0)?)
+}
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        let Some(bytes) = resident_memory_bytes() else { return Ok(()) };
+        let gauge =
+            prometheus_client::metrics::gauge::ConstGauge::new(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let metric = encoder.encode_descriptor(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resident_memory_is_exported() {
+        let text = Metrics::new().encode();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("process_resident_memory_bytes "))
+            .unwrap_or_else(|| panic!("{text}"));
+        let value: u64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        assert!(value > 1 << 20, "{line}");
     }
 }

@@ -108,10 +108,19 @@ fn all(root: &Path, quick: bool) -> Result<()> {
         }
     }
     benches.push(("wasmctrl", ANCHORS.to_owned()));
-    for (package, name) in benches {
+    let total = benches.len();
+    let bar = progress_bar(total);
+    for (i, (package, name)) in benches.into_iter().enumerate() {
+        match &bar {
+            Some(bar) => {
+                bar.set_position(i as u64);
+                bar.set_message(format!("{package}/{name}"));
+            }
+            None => eprintln!("xtask: benchmark {}/{total}: {package}/{name}", i + 1),
+        }
         let mut cmd = bench_command(root, package, &name, quick);
         cmd.env(SUMMARY_ENV, &summary);
-        let (stdout, failure) = match run_teeing(&mut cmd) {
+        let (stdout, failure) = match run_teeing(&mut cmd, bar.as_ref()) {
             Ok((stdout, true)) => (stdout, None),
             Ok((stdout, false)) => {
                 (stdout, Some(format!("`cargo bench -p {package} --bench {name}` failed")))
@@ -122,6 +131,9 @@ fn all(root: &Path, quick: bool) -> Result<()> {
             eprintln!("xtask: {why}");
         }
         outputs.push(BenchOutput { name, package: package.to_owned(), stdout, failure });
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
     let records = std::fs::read_to_string(&summary).unwrap_or_default();
     let _ = std::fs::remove_file(&summary);
@@ -166,22 +178,67 @@ fn bench_command(root: &Path, package: &str, name: &str, quick: bool) -> Command
     cmd
 }
 
+/// A bar on stderr saying which benchmark runs and how many are done, when stderr is a
+/// terminal (elsewhere each benchmark's start is a plain line).
+fn progress_bar(total: usize) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(total as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        let style = indicatif::ProgressStyle::with_template(
+            "{spinner} benchmarks [{pos}/{len}] {elapsed_precise} running {wide_msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+        bar
+    })
+}
+
 /// Runs `cmd`, passing its standard output through line by line and keeping a copy; its
-/// standard error goes straight through. Returns the copy and whether it succeeded.
-fn run_teeing(cmd: &mut Command) -> Result<(String, bool)> {
-    eprintln!("xtask: running {cmd:?}");
+/// standard error goes straight through (above the progress bar, when there is one).
+/// Returns the copy and whether it succeeded.
+fn run_teeing(cmd: &mut Command, bar: Option<&indicatif::ProgressBar>) -> Result<(String, bool)> {
+    match bar {
+        Some(bar) => bar.println(format!("xtask: running {cmd:?}")),
+        None => eprintln!("xtask: running {cmd:?}"),
+    }
+    if bar.is_some() {
+        // Lines are printed above the bar: cargo and the benchmark see a pipe, not the
+        // terminal, so keep cargo's colours.
+        cmd.stderr(Stdio::piped()).env("CARGO_TERM_COLOR", "always");
+    }
     let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("could not start {cmd:?}"))?;
+    let errors = match (bar, child.stderr.take()) {
+        (Some(bar), Some(err)) => {
+            let bar = bar.clone();
+            Some(std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    bar.println(line);
+                }
+            }))
+        }
+        _ => None,
+    };
     let mut kept = String::new();
     if let Some(out) = child.stdout.take() {
         let mut stdout = std::io::stdout();
         for line in BufReader::new(out).lines() {
             let line = line.context("reading the benchmark's output")?;
-            let _ = writeln!(stdout, "{line}");
+            let _ = match bar {
+                Some(bar) => bar.suspend(|| writeln!(stdout, "{line}")),
+                None => writeln!(stdout, "{line}"),
+            };
             kept.push_str(&line);
             kept.push('\n');
         }
     }
     let status = child.wait().with_context(|| format!("waiting for {cmd:?}"))?;
+    if let Some(errors) = errors {
+        let _ = errors.join();
+    }
     Ok((kept, status.success()))
 }
 

@@ -299,7 +299,8 @@ fn lint(root: &Path) -> Result<()> {
 /// the adversarial plugins; `oci` runs a plugin pulled from a registry, hot-reloaded as its
 /// tag moves; `sharding` runs `wasmctrl` replicas through kills, joins, restarts and a
 /// partition; `hostile_input` and `endpoint` are the reflector's caps and the endpoint's
-/// authorization.
+/// authorization; `operations` runs `wasmctrl run` for the monitoring files, `wasmctrl
+/// status` and traces.
 const BACKEND_AWARE_SUITES: &[&str] = &[
     "informer",
     "controller",
@@ -316,6 +317,7 @@ const BACKEND_AWARE_SUITES: &[&str] = &[
     "sharding",
     "hostile_input",
     "endpoint",
+    "operations",
 ];
 
 /// Builds the real API server, timing the build.

@@ -34,7 +34,8 @@ pub use error::{ConfigError, ConfigErrors, Location, did_you_mean};
 pub use host::{
     AdmissionServerToml, ClusterConfig, ClusterMode, ClusterToml, DEFAULT_VIRTUAL_NODES, DefaultsToml,
     HostConfig, HostToml, LeaderElectionConfig, LeaderElectionToml, OciConfig, OciToml, ServerAuth,
-    ServerAuthMode, ServerToml, ServiceToml, ShardingConfig, ShardingMode, ShardingToml, TlsFiles,
+    ServerAuthMode, ServerToml, ServiceToml, ShardingConfig, ShardingMode, ShardingToml, TelemetryToml,
+    TlsFiles,
 };
 pub use kinds::{BuiltinKinds, KindLookupError, KindResolver, ResolvedKind, guess_plural};
 pub use plugin::{

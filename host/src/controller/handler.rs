@@ -11,7 +11,8 @@
 //!
 //! Every handler applies its source's predicates first. Adds from an initial list, and
 //! resyncs (an update with an unchanged resourceVersion), go in with [`Priority::Low`] so live
-//! changes overtake a start-up backlog.
+//! changes overtake a start-up backlog. With tracing on, each key carries the event that
+//! queued it ([`TraceOrigin::event`]; `None`, after one atomic load, with tracing off).
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use super::{HotSwap, Request};
 use crate::informer::ResourceEventHandler;
 use crate::object::{DeletedObject, Object};
 use crate::queue::{Priority, RateLimitingQueue};
+use crate::telemetry::TraceOrigin;
 
 /// Maps an object of a watched kind to the requests (of the controller's `for` kind) it
 /// affects. A Wasm plugin's `map` export implements it. Must be quick: it runs on the
@@ -67,19 +69,22 @@ impl EnqueueForObject {
 impl ResourceEventHandler for EnqueueForObject {
     fn on_add(&self, obj: &Arc<Object>, in_initial_list: bool) {
         if self.predicates.create(obj) {
-            self.queue.add_with_priority(request_for(obj), add_priority(in_initial_list));
+            let origin = TraceOrigin::event("add", obj);
+            self.queue.add_traced(request_for(obj), add_priority(in_initial_list), origin);
         }
     }
 
     fn on_update(&self, old: &Arc<Object>, new: &Arc<Object>) {
         if self.predicates.update(old, new) {
-            self.queue.add_with_priority(request_for(new), update_priority(old, new));
+            let origin = TraceOrigin::event("update", new);
+            self.queue.add_traced(request_for(new), update_priority(old, new), origin);
         }
     }
 
     fn on_delete(&self, obj: &DeletedObject) {
         if self.predicates.delete(obj) {
-            self.queue.add(Request::from_key(obj.key()));
+            let origin = TraceOrigin::event("delete", obj.object());
+            self.queue.add_traced(Request::from_key(obj.key()), Priority::Normal, origin);
         }
     }
 }
@@ -123,9 +128,9 @@ impl EnqueueForOwner {
         Some(Request { namespace, name: owner.name.to_string() })
     }
 
-    fn enqueue(&self, obj: &Object, priority: Priority) {
+    fn enqueue(&self, obj: &Object, priority: Priority, event: &'static str) {
         if let Some(r) = self.owner_request(obj) {
-            self.queue.add_with_priority(r, priority);
+            self.queue.add_traced(r, priority, TraceOrigin::event(event, obj));
         }
     }
 }
@@ -133,7 +138,7 @@ impl EnqueueForOwner {
 impl ResourceEventHandler for EnqueueForOwner {
     fn on_add(&self, obj: &Arc<Object>, in_initial_list: bool) {
         if self.predicates.create(obj) {
-            self.enqueue(obj, add_priority(in_initial_list));
+            self.enqueue(obj, add_priority(in_initial_list), "add");
         }
     }
 
@@ -146,16 +151,16 @@ impl ResourceEventHandler for EnqueueForOwner {
         if a != b
             && let Some(a) = a
         {
-            self.queue.add_with_priority(a, priority);
+            self.queue.add_traced(a, priority, TraceOrigin::event("update", new));
         }
         if let Some(b) = b {
-            self.queue.add_with_priority(b, priority);
+            self.queue.add_traced(b, priority, TraceOrigin::event("update", new));
         }
     }
 
     fn on_delete(&self, obj: &DeletedObject) {
         if self.predicates.delete(obj) {
-            self.enqueue(obj.object(), Priority::Normal);
+            self.enqueue(obj.object(), Priority::Normal, "delete");
         }
     }
 }
@@ -178,9 +183,9 @@ impl EnqueueMapped {
         EnqueueMapped { queue, predicates: And(predicates), kind, mapper }
     }
 
-    fn enqueue(&self, mapper: &dyn Mapper, obj: &Arc<Object>, priority: Priority) {
+    fn enqueue(&self, mapper: &dyn Mapper, obj: &Arc<Object>, priority: Priority, event: &'static str) {
         for r in mapper.map(&self.kind, obj) {
-            self.queue.add_with_priority(r, priority);
+            self.queue.add_traced(r, priority, TraceOrigin::event(event, obj));
         }
     }
 }
@@ -188,7 +193,7 @@ impl EnqueueMapped {
 impl ResourceEventHandler for EnqueueMapped {
     fn on_add(&self, obj: &Arc<Object>, in_initial_list: bool) {
         if self.predicates.create(obj) {
-            self.enqueue(&*self.mapper.load(), obj, add_priority(in_initial_list));
+            self.enqueue(&*self.mapper.load(), obj, add_priority(in_initial_list), "add");
         }
     }
 
@@ -199,13 +204,13 @@ impl ResourceEventHandler for EnqueueMapped {
         // One mapper for both calls, even if a swap happens in between.
         let mapper = self.mapper.load();
         let priority = update_priority(old, new);
-        self.enqueue(&*mapper, old, priority);
-        self.enqueue(&*mapper, new, priority);
+        self.enqueue(&*mapper, old, priority, "update");
+        self.enqueue(&*mapper, new, priority, "update");
     }
 
     fn on_delete(&self, obj: &DeletedObject) {
         if self.predicates.delete(obj) {
-            self.enqueue(&*self.mapper.load(), obj.object(), Priority::Normal);
+            self.enqueue(&*self.mapper.load(), obj.object(), Priority::Normal, "delete");
         }
     }
 }

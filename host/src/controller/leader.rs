@@ -122,6 +122,8 @@ pub struct LeaderElector {
     observed: Mutex<Option<Observed>>,
     leading: watch::Sender<bool>,
     on_lost: Option<Box<dyn Fn() + Send + Sync>>,
+    /// `leader_election_master_status{name}`, when exported.
+    status: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -142,6 +144,7 @@ impl LeaderElector {
             observed: Mutex::new(None),
             leading: watch::Sender::new(false),
             on_lost: None,
+            status: None,
         })
     }
 
@@ -150,6 +153,23 @@ impl LeaderElector {
     pub fn on_lost(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_lost = Some(Box::new(hook));
         self
+    }
+
+    /// Exports `leader_election_master_status{name="namespace/name"}` (client-go's name): 1
+    /// while this candidate leads, 0 otherwise (0 from now on, before the first campaign).
+    pub fn metrics(mut self, metrics: &crate::metrics::Metrics) -> Self {
+        let name = format!("{}/{}", self.config.namespace, self.config.name);
+        let gauge = metrics.leader_status.get_or_create(&crate::metrics::LeaseLabels { name }).clone();
+        gauge.set(i64::from(self.is_leader()));
+        self.status = Some(gauge);
+        self
+    }
+
+    fn set_leading(&self, leading: bool) {
+        self.leading.send_replace(leading);
+        if let Some(g) = &self.status {
+            g.set(i64::from(leading));
+        }
     }
 
     /// Whether this candidate currently leads.
@@ -203,7 +223,7 @@ impl LeaderElector {
             }
         }
         tracing::info!(lease = %self.config.name, identity = %self.config.identity, "became leader");
-        self.leading.send_replace(true);
+        self.set_leading(true);
 
         let leading = shutdown.child_token();
         let lead = lead(leading.clone());
@@ -246,7 +266,7 @@ impl LeaderElector {
                 }
             }
         }
-        self.leading.send_replace(false);
+        self.set_leading(false);
         if lost {
             // controller-runtime: no graceful shutdown once the lease is gone. Fence first,
             // then stop; the leading work is dropped here, not drained.

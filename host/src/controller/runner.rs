@@ -21,6 +21,8 @@
 //! - With an [`Ownership`] (replicas sharing the work): only admitted requests enter the
 //!   queue, and a reconcile runs only under a [`Claim`] held until its result is handled; a
 //!   request that cannot be claimed is dropped (`forget` + `done`), not reconciled.
+//! - Tracing (when on, see [`crate::telemetry`]): each reconcile is one trace rooted at the
+//!   event its key carried; a key requeued by a reconcile carries a link to its trace.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -45,7 +47,8 @@ use super::source::{EventRegistration, EventSource, SourceError, describe};
 use super::{Action, HotSwap, ReconcileError, Reconciler, Request};
 use crate::informer::ResourceEventHandler;
 use crate::metrics::{ControllerLabels, Metrics, ReconcileLabels};
-use crate::queue::{RateLimiter, RateLimitingQueue, default_controller_rate_limiter};
+use crate::queue::{Origin, RateLimiter, RateLimitingQueue, default_controller_rate_limiter};
+use crate::telemetry::{ReconcileTrace, TraceOrigin};
 
 /// controller-runtime's `CacheSyncTimeout` default.
 pub const DEFAULT_CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(120);
@@ -588,11 +591,12 @@ async fn worker(shared: Arc<Shared>, stop: CancellationToken, _slot: WorkerSlot)
         let request = tokio::select! {
             biased;
             _ = stop.cancelled() => return,
-            r = shared.queue.get() => match r {
+            r = shared.queue.get_traced() => match r {
                 Some(r) => r,
                 None => return,
             },
         };
+        let (request, origin) = request;
         let claim = match &shared.ownership {
             Some(ownership) => match ownership.claim(&request) {
                 Some(claim) => Some(claim),
@@ -606,7 +610,7 @@ async fn worker(shared: Arc<Shared>, stop: CancellationToken, _slot: WorkerSlot)
             },
             None => None,
         };
-        reconcile_one(&shared, request, claim).await;
+        reconcile_one(&shared, request, origin, claim).await;
     }
 }
 
@@ -625,9 +629,10 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Reconciles `request`; `claim` (the ownership's, if any) is released after the result
-/// was handled, so a requeue still happens while this replica owns the key.
-async fn reconcile_one(shared: &Shared, request: Request, claim: Option<Claim>) {
+/// Reconciles `request` (caused by `origin`, for tracing); `claim` (the ownership's, if
+/// any) is released after the result was handled, so a requeue still happens while this
+/// replica owns the key.
+async fn reconcile_one(shared: &Shared, request: Request, origin: Origin, claim: Option<Claim>) {
     if let Some(m) = &shared.metrics {
         m.active_workers.inc();
     }
@@ -635,6 +640,11 @@ async fn reconcile_one(shared: &Shared, request: Request, claim: Option<Claim>) 
     let _claim = claim;
     let _in_flight = InFlight { shared, request: request.clone() };
     let span = tracing::info_span!("reconcile", controller = %shared.name, request = %request);
+    let trace = if crate::telemetry::enabled() {
+        ReconcileTrace::start(&shared.name, &request.to_string(), origin, &span)
+    } else {
+        None
+    };
     let started = Instant::now();
     let result = call_reconciler(shared, request.clone()).instrument(span.clone()).await;
     let elapsed = started.elapsed();
@@ -642,7 +652,10 @@ async fn reconcile_one(shared: &Shared, request: Request, claim: Option<Claim>) 
         m.reconcile_time.observe(elapsed.as_secs_f64());
     }
     let _enter = span.enter();
-    handle_result(shared, request, result);
+    let outcome = handle_result(shared, request, result, trace.as_ref().map(ReconcileTrace::span_context));
+    if let Some(trace) = trace {
+        trace.end(outcome.0, outcome.1);
+    }
 }
 
 async fn call_reconciler(shared: &Shared, request: Request) -> Result<Action, ReconcileError> {
@@ -675,7 +688,14 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn handle_result(shared: &Shared, request: Request, result: Result<Action, ReconcileError>) {
+/// Handles a reconcile's result; returns the result's label (as `controller_runtime_reconcile_total`
+/// counts it) and the error, for the trace. A requeued key links to `trace`.
+fn handle_result(
+    shared: &Shared,
+    request: Request,
+    result: Result<Action, ReconcileError>,
+    trace: Option<&opentelemetry::trace::SpanContext>,
+) -> (&'static str, Option<String>) {
     let q = &shared.queue;
     let m = shared.metrics.as_ref();
     match result {
@@ -688,6 +708,7 @@ fn handle_result(shared: &Shared, request: Request, result: Result<Action, Recon
             }
             // No `forget`: controller-runtime keeps the key's failures after a terminal
             // error, so a later retryable error backs off from where it was.
+            ("error", Some(msg))
         }
         Err(e) => {
             let panicked = matches!(e, ReconcileError::Panic(_));
@@ -703,22 +724,25 @@ fn handle_result(shared: &Shared, request: Request, result: Result<Action, Recon
                 m.errors.inc();
                 m.error.inc();
             }
-            q.add_rate_limited(request);
+            q.add_rate_limited_traced(request, TraceOrigin::requeue(trace, "error"));
+            ("error", Some(e.to_string()))
         }
         Ok(Action::RequeueAfter(after)) if !after.is_zero() => {
             tracing::debug!(?after, "reconciled, requeueing after a delay");
             q.forget(&request);
-            q.add_after(request, after);
+            q.add_after_traced(request, after, TraceOrigin::requeue(trace, "requeue_after"));
             if let Some(m) = m {
                 m.requeue_after.inc();
             }
+            ("requeue_after", None)
         }
         Ok(Action::Requeue) => {
             tracing::debug!("reconciled, requeueing with backoff");
-            q.add_rate_limited(request);
+            q.add_rate_limited_traced(request, TraceOrigin::requeue(trace, "requeue"));
             if let Some(m) = m {
                 m.requeue.inc();
             }
+            ("requeue", None)
         }
         Ok(Action::Done | Action::RequeueAfter(_)) => {
             tracing::debug!("reconciled");
@@ -726,6 +750,7 @@ fn handle_result(shared: &Shared, request: Request, result: Result<Action, Recon
             if let Some(m) = m {
                 m.success.inc();
             }
+            ("success", None)
         }
     }
 }

@@ -19,8 +19,11 @@ use parking_lot::Mutex;
 use super::ResourceEventHandler;
 use super::shared::{HandlerRegistration, InformerOptions, SharedIndexInformer};
 use crate::cache::{IndexError, IndexFunc, IndexSpec, LabelSelector, SelectorError};
+use crate::metrics::Metrics;
 use crate::object::Transform;
-use crate::source::{ApiResource, BackoffConfig, Discovery, DiscoveryError, Reflector, ReflectorConfig};
+use crate::source::{
+    ApiResource, BackoffConfig, Discovery, DiscoveryError, Reflector, ReflectorConfig, ReflectorMetrics,
+};
 
 /// What a controller asks the factory for.
 ///
@@ -181,6 +184,8 @@ struct FactoryInner {
     discovery: Discovery,
     options: FactoryOptions,
     entries: Mutex<HashMap<InformerKey, Entry>>,
+    /// Where the informers' reflectors count watch events and relists.
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Creates and shares informers.
@@ -212,8 +217,20 @@ impl std::fmt::Debug for InformerFactory {
 impl InformerFactory {
     /// A factory using `client` for discovery, lists and watches.
     pub fn new(client: kube::Client, options: FactoryOptions) -> Self {
+        Self::build(client, options, None)
+    }
+
+    /// A factory whose informers count their watch events and relists in `metrics`
+    /// (`wasmctrl_informer_events_total`, `wasmctrl_informer_relists_total`).
+    pub fn with_metrics(client: kube::Client, options: FactoryOptions, metrics: Arc<Metrics>) -> Self {
+        Self::build(client, options, Some(metrics))
+    }
+
+    fn build(client: kube::Client, options: FactoryOptions, metrics: Option<Arc<Metrics>>) -> Self {
         let discovery = Discovery::new(client.clone());
-        Self { inner: Arc::new(FactoryInner { client, discovery, options, entries: Mutex::default() }) }
+        Self {
+            inner: Arc::new(FactoryInner { client, discovery, options, entries: Mutex::default(), metrics }),
+        }
     }
 
     /// The factory's discovery client (shared cache).
@@ -347,6 +364,9 @@ impl InformerFactory {
                 backoff: options.backoff,
                 transform: key.transform,
                 max_object_size: options.max_object_size,
+                metrics: self.inner.metrics.as_ref().map(|m| {
+                    ReflectorMetrics::new(&format!("{}/{}", resource.api_version, resource.kind), m)
+                }),
                 ..ReflectorConfig::default()
             },
         );

@@ -114,13 +114,15 @@ impl PluginReconciler {
                 return;
             }
             for n in rx {
-                let (event, kind) = match &n {
-                    Notification::Add { kind, .. } => ("add", kind.to_string()),
-                    Notification::Update { kind, .. } => ("update", kind.to_string()),
-                    Notification::Delete { kind, .. } => ("delete", kind.to_string()),
-                    Notification::Barrier(_) => ("barrier", String::new()),
+                let (event, kind, resource_version) = match &n {
+                    Notification::Add { kind, object, .. } => ("add", kind.to_string(), object.resource_version()),
+                    Notification::Update { kind, new, .. } => ("update", kind.to_string(), new.resource_version()),
+                    Notification::Delete { kind, object } => {
+                        ("delete", kind.to_string(), object.object().resource_version())
+                    }
+                    Notification::Barrier(_) => ("barrier", String::new(), ""),
                 };
-                let span = tracing::debug_span!("hook", plugin = p.name(), version = p.short_version(), event, kind);
+                let span = tracing::debug_span!("hook", plugin = p.name(), version = p.short_version(), event, kind, resource_version);
                 let _enter = span.enter();
                 let result = match &n {
                     Notification::Add { kind, object, in_initial_list } => {
@@ -180,6 +182,7 @@ impl PluginReconciler {
         if !self.plugin.hooks().map {
             return Vec::new();
         }
+        let _span = tracing::debug_span!("hook", plugin = self.plugin.name(), version = self.plugin.short_version(), event = "map", kind = %kind, resource_version = object.resource_version()).entered();
         match off_worker(|| self.plugin.map_blocking(kind, object.json())) {
             Ok(r) => r,
             Err(e) => {
@@ -196,6 +199,7 @@ impl PluginReconciler {
         if !self.plugin.hooks().filter {
             return true;
         }
+        let _span = tracing::debug_span!("hook", plugin = self.plugin.name(), version = self.plugin.short_version(), event = "filter", kind = %kind).entered();
         off_worker(|| self.plugin.filter_blocking(kind, event)).unwrap_or_else(|e| {
             tracing::warn!(plugin = self.plugin.name(), version = self.plugin.short_version(), kind = %kind, error = %e, "filter failed; letting the event through");
             true

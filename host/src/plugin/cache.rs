@@ -262,6 +262,8 @@ impl Host for CacheCtxView<'_> {
         namespace: Option<String>,
         name: String,
     ) -> wasmtime::Result<Result<Option<Vec<u8>>, WitError>> {
+        let _span =
+            tracing::debug_span!(target: crate::telemetry::TARGET, "cache.get", kind = %kind.kind).entered();
         let kind = gvk(kind);
         let namespace = namespace.filter(|ns| !ns.is_empty());
         let cache = match self.cache_for(&kind, namespace.as_deref(), "cache.get") {
@@ -278,6 +280,8 @@ impl Host for CacheCtxView<'_> {
         namespace: Option<String>,
         label_selector: Option<String>,
     ) -> wasmtime::Result<Result<Vec<Vec<u8>>, WitError>> {
+        let _span =
+            tracing::debug_span!(target: crate::telemetry::TARGET, "cache.list", kind = %kind.kind).entered();
         let kind = gvk(kind);
         let namespace = namespace.as_deref().filter(|ns| !ns.is_empty());
         let cache = match self.cache_for(&kind, namespace, "cache.list") {
@@ -295,6 +299,9 @@ impl Host for CacheCtxView<'_> {
         index: String,
         value: String,
     ) -> wasmtime::Result<Result<Vec<Vec<u8>>, WitError>> {
+        let _span =
+            tracing::debug_span!(target: crate::telemetry::TARGET, "cache.by-index", kind = %kind.kind)
+                .entered();
         let kind = gvk(kind);
         let cache = match self.cache_for(&kind, None, "cache.by-index") {
             Ok(c) => c,

@@ -340,6 +340,7 @@ impl Host for ClientCtxView<'_> {
         namespace: Option<String>,
         name: String,
     ) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "client.get").entered();
         let kind = Gvk { api_version: kind.api_version, kind: kind.kind };
         let result = (|| {
             validate_segment("name", &name)?;
@@ -351,6 +352,7 @@ impl Host for ClientCtxView<'_> {
     }
 
     fn create(&mut self, object: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "client.create").entered();
         let sent = self.call_log().map(|_| object.clone());
         let result = self.body_call(object, "client.create", |req, _, pp, body| req.create(pp, body));
         if let Some(body) = sent {
@@ -360,6 +362,7 @@ impl Host for ClientCtxView<'_> {
     }
 
     fn replace(&mut self, object: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "client.replace").entered();
         let sent = self.call_log().map(|_| object.clone());
         let result =
             self.body_call(object, "client.replace", |req, t, pp, body| req.replace(&t.name, pp, body));
@@ -376,6 +379,7 @@ impl Host for ClientCtxView<'_> {
         name: String,
         patch: WitPatch,
     ) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "client.patch").entered();
         Ok(self.patch_call(kind, namespace, name, patch, None, "client.patch"))
     }
 
@@ -384,6 +388,7 @@ impl Host for ClientCtxView<'_> {
         object: Vec<u8>,
         options: WitApplyOptions,
     ) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "client.apply").entered();
         let result = (|| {
             self.ctx.access.check_input_size(object.len(), "the object")?;
             let target = target_of(&object)?;
@@ -427,6 +432,7 @@ impl Host for ClientCtxView<'_> {
     }
 
     fn update_status(&mut self, object: Vec<u8>) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "client.update-status").entered();
         let sent = self.call_log().map(|_| object.clone());
         let result = self.body_call(object, "client.update-status", |req, t, pp, body| {
             req.replace_subresource("status", &t.name, pp, body)
@@ -444,6 +450,7 @@ impl Host for ClientCtxView<'_> {
         name: String,
         patch: WitPatch,
     ) -> wasmtime::Result<Result<Vec<u8>, WitError>> {
+        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "client.patch-status").entered();
         Ok(self.patch_call(kind, namespace, name, patch, Some("status"), "client.patch-status"))
     }
 
@@ -454,6 +461,7 @@ impl Host for ClientCtxView<'_> {
         name: String,
         options: DeleteOptions,
     ) -> wasmtime::Result<Result<(), WitError>> {
+        let _span = tracing::debug_span!(target: crate::telemetry::TARGET, "client.delete").entered();
         let kind = Gvk { api_version: kind.api_version, kind: kind.kind };
         let recorded_options = (
             options.uid.clone(),

@@ -178,9 +178,26 @@ impl KubeServices {
         deadline: Instant,
         request: http::Request<Vec<u8>>,
     ) -> Result<String, WitError> {
-        let client = self.client.clone();
-        self.block_on(deadline, async move { client.request_text(request).await.map_err(map_kube_error) })
+        let span = crate::telemetry::api_request(&request);
+        let (client, status) = (self.client.clone(), Arc::new(std::sync::atomic::AtomicU16::new(0)));
+        let seen = status.clone();
+        let result = span.in_scope(|| {
+            self.block_on(deadline, async move {
+                client.request_text(request).await.map_err(|e| map_kube_error_seen(e, &seen))
+            })
+        });
+        let code = status.load(std::sync::atomic::Ordering::Relaxed);
+        crate::telemetry::api_response(&span, &result, (code != 0).then_some(code));
+        result
     }
+}
+
+/// [`map_kube_error`], keeping the API server's status code (for the request's span).
+fn map_kube_error_seen(e: kube::Error, status: &std::sync::atomic::AtomicU16) -> WitError {
+    if let kube::Error::Api(s) = &e {
+        status.store(s.code, std::sync::atomic::Ordering::Relaxed);
+    }
+    map_kube_error(e)
 }
 
 /// What a request gets once cluster access is revoked.

@@ -75,6 +75,8 @@ pub(crate) struct RuntimeMetrics {
     pub forbidden: Family<PluginCallLabels, Counter>,
     /// Instances alive now, every plugin and version together.
     pub live_instances: Gauge,
+    /// Instances alive now, per plugin (every version together).
+    pub instances: Family<crate::metrics::PluginLabels, Gauge>,
     /// Component loads by where the code came from (`compiled`, `baseline`, `cache`, `shared`).
     pub component_loads: Family<ComponentLoadLabels, Counter>,
     /// Background Cranelift compiles of components loaded with Winch, by result.
@@ -95,6 +97,11 @@ pub(crate) struct RuntimeMetrics {
 impl RuntimeMetrics {
     /// Registers every family in the host's registry.
     pub fn register(&self, m: &Metrics) {
+        // Every tier-up result is a series from the start (at 0): dashboards and alerts see
+        // the family before the first background compile ends.
+        for result in ["done", "abandoned", "failed"] {
+            let _ = self.tier_ups.get_or_create(&TierUpLabels { result });
+        }
         m.register("wasmctrl_plugin_traps", "Plugin calls that trapped", self.traps.clone());
         m.register(
             "wasmctrl_plugin_instantiations",
@@ -105,6 +112,11 @@ impl RuntimeMetrics {
             "wasmctrl_plugin_live_instances",
             "Plugin instances alive now (every plugin and version)",
             self.live_instances.clone(),
+        );
+        m.register(
+            "wasmctrl_plugin_instances",
+            "Plugin instances alive now, per plugin (every version together)",
+            self.instances.clone(),
         );
         m.register(
             "wasmctrl_plugin_forbidden_calls",

@@ -157,19 +157,26 @@ pub struct TierCalls {
     pub optimized: u64,
 }
 
-/// Counts an instance in `wasmctrl_plugin_live_instances` while it exists.
-struct LiveInstance(prometheus_client::metrics::gauge::Gauge);
+/// Counts an instance in `wasmctrl_plugin_live_instances` (and its plugin's
+/// `wasmctrl_plugin_instances`) while it exists.
+struct LiveInstance([prometheus_client::metrics::gauge::Gauge; 2]);
 
 impl LiveInstance {
-    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
-        gauge.inc();
-        LiveInstance(gauge.clone())
+    fn new(metrics: &super::metrics::RuntimeMetrics, plugin: &str) -> Self {
+        let labels = crate::metrics::PluginLabels { plugin: plugin.to_owned() };
+        let gauges = [metrics.live_instances.clone(), metrics.instances.get_or_create(&labels).clone()];
+        gauges.iter().for_each(|g| {
+            g.inc();
+        });
+        LiveInstance(gauges)
     }
 }
 
 impl Drop for LiveInstance {
     fn drop(&mut self) {
-        self.0.dec();
+        self.0.iter().for_each(|g| {
+            g.dec();
+        });
     }
 }
 
@@ -737,7 +744,7 @@ impl PluginInner {
             })?;
         let info = init.map_err(|reason| CallError::Init { plugin: plugin.clone(), reason })?;
         let for_kind = info.for_kind.map(|g| Gvk::new(g.api_version, g.kind));
-        let live = LiveInstance::new(&self.engine.metrics().live_instances);
+        let live = LiveInstance::new(self.engine.metrics(), plugin);
         Ok((
             Instance { store, bindings, admission, tier: code.tier, _live: live },
             InitInfo { hooks: info.hooks.into(), for_kind },

@@ -19,4 +19,4 @@ pub use rate_limiter::{
     default_controller_rate_limiter,
 };
 pub use rate_limiting::RateLimitingQueue;
-pub use workqueue::{Admission, Priority, QueueKey, WorkQueue};
+pub use workqueue::{Admission, Origin, Priority, QueueKey, WorkQueue};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::rate_limiter::{RateLimiter, default_controller_rate_limiter};
-use super::workqueue::{Priority, QueueKey, WorkQueue};
+use super::workqueue::{Origin, Priority, QueueKey, WorkQueue};
 use crate::metrics::Metrics;
 
 /// A work queue with rate-limited re-adds. Cheap to clone: clones share one queue.
@@ -62,6 +62,11 @@ impl<K: QueueKey> RateLimitingQueue<K> {
 
     /// Adds `key` after the limiter's delay for it, and counts a retry.
     pub fn add_rate_limited(&self, key: K) {
+        self.add_rate_limited_traced(key, None);
+    }
+
+    /// As [`add_rate_limited`](Self::add_rate_limited), with what caused the retry.
+    pub fn add_rate_limited_traced(&self, key: K, origin: Origin) {
         if !self.queue.accepts_adds() {
             return;
         }
@@ -69,7 +74,7 @@ impl<K: QueueKey> RateLimitingQueue<K> {
             m.retries.inc();
         }
         let delay = self.limiter.when(&key);
-        self.queue.add_after(key, delay);
+        self.queue.add_after_traced(key, delay, origin);
     }
 
     /// Forgets `key`'s failures: its next rate-limited add starts from the shortest delay.
@@ -93,14 +98,29 @@ impl<K: QueueKey> RateLimitingQueue<K> {
         self.queue.add_with_priority(key, priority);
     }
 
+    /// See [`WorkQueue::add_traced`].
+    pub fn add_traced(&self, key: K, priority: Priority, origin: Origin) {
+        self.queue.add_traced(key, priority, origin);
+    }
+
     /// See [`WorkQueue::add_after`].
     pub fn add_after(&self, key: K, delay: Duration) {
         self.queue.add_after(key, delay);
     }
 
+    /// See [`WorkQueue::add_after_traced`].
+    pub fn add_after_traced(&self, key: K, delay: Duration, origin: Origin) {
+        self.queue.add_after_traced(key, delay, origin);
+    }
+
     /// See [`WorkQueue::get`].
     pub async fn get(&self) -> Option<K> {
         self.queue.get().await
+    }
+
+    /// See [`WorkQueue::get_traced`].
+    pub async fn get_traced(&self) -> Option<(K, Origin)> {
+        self.queue.get_traced().await
     }
 
     /// See [`WorkQueue::done`].

@@ -18,6 +18,10 @@
 //! - With an admission filter ([`WorkQueue::set_admission`]), an add (immediate or delayed)
 //!   of a key the filter refuses is dropped before it touches the queue; keys moved in by a
 //!   hand-over are not filtered (whoever takes them out decides).
+//! - A key may carry a [`TraceOrigin`] (what caused its reconcile, for tracing): the first
+//!   one given while the key is dirty (or waiting) stays with it until `get_traced` hands the
+//!   key out, and moves with it on a hand-over. Origins live in side maps that stay empty
+//!   when tracing is off, so untraced adds and gets only look at an empty map's length.
 //!
 //! Time is tokio's (`tokio::time::Instant`), so tests can pause and advance the clock.
 
@@ -34,6 +38,10 @@ use tokio::time::Instant;
 
 use super::metrics::QueueMetrics;
 use crate::metrics::Metrics;
+use crate::telemetry::TraceOrigin;
+
+/// The trace origin a key may carry (see the module doc).
+pub type Origin = Option<Box<TraceOrigin>>;
 
 /// What a queue key must be: `Request`, `String`, or any small value-like type.
 pub trait QueueKey: Clone + Eq + Hash + Send + Sync + 'static {}
@@ -113,6 +121,10 @@ struct State<K: QueueKey> {
     forward: Option<WorkQueue<K>>,
     /// Keys processing here on behalf of a predecessor (see the module doc).
     borrowed: std::collections::HashSet<K>,
+    /// Trace origins of dirty keys (empty unless tracing is on).
+    origins: HashMap<K, Box<TraceOrigin>>,
+    /// Trace origins of waiting keys (empty unless tracing is on).
+    waiting_origins: HashMap<K, Box<TraceOrigin>>,
 }
 
 /// Decides whether an add is kept (see [`WorkQueue::set_admission`]).
@@ -211,6 +223,8 @@ impl<K: QueueKey> WorkQueue<K> {
                     draining: false,
                     forward: None,
                     borrowed: std::collections::HashSet::new(),
+                    origins: HashMap::new(),
+                    waiting_origins: HashMap::new(),
                 }),
                 admission: std::sync::OnceLock::new(),
                 ready_notify: Notify::new(),
@@ -242,18 +256,24 @@ impl<K: QueueKey> WorkQueue<K> {
 
     /// Marks `key` as needing processing with `priority`. Ignored after shut down.
     pub fn add_with_priority(&self, key: K, priority: Priority) {
+        self.add_traced(key, priority, None);
+    }
+
+    /// As [`add_with_priority`](Self::add_with_priority), with what caused the add (kept
+    /// unless the key already carries an origin).
+    pub fn add_traced(&self, key: K, priority: Priority, origin: Origin) {
         if !self.admitted(&key) {
             return;
         }
         let mut s = self.inner.state.lock();
         if let Some(next) = s.forward.clone() {
             drop(s);
-            next.add_with_priority(key, priority);
+            next.add_traced(key, priority, origin);
             return;
         }
         let now = Instant::now();
         let mut woke = self.promote_due(&mut s, now);
-        woke |= self.add_locked(&mut s, key, priority, now);
+        woke |= self.add_locked(&mut s, key, priority, now, origin);
         drop(s);
         if woke {
             self.inner.ready_notify.notify_one();
@@ -263,18 +283,27 @@ impl<K: QueueKey> WorkQueue<K> {
     /// Adds `key` once `delay` has passed. If the key is already waiting, the earlier of the
     /// two ready times wins. A zero delay adds at once. Ignored after shut down.
     pub fn add_after(&self, key: K, delay: Duration) {
+        self.add_after_traced(key, delay, None);
+    }
+
+    /// As [`add_after`](Self::add_after), with what caused the add.
+    pub fn add_after_traced(&self, key: K, delay: Duration, origin: Origin) {
         if delay.is_zero() {
-            self.add(key);
+            self.add_traced(key, Priority::Normal, origin);
             return;
         }
-        self.add_at(key, Instant::now() + delay);
+        self.add_at_traced(key, Instant::now() + delay, origin);
     }
 
     /// Adds `key` at `ready_at` (at once if that has passed); as [`add_after`](Self::add_after).
     pub fn add_at(&self, key: K, ready_at: Instant) {
+        self.add_at_traced(key, ready_at, None);
+    }
+
+    fn add_at_traced(&self, key: K, ready_at: Instant, origin: Origin) {
         let now = Instant::now();
         if ready_at <= now {
-            self.add(key);
+            self.add_traced(key, Priority::Normal, origin);
             return;
         }
         if !self.admitted(&key) {
@@ -283,11 +312,14 @@ impl<K: QueueKey> WorkQueue<K> {
         let mut s = self.inner.state.lock();
         if let Some(next) = s.forward.clone() {
             drop(s);
-            next.add_at(key, ready_at);
+            next.add_at_traced(key, ready_at, origin);
             return;
         }
         if s.shutting_down {
             return;
+        }
+        if let Some(o) = origin {
+            s.waiting_origins.entry(key.clone()).or_insert(o);
         }
         let earliest_before = s.waiting.peek().map(|Reverse(w)| w.ready_at);
         let seq = s.next_seq;
@@ -316,6 +348,11 @@ impl<K: QueueKey> WorkQueue<K> {
     ///
     /// Cancel safe: dropping the future before it completes takes nothing from the queue.
     pub async fn get(&self) -> Option<K> {
+        self.get_traced().await.map(|(key, _)| key)
+    }
+
+    /// As [`get`](Self::get), with the key's trace origin, if it carries one.
+    pub async fn get_traced(&self) -> Option<(K, Origin)> {
         loop {
             let notified = self.inner.ready_notify.notified();
             tokio::pin!(notified);
@@ -327,12 +364,13 @@ impl<K: QueueKey> WorkQueue<K> {
                 self.promote_due(&mut s, now);
                 if let Some(key) = self.pop_locked(&mut s, now) {
                     let more = s.ready_len > 0;
+                    let origin = if s.origins.is_empty() { None } else { s.origins.remove(&key) };
                     drop(s);
                     if more {
                         // Pass the baton: a permit consumed by us may have been meant for two adds.
                         self.inner.ready_notify.notify_one();
                     }
-                    return Some(key);
+                    return Some((key, origin));
                 }
                 if s.shutting_down {
                     return None;
@@ -443,6 +481,7 @@ impl<K: QueueKey> WorkQueue<K> {
         s.draining = false;
         s.waiting.clear();
         s.waiting_keys.clear();
+        s.waiting_origins.clear();
         drop(s);
         self.inner.ready_notify.notify_waiters();
         self.inner.drained_notify.notify_waiters();
@@ -457,6 +496,7 @@ impl<K: QueueKey> WorkQueue<K> {
             s.shutting_down = true;
             s.waiting.clear();
             s.waiting_keys.clear();
+            s.waiting_origins.clear();
         }
         self.inner.ready_notify.notify_waiters();
         loop {
@@ -510,7 +550,8 @@ impl<K: QueueKey> WorkQueue<K> {
             for (key, seq) in deque {
                 let live = s.dirty.get(&key).is_some_and(|d| d.queued == Some(seq));
                 if live && let Some(d) = s.dirty.remove(&key) {
-                    ready.push((key, d.priority));
+                    let origin = if s.origins.is_empty() { None } else { s.origins.remove(&key) };
+                    ready.push((key, d.priority, origin));
                 }
             }
         }
@@ -518,7 +559,15 @@ impl<K: QueueKey> WorkQueue<K> {
         s.dirty.clear();
         s.ready_len = 0;
         self.set_depth(&s);
-        let waiting: Vec<(K, Instant)> = s.waiting_keys.drain().map(|(k, (at, _))| (k, at)).collect();
+        let mut waiting_origins = std::mem::take(&mut s.waiting_origins);
+        let waiting: Vec<(K, Instant, Origin)> = s
+            .waiting_keys
+            .drain()
+            .map(|(k, (at, _))| {
+                let origin = if waiting_origins.is_empty() { None } else { waiting_origins.remove(&k) };
+                (k, at, origin)
+            })
+            .collect();
         s.waiting.clear();
         let processing: Vec<K> = s.processing.keys().cloned().collect();
         s.forward = Some(to.clone());
@@ -531,11 +580,11 @@ impl<K: QueueKey> WorkQueue<K> {
                 t.borrowed.insert(key);
             }
         }
-        for (key, priority) in ready {
-            to.add_locked(&mut t, key, priority, now);
+        for (key, priority, origin) in ready {
+            to.add_locked(&mut t, key, priority, now, origin);
         }
-        for (key, at) in waiting {
-            to.wait_locked(&mut t, key, at);
+        for (key, at, origin) in waiting {
+            to.wait_locked(&mut t, key, at, origin);
         }
         drop(t);
         drop(s);
@@ -572,7 +621,7 @@ impl<K: QueueKey> WorkQueue<K> {
                 woke = true;
             }
             Some(_) => {}
-            None => woke = self.add_locked(&mut s, key.clone(), Priority::Normal, now),
+            None => woke = self.add_locked(&mut s, key.clone(), Priority::Normal, now, None),
         }
         let drained = s.processing.is_empty() && s.draining;
         drop(s);
@@ -585,9 +634,12 @@ impl<K: QueueKey> WorkQueue<K> {
     }
 
     /// Records a delayed add (under the lock); the earliest ready time per key wins.
-    fn wait_locked(&self, s: &mut State<K>, key: K, ready_at: Instant) {
+    fn wait_locked(&self, s: &mut State<K>, key: K, ready_at: Instant, origin: Origin) {
         if s.shutting_down {
             return;
+        }
+        if let Some(o) = origin {
+            s.waiting_origins.entry(key.clone()).or_insert(o);
         }
         let seq = s.next_seq;
         match s.waiting_keys.entry(key.clone()) {
@@ -616,16 +668,21 @@ impl<K: QueueKey> WorkQueue<K> {
             let Some(Reverse(w)) = s.waiting.pop() else { break };
             if s.waiting_keys.get(&w.key).is_some_and(|&(_, seq)| seq == w.seq) {
                 s.waiting_keys.remove(&w.key);
-                any |= self.add_locked(s, w.key, Priority::Normal, now);
+                let origin =
+                    if s.waiting_origins.is_empty() { None } else { s.waiting_origins.remove(&w.key) };
+                any |= self.add_locked(s, w.key, Priority::Normal, now, origin);
             }
         }
         any
     }
 
     /// Returns whether the key became ready (so a getter should be woken).
-    fn add_locked(&self, s: &mut State<K>, key: K, priority: Priority, now: Instant) -> bool {
+    fn add_locked(&self, s: &mut State<K>, key: K, priority: Priority, now: Instant, origin: Origin) -> bool {
         if s.shutting_down {
             return false;
+        }
+        if let Some(o) = origin {
+            s.origins.entry(key.clone()).or_insert(o);
         }
         let seq = s.next_seq;
         if let Some(d) = s.dirty.get_mut(&key) {
@@ -721,6 +778,55 @@ async fn refresh_unfinished_work<K: QueueKey>(queue: Weak<Inner<K>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn origin_of(o: &Origin) -> Option<&str> {
+        o.as_deref().and_then(TraceOrigin::object)
+    }
+
+    #[tokio::test]
+    async fn a_key_keeps_its_first_trace_origin_until_handed_out() {
+        let q = WorkQueue::new();
+        q.add_traced("k", Priority::Normal, Some(TraceOrigin::for_test("first")));
+        q.add_traced("k", Priority::Normal, Some(TraceOrigin::for_test("second")));
+        q.add("plain");
+        let (k, o) = q.get_traced().await.unwrap();
+        assert_eq!((k, origin_of(&o)), ("k", Some("first")));
+        assert_eq!(q.get_traced().await.map(|(k, o)| (k, o.is_none())), Some(("plain", true)));
+        // Added while processing: the origin waits for `done` and comes with the next get.
+        q.add_traced("k", Priority::Normal, Some(TraceOrigin::for_test("during")));
+        q.done(&"k");
+        let (_, o) = q.get_traced().await.unwrap();
+        assert_eq!(origin_of(&o), Some("during"));
+        q.done(&"k");
+        // An untraced add of a key carries nothing, and leaves nothing behind.
+        q.add("k");
+        assert!(q.get_traced().await.unwrap().1.is_none());
+        assert!(q.inner.state.lock().origins.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_and_handed_over_keys_keep_their_trace_origin() {
+        let q = WorkQueue::new();
+        q.add_after_traced("late", Duration::from_secs(5), Some(TraceOrigin::for_test("retry")));
+        q.add_traced("now", Priority::Low, Some(TraceOrigin::for_test("event")));
+        let next = WorkQueue::new();
+        assert_eq!(q.hand_over_to(&next), (1, 1, 0));
+        let (k, o) = next.get_traced().await.unwrap();
+        assert_eq!((k, origin_of(&o)), ("now", Some("event")));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        let (k, o) = next.get_traced().await.unwrap();
+        assert_eq!((k, origin_of(&o)), ("late", Some("retry")));
+        let s = next.inner.state.lock();
+        assert!(s.origins.is_empty() && s.waiting_origins.is_empty());
+    }
+
+    #[tokio::test]
+    async fn shutting_down_drops_waiting_trace_origins() {
+        let q: WorkQueue<&str> = WorkQueue::new();
+        q.add_after_traced("late", Duration::from_secs(60), Some(TraceOrigin::for_test("retry")));
+        q.shut_down();
+        assert!(q.inner.state.lock().waiting_origins.is_empty());
+    }
 
     #[tokio::test]
     async fn basic_fifo_and_dedup() {

@@ -55,6 +55,19 @@ pub struct CheckOptions<'a> {
     pub components: Option<&'a dyn ComponentValidator>,
     /// Defaults for plugin TOMLs checked without a host TOML.
     pub defaults: PluginDefaults,
+    /// Told what is being checked, for a progress display.
+    pub progress: Option<&'a dyn CheckProgress>,
+}
+
+/// What `check` is doing, for a progress display: plugins are announced before they are
+/// checked (a directory's all at once), then each one starts and ends.
+pub trait CheckProgress {
+    /// `count` more plugins will be checked.
+    fn planned(&self, count: usize);
+    /// The plugin of `toml` is being checked (its component compiled and instantiated).
+    fn started(&self, toml: &Path);
+    /// The plugin of `toml` is checked (passed or not).
+    fn finished(&self, toml: &Path);
 }
 
 /// One plugin that passed.
@@ -246,6 +259,9 @@ fn check_one(path: &Path, options: &CheckOptions<'_>, report: &mut CheckReport) 
         Some("wasm") => {
             let toml = path.with_extension("toml");
             if toml.is_file() {
+                if let Some(p) = options.progress {
+                    p.planned(1);
+                }
                 check_plugin(&toml, &options.defaults, options, report);
             } else {
                 match read_settled(path) {
@@ -276,6 +292,9 @@ fn check_one(path: &Path, options: &CheckOptions<'_>, report: &mut CheckReport) 
                 }
             };
             if is_plugin_toml(&text) {
+                if let Some(p) = options.progress {
+                    p.planned(1);
+                }
                 check_plugin(path, &options.defaults, options, report);
             } else {
                 match HostConfig::parse(path, &text) {
@@ -368,6 +387,9 @@ fn check_plugins_dir(
         report.warnings.push(format!("{}: no plugin TOMLs", dir.display()));
     }
     let first_plugin = report.plugins.len();
+    if let Some(p) = options.progress {
+        p.planned(tomls.len());
+    }
     for toml in &tomls {
         check_plugin(toml, defaults, options, report);
     }
@@ -439,12 +461,17 @@ fn check_plugin(
 ) {
     // A plugin named twice (a host TOML and its plugins directory, say) is checked once.
     let canonical = std::fs::canonicalize(toml).unwrap_or_else(|_| toml.to_path_buf());
-    if !report.checked.insert(canonical) {
-        return;
+    if let Some(p) = options.progress {
+        p.started(toml);
     }
-    match validate_plugin(toml, defaults, options.kinds.unwrap_or(&BuiltinKinds), options.components) {
-        Ok(p) => report.plugins.push(p),
-        Err(errs) => report.errors.0.extend(errs.0),
+    if report.checked.insert(canonical) {
+        match validate_plugin(toml, defaults, options.kinds.unwrap_or(&BuiltinKinds), options.components) {
+            Ok(p) => report.plugins.push(p),
+            Err(errs) => report.errors.0.extend(errs.0),
+        }
+    }
+    if let Some(p) = options.progress {
+        p.finished(toml);
     }
 }
 
@@ -530,5 +557,51 @@ impl ComponentValidator for EngineValidator {
             hooks,
             admission: report.admission,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Recorded(RefCell<Vec<String>>);
+
+    impl CheckProgress for Recorded {
+        fn planned(&self, count: usize) {
+            self.0.borrow_mut().push(format!("planned {count}"));
+        }
+        fn started(&self, toml: &Path) {
+            self.0
+                .borrow_mut()
+                .push(format!("started {}", toml.file_name().unwrap_or_default().to_string_lossy()));
+        }
+        fn finished(&self, toml: &Path) {
+            self.0
+                .borrow_mut()
+                .push(format!("finished {}", toml.file_name().unwrap_or_default().to_string_lossy()));
+        }
+    }
+
+    #[test]
+    fn progress_hears_of_each_plugin_of_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a", "b"] {
+            std::fs::write(
+                dir.path().join(format!("{name}.toml")),
+                "[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n",
+            )
+            .unwrap();
+        }
+        let progress = Recorded::default();
+        let options = CheckOptions { progress: Some(&progress), ..CheckOptions::default() };
+        let report = check_paths(&[dir.path().to_owned()], &options);
+        assert!(!report.ok(), "no .wasm next to the TOMLs");
+        assert_eq!(
+            *progress.0.borrow(),
+            ["planned 2", "started a.toml", "finished a.toml", "started b.toml", "finished b.toml"]
+        );
     }
 }

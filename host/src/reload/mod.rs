@@ -31,8 +31,8 @@ pub mod webhook_config;
 mod wiring;
 
 pub use check::{
-    CheckOptions, CheckReport, CheckedPlugin, ComponentInfo, ComponentValidator, EngineValidator, Hooks,
-    check_paths, validate_plugin, version_of,
+    CheckOptions, CheckProgress, CheckReport, CheckedPlugin, ComponentInfo, ComponentValidator,
+    EngineValidator, Hooks, check_paths, validate_plugin, version_of,
 };
 pub use code_source::CodeSource;
 pub use factory::FactoryLeases;

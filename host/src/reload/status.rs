@@ -1,5 +1,6 @@
 //! Per-plugin status as users see it: `/plugins` (JSON), `/readyz` details, and the
-//! `wasmctrl_plugin_info` / `wasmctrl_plugin_reloads_total` metrics.
+//! `wasmctrl_plugin_info` / `wasmctrl_plugin_reloads_total` / `wasmctrl_plugin_running`
+//! metrics.
 //!
 //! Invariants: exactly one `wasmctrl_plugin_info{plugin, version}` series is 1 per running
 //! plugin (the old version's series is removed on swap); a rejected reload keeps the running
@@ -17,6 +18,10 @@
 //! without making the host unready. A plugin waiting for its code is named with what it
 //! waits for: its `.wasm`, or its registry reference.
 //!
+//! `wasmctrl_plugin_running{plugin}` is read from the board at each scrape: 1 for a plugin
+//! with a running version, 0 for one without (the plugins `/readyz` names as having no
+//! running version); a plugin being removed has no series.
+//!
 //! Entries are keyed by plugin name; a TOML refused because another file claims its name
 //! has an entry of its own, keyed by its path.
 
@@ -28,7 +33,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use parking_lot::RwLock;
 use serde::Serialize;
 
-use crate::metrics::{Metrics, PluginInfoLabels, PluginResultLabels};
+use crate::metrics::{Metrics, PluginInfoLabels, PluginLabels, PluginResultLabels};
 use crate::server::{Readiness, StatusSource};
 
 /// Where a plugin is in its life.
@@ -124,8 +129,16 @@ impl std::fmt::Debug for StatusBoard {
 }
 
 impl StatusBoard {
+    /// A board reporting to `metrics` (its `wasmctrl_plugin_running` collector is registered
+    /// there: one board per registry).
     pub fn new(metrics: Arc<Metrics>) -> Self {
-        StatusBoard { plugins: Arc::default(), probes: Arc::default(), metrics, started: Arc::default() }
+        let board =
+            StatusBoard { plugins: Arc::default(), probes: Arc::default(), metrics, started: Arc::default() };
+        board.metrics.register_collector(Box::new(RunningCollector {
+            plugins: board.plugins.clone(),
+            probes: board.probes.clone(),
+        }));
+        board
     }
 
     /// Every plugin's status, by TOML stem, with `ready` filled in from its controller.
@@ -135,31 +148,7 @@ impl StatusBoard {
 
     /// As [`snapshot`](Self::snapshot), with each running controller's own error.
     fn snapshot_with_errors(&self) -> Vec<(PluginStatus, Option<String>)> {
-        let probes = self.probes.read();
-        let mut plugins = self.plugins.write();
-        plugins
-            .iter_mut()
-            .map(|(stem, stored)| {
-                let mut controller_error = None;
-                if let Some(probe) = probes.get(stem) {
-                    let (ready, error) = probe();
-                    stored.ready = ready;
-                    // Running from the first time its controller is up until it stops.
-                    if stored.state == PluginState::Starting && ready {
-                        stored.state = PluginState::Running;
-                        stored.since = now();
-                    }
-                    controller_error = error;
-                } else {
-                    stored.ready = false;
-                }
-                let mut s = stored.clone();
-                if let (Some(e), None) = (&controller_error, &s.last_error) {
-                    s.last_error = Some(e.clone());
-                }
-                (s, controller_error)
-            })
-            .collect()
+        snapshot_with_errors(&self.plugins, &self.probes)
     }
 
     /// One plugin's status, by name (or else by the stem of its TOML).
@@ -236,6 +225,97 @@ impl StatusBoard {
     }
 }
 
+type Plugins = Arc<RwLock<BTreeMap<String, PluginStatus>>>;
+type Probes = Arc<RwLock<BTreeMap<String, ReadinessProbe>>>;
+
+/// Every plugin's status with `ready` filled in from its controller, and each running
+/// controller's own error.
+fn snapshot_with_errors(plugins: &Plugins, probes: &Probes) -> Vec<(PluginStatus, Option<String>)> {
+    let probes = probes.read();
+    let mut plugins = plugins.write();
+    plugins
+        .iter_mut()
+        .map(|(stem, stored)| {
+            let mut controller_error = None;
+            if let Some(probe) = probes.get(stem) {
+                let (ready, error) = probe();
+                stored.ready = ready;
+                // Running from the first time its controller is up until it stops.
+                if stored.state == PluginState::Starting && ready {
+                    stored.state = PluginState::Running;
+                    stored.since = now();
+                }
+                controller_error = error;
+            } else {
+                stored.ready = false;
+            }
+            let mut s = stored.clone();
+            if let (Some(e), None) = (&controller_error, &s.last_error) {
+                s.last_error = Some(e.clone());
+            }
+            (s, controller_error)
+        })
+        .collect()
+}
+
+/// Why a plugin has no running version (`/readyz`), or `None` when one runs or the plugin
+/// is being removed.
+fn no_running_version(s: &PluginStatus, controller_error: Option<String>) -> Option<String> {
+    match s.state {
+        PluginState::Running => controller_error.map(|e| format!("its controller failed: {e}")),
+        PluginState::Starting => Some("starting (informers syncing or workers not running yet)".to_owned()),
+        PluginState::WaitingForWasm => Some(format!(
+            "waiting for its .wasm ({})",
+            // A registry reference (its tag not pushed yet), or the file.
+            s.source.clone().unwrap_or_else(|| {
+                s.wasm.as_ref().map_or_else(|| "?".to_owned(), |w| w.display().to_string())
+            })
+        )),
+        PluginState::Failed => {
+            Some(format!("failed: {}", s.last_error.as_deref().unwrap_or("unknown error")))
+        }
+        PluginState::Stopping => None,
+    }
+}
+
+/// `wasmctrl_plugin_running{plugin}`, computed from the board at each scrape.
+struct RunningCollector {
+    plugins: Plugins,
+    probes: Probes,
+}
+
+impl std::fmt::Debug for RunningCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningCollector").finish_non_exhaustive()
+    }
+}
+
+impl prometheus_client::collector::Collector for RunningCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        let family = Family::<PluginLabels, Gauge>::default();
+        for (s, controller_error) in snapshot_with_errors(&self.plugins, &self.probes) {
+            if s.state == PluginState::Stopping {
+                continue;
+            }
+            let running = no_running_version(&s, controller_error).is_none();
+            family.get_or_create(&PluginLabels { plugin: s.name.clone() }).set(i64::from(running));
+        }
+        let metric = encoder.encode_descriptor(
+            "wasmctrl_plugin_running",
+            "1 while a version of the plugin runs (its controller synced and up), 0 while it has none (starting, waiting for its .wasm, failed)",
+            None,
+            family.metric_type(),
+        )?;
+        family.encode(metric)
+    }
+}
+
 impl StatusSource for StatusBoard {
     fn readiness(&self) -> Readiness {
         let mut details = Vec::new();
@@ -244,23 +324,7 @@ impl StatusSource for StatusBoard {
             details.push("plugins directory not loaded yet".to_owned());
         }
         for (s, controller_error) in self.snapshot_with_errors() {
-            let missing = match s.state {
-                PluginState::Running => controller_error.map(|e| format!("its controller failed: {e}")),
-                PluginState::Starting => {
-                    Some("starting (informers syncing or workers not running yet)".to_owned())
-                }
-                PluginState::WaitingForWasm => Some(format!(
-                    "waiting for its .wasm ({})",
-                    // A registry reference (its tag not pushed yet), or the file.
-                    s.source.clone().unwrap_or_else(|| {
-                        s.wasm.as_ref().map_or_else(|| "?".to_owned(), |w| w.display().to_string())
-                    })
-                )),
-                PluginState::Failed => {
-                    Some(format!("failed: {}", s.last_error.as_deref().unwrap_or("unknown error")))
-                }
-                PluginState::Stopping => None,
-            };
+            let missing = no_running_version(&s, controller_error);
             if let Some(why) = missing {
                 ready = false;
                 details.push(format!("plugin {}: no running version: {why}", s.name));
@@ -366,6 +430,24 @@ mod tests {
                 .iter()
                 .any(|d| d.starts_with("plugin waiting: no running version: waiting for its .wasm"))
         );
+    }
+
+    #[test]
+    fn running_gauge_follows_each_plugin() {
+        let metrics = Metrics::new();
+        let b = StatusBoard::new(metrics.clone());
+        b.mark_started();
+        set(&b, "ok", PluginState::Starting, None);
+        b.set_probe("ok", Some(probe(true, None)));
+        set(&b, "broken", PluginState::Failed, Some("init failed"));
+        set(&b, "leaving", PluginState::Stopping, None);
+        let text = metrics.encode();
+        assert!(text.contains("wasmctrl_plugin_running{plugin=\"ok\"} 1"), "{text}");
+        assert!(text.contains("wasmctrl_plugin_running{plugin=\"broken\"} 0"), "{text}");
+        assert!(!text.contains("plugin=\"leaving\""), "{text}");
+        // A controller that failed after start is no running version either.
+        b.set_probe("ok", Some(probe(false, Some("caches did not sync"))));
+        assert!(metrics.encode().contains("wasmctrl_plugin_running{plugin=\"ok\"} 0"));
     }
 
     #[test]

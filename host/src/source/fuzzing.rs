@@ -28,7 +28,7 @@ pub fn decode_watch_event(
     transform: Transform,
     rv: &mut String,
 ) -> Result<DecodedEvent, String> {
-    let decoder = EventDecoder { type_meta: (api_version, kind), transform };
+    let decoder = EventDecoder { type_meta: (api_version, kind), transform, metrics: None };
     let mut changes = Vec::new();
     decoder.decode(line, &mut changes, rv).map_err(|e| e.to_string())?;
     Ok(match changes.pop() {

@@ -58,6 +58,7 @@ use super::discovery::ApiResource;
 use super::error::{ReflectorError, StatusBody, status_error};
 use super::list_body::{ListBodyError, ListBodySplitter};
 use super::machine::{self, Effect, ListFrom, Outcome, State, Wait};
+use super::metrics::ReflectorMetrics;
 use super::requests::Requests;
 use super::watch_lines::{WatchLines, WatchLinesError};
 use crate::fifo::{Delta, DeltaFifo};
@@ -82,6 +83,8 @@ pub struct ReflectorConfig {
     pub transform: Transform,
     /// The longest watch event line, list item or list envelope accepted, in bytes.
     pub max_object_size: usize,
+    /// Where watch events and relists are counted (`None`: nowhere).
+    pub metrics: Option<ReflectorMetrics>,
 }
 
 /// Default of [`ReflectorConfig::max_object_size`]: well above the largest object an API
@@ -104,6 +107,7 @@ impl Default for ReflectorConfig {
             backoff: BackoffConfig::default(),
             transform: Transform::default(),
             max_object_size: DEFAULT_MAX_OBJECT_SIZE,
+            metrics: None,
         }
     }
 }
@@ -207,10 +211,16 @@ impl Reflector {
         let name = self.name();
         let mut backoff = Backoff::new(self.config.backoff);
         let (mut state, mut effect) = machine::start();
+        let mut listed_before = false;
         loop {
             let outcome = match effect {
                 Effect::Stop => return,
                 Effect::List(from) => {
+                    if std::mem::replace(&mut listed_before, true)
+                        && let Some(m) = &self.config.metrics
+                    {
+                        m.relist();
+                    }
                     let listed = tokio::select! {
                         _ = cancel.cancelled() => Err(None),
                         r = self.list(&fifo, &from) => r.map_err(Some),
@@ -439,6 +449,7 @@ impl Reflector {
         EventDecoder {
             type_meta: (self.resource.api_version.as_str(), self.resource.kind.as_str()),
             transform: self.config.transform,
+            metrics: self.config.metrics.as_ref(),
         }
     }
 }
@@ -449,6 +460,8 @@ pub(crate) struct EventDecoder<'a> {
     /// `apiVersion` and `kind` of the watched resource (set on objects that lack them).
     pub type_meta: (&'a str, &'a str),
     pub transform: Transform,
+    /// Where decoded watch events are counted (`None`: nowhere).
+    pub metrics: Option<&'a ReflectorMetrics>,
 }
 
 impl EventDecoder<'_> {
@@ -468,6 +481,7 @@ impl EventDecoder<'_> {
         if let Some((kind, object)) = split_event(line)
             && let Ok(obj) = self.build(object)
         {
+            self.count_event(kind);
             push_change(kind, obj, changes, rv);
             return Ok(());
         }
@@ -477,7 +491,10 @@ impl EventDecoder<'_> {
         };
         match &*event.kind {
             "ADDED" | "MODIFIED" | "DELETED" => match self.build(event.object.get().as_bytes()) {
-                Ok(obj) => push_change(&event.kind, obj, changes, rv),
+                Ok(obj) => {
+                    self.count_event(&event.kind);
+                    push_change(&event.kind, obj, changes, rv);
+                }
                 Err(error) => {
                     // Skipping it would leave the cache stale until the object changes again.
                     return Err(ReflectorError::UndecodableEvent(format!("{} object: {error}", event.kind)));
@@ -500,6 +517,12 @@ impl EventDecoder<'_> {
             }
         }
         Ok(())
+    }
+
+    fn count_event(&self, kind: &str) {
+        if let Some(m) = self.metrics {
+            m.event(kind);
+        }
     }
 
     fn build(&self, object: &[u8]) -> Result<Arc<Object>, crate::object::ObjectError> {
@@ -592,7 +615,8 @@ mod tests {
 
     #[test]
     fn events_decode_into_changes_and_bookmarks_advance_the_version() {
-        let decoder = EventDecoder { type_meta: ("v1", "ConfigMap"), transform: Transform::default() };
+        let decoder =
+            EventDecoder { type_meta: ("v1", "ConfigMap"), transform: Transform::default(), metrics: None };
         let (mut changes, mut rv) = (Vec::new(), String::new());
         decoder
             .decode(

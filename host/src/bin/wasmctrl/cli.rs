@@ -8,6 +8,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio_util::sync::CancellationToken;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
 use wasmctrl::config::{BuiltinKinds, ClusterConfig, HostConfig, PluginConfig, ServerAuth};
 use wasmctrl::controller::leader::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 use wasmctrl::informer::{FactoryOptions, InformerFactory};
@@ -21,6 +24,7 @@ use wasmctrl::reload::{
 };
 use wasmctrl::server::{Access, KubernetesAuth, Readiness, ServerTls, StatusSource};
 use wasmctrl::shard::Sharding;
+use wasmctrl::telemetry::Telemetry;
 #[cfg(feature = "embedded")]
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
 
@@ -111,20 +115,24 @@ pub struct DevClusterArgs {
     pub state_file: Option<PathBuf>,
 }
 
-pub fn init_tracing(json: bool) {
+/// A layer of the process's subscriber.
+pub type BoxedLayer = Box<dyn Layer<Registry> + Send + Sync>;
+
+/// Logs to stderr (filtered by `RUST_LOG`, default `info`), plus `traces` (the
+/// OpenTelemetry layer, with its own filter) when given.
+pub fn init_tracing(json: bool, traces: Option<BoxedLayer>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    let logs: BoxedLayer =
+        if json { fmt.json().with_filter(filter).boxed() } else { fmt.with_filter(filter).boxed() };
+    let mut layers = vec![logs];
+    layers.extend(traces);
+    tracing_subscriber::registry().with(layers).init();
 }
 
-pub fn run(args: RunArgs) -> Result<ExitCode> {
+pub fn run(args: RunArgs, json_logs: bool) -> Result<ExitCode> {
     let mut host = match HostConfig::load(&args.config) {
         Ok(host) => host,
         Err(errors) => {
@@ -138,7 +146,26 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(address) = args.metrics_address {
         host.server_address = address;
     }
-    runtime()?.block_on(run_host(host, args.kubeconfig_out, args.shard_name))
+    let runtime = runtime()?;
+    // The exporter's gRPC channel lives on the runtime: it is built inside it.
+    let telemetry = match &host.telemetry {
+        Some(config) => {
+            let _inside = runtime.enter();
+            let (telemetry, layer) = Telemetry::install::<Registry>(config).context("setting up traces")?;
+            init_tracing(json_logs, Some(layer.boxed()));
+            tracing::info!(endpoint = %config.endpoint, sampling_ratio = config.sampling_ratio, "exporting traces");
+            Some(telemetry)
+        }
+        None => {
+            init_tracing(json_logs, None);
+            None
+        }
+    };
+    let result = runtime.block_on(run_host(host, args.kubeconfig_out, args.shard_name));
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    result
 }
 
 /// The host's life: cluster access, metrics endpoint, plugins (under leader election when
@@ -188,12 +215,13 @@ async fn run_host(
         Some(&metrics),
     )
     .context("configuring the WebAssembly engine")?;
-    let factory = InformerFactory::new(
+    let factory = InformerFactory::with_metrics(
         client.clone(),
         FactoryOptions {
             max_object_size: usize::try_from(host.max_object_size).unwrap_or(usize::MAX),
             ..FactoryOptions::default()
         },
+        metrics.clone(),
     );
     let identity = identity();
     let kube = KubeServices::with_discovery(
@@ -228,6 +256,7 @@ async fn run_host(
             Some(sharding)
         }
     };
+    let leader_metrics = metrics.clone();
     // Admission reviews are served from start-up; the plugins' versions join as they load.
     let admission = match &host.admission {
         Some(settings) => Some(
@@ -278,6 +307,7 @@ async fn run_host(
             // no write of theirs reaches the cluster after that, running calls are cut.
             let elector = LeaderElector::new(client, config)
                 .context("configuring leader election")?
+                .metrics(&leader_metrics)
                 .on_lost(move || kube.revoke());
             tracing::info!(lease = %format!("{}/{}", le.namespace, le.name), %identity, "campaigning for leadership");
             let mut result = Ok(());
@@ -512,8 +542,11 @@ pub fn check(paths: &[PathBuf]) -> Result<ExitCode> {
     let engine = PluginEngine::new(EngineConfig { pooling: None, ..EngineConfig::default() }, None)
         .context("configuring the WebAssembly engine")?;
     let validator = EngineValidator(engine);
-    let options = CheckOptions { components: Some(&validator), ..CheckOptions::default() };
+    let progress = crate::progress::CheckDisplay::new();
+    let options =
+        CheckOptions { components: Some(&validator), progress: Some(&progress), ..CheckOptions::default() };
     let report = check_paths(paths, &options);
+    progress.finish();
     print!("{}", report.render());
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -9,7 +9,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod cli;
 mod new;
+mod progress;
 mod push;
+mod status;
 mod test;
 
 /// jemalloc rather than glibc's malloc (feature `jemalloc`, on by default). The host keeps a
@@ -73,6 +75,9 @@ enum Command {
     /// Print the RBAC (ClusterRole or Role, and its binding) that the host's service
     /// account needs for the configured plugins, as YAML.
     Rbac(cli::RbacArgs),
+    /// Show a running host's plugins: versions, states, queue depths, reconcile and error
+    /// rates, instances and last errors (read from its /plugins and /metrics).
+    Status(status::StatusArgs),
     /// Print the Validating/MutatingWebhookConfigurations the admitting plugins need, as
     /// YAML (for a host whose `[admission]` has `manage-configurations = false`).
     WebhookConfig(cli::WebhookConfigArgs),
@@ -105,14 +110,19 @@ fn main() -> std::process::ExitCode {
             }
         };
     }
-    cli::init_tracing(matches!(cli.log_format, LogFormat::Json));
+    let json_logs = matches!(cli.log_format, LogFormat::Json);
+    // `run` sets logging up itself, once it knows whether its host TOML asks for traces.
+    if !matches!(cli.command, Command::Run(_)) {
+        cli::init_tracing(json_logs, None);
+    }
     let result: Result<std::process::ExitCode> = match cli.command {
-        Command::Run(args) => cli::run(args),
+        Command::Run(args) => cli::run(args, json_logs),
         Command::Check { paths } => cli::check(&paths),
         Command::Test(args) => test::test(args),
         Command::New(args) => new::new(args),
         Command::Push(args) => push::push(args),
         Command::Rbac(args) => cli::rbac(args),
+        Command::Status(args) => status::status(args),
         Command::WebhookConfig(args) => cli::webhook_config(args),
         Command::DevCluster(args) => cli::dev_cluster(args),
         Command::CompileComponent { .. } => Ok(std::process::ExitCode::SUCCESS),

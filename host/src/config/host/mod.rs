@@ -21,7 +21,7 @@ use std::time::Duration;
 pub use admission::{AdmissionServerToml, ServiceToml};
 pub use schema::{
     ClusterMode, ClusterToml, DefaultsToml, HostToml, LeaderElectionToml, OciToml, ServerAuthMode,
-    ServerToml, ShardingMode, ShardingToml,
+    ServerToml, ShardingMode, ShardingToml, TelemetryToml,
 };
 pub use sharding::{DEFAULT_VIRTUAL_NODES, ShardingConfig};
 
@@ -142,6 +142,8 @@ pub struct HostConfig {
     pub plugin_defaults: PluginDefaults,
     /// How long a controller waits for its informers to sync before failing.
     pub cache_sync_timeout: Duration,
+    /// OpenTelemetry traces (`None`: off).
+    pub telemetry: Option<crate::telemetry::TelemetryConfig>,
     /// `[admission]`: the admission webhook server, when the table is there.
     pub admission: Option<crate::admission::AdmissionSettings>,
     /// `[oci]`: plugins from registries.
@@ -190,6 +192,7 @@ impl HostConfig {
             sharding: None,
             plugin_defaults: PluginDefaults::default(),
             cache_sync_timeout: Duration::from_secs(120),
+            telemetry: None,
             admission: None,
             oci: OciConfig::default(),
             file: HostToml::default(),

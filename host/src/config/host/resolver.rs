@@ -357,6 +357,39 @@ pub(super) fn resolve(
         cache_max_bytes: oci_cache_max_bytes,
         max_wasm_bytes,
     };
+    let telemetry = file.telemetry.as_ref().and_then(|t| {
+        let tp = |k: &str| [key("telemetry"), key(k)];
+        let endpoint = match t.endpoint.as_deref().map(str::trim) {
+            Some(e) if e.starts_with("http://") || e.starts_with("https://") => Some(e.to_owned()),
+            Some(e) => {
+                err(
+                    &tp("endpoint"),
+                    false,
+                    format!("`{e}` is not an http:// or https:// URL"),
+                    Some("the collector's OTLP/gRPC endpoint, e.g. \"http://127.0.0.1:4317\""),
+                );
+                None
+            }
+            None => {
+                err(
+                    &[key("telemetry")],
+                    false,
+                    "[telemetry] needs an endpoint".into(),
+                    Some("add endpoint = \"http://127.0.0.1:4317\" (the collector's OTLP/gRPC port), or remove the table"),
+                );
+                None
+            }
+        };
+        let sampling_ratio = t.sampling_ratio.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&sampling_ratio) {
+            err(&tp("sampling-ratio"), false, format!("sampling-ratio {sampling_ratio} is not between 0.0 and 1.0"), None);
+        }
+        let service_name = t.service_name.clone().unwrap_or_else(|| "wasmctrl".into());
+        if service_name.trim().is_empty() {
+            err(&tp("service-name"), false, "service-name is empty".into(), None);
+        }
+        endpoint.map(|endpoint| crate::telemetry::TelemetryConfig { endpoint, sampling_ratio, service_name })
+    });
     let admission = file.admission.as_ref().map(|a| super::admission::resolve(map, &mut errors, a, base));
 
     let config = HostConfig {
@@ -387,6 +420,7 @@ pub(super) fn resolve(
             max_instances: max_instances_per_plugin as usize,
         },
         cache_sync_timeout,
+        telemetry,
         admission,
         oci,
         file,

@@ -64,6 +64,8 @@ pub struct HostToml {
     pub defaults: DefaultsToml,
     #[serde(default)]
     pub sharding: ShardingToml,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<TelemetryToml>,
     /// The admission webhook server; none runs without this table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<super::admission::AdmissionServerToml>,
@@ -240,3 +242,21 @@ pub struct ShardingToml {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_period: Option<DurationValue>,
 }
+
+/// `[telemetry]`: OpenTelemetry traces over OTLP/gRPC. Without this table, no trace is made.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TelemetryToml {
+    /// The collector's OTLP/gRPC endpoint, e.g. `"http://127.0.0.1:4317"`. Required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The share of traces kept, from 0.0 to 1.0. Default `1.0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_ratio: Option<f64>,
+    /// `service.name` of the exported traces. Default `"wasmctrl"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+}
+
+// The resolver refuses a ratio that is not a number, so equality is reflexive in practice.
+impl Eq for TelemetryToml {}
