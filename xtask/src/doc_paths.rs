@@ -7,7 +7,8 @@
 //! Markdown link target (`[text](configuration.md#keys)`), relative to the document. Only
 //! names that start with one of the repository's top-level folders count as paths in
 //! backticks, so TOML keys, commands and placeholders (`<name>.wasm`, `*.toml`) are not taken
-//! for paths. The check is plain text scanning on purpose: a Markdown parser would add a
+//! for paths. A path git ignores (a build output such as `guests/target/ts/`, which a fresh
+//! clone lacks) is not required to exist. The check is plain text scanning on purpose: a Markdown parser would add a
 //! dependency to tell us no more than where backticks and link targets are.
 
 use std::path::{Path, PathBuf};
@@ -90,6 +91,7 @@ fn missing_paths(text: &str, root: &Path, dir: &Path, document: &Path) -> Vec<Mi
             if let Some(path) = repo_path(quoted)
                 && !root.join(path).exists()
                 && !dir.join(path).exists()
+                && !ignored_by_git(root, path)
             {
                 report(path.to_owned());
             }
@@ -103,6 +105,16 @@ fn missing_paths(text: &str, root: &Path, dir: &Path, document: &Path) -> Vec<Mi
         }
     }
     missing
+}
+
+/// Whether git ignores `path` (a build output): asked of git itself, so the answer follows
+/// every `.gitignore` without a second implementation of its rules here.
+fn ignored_by_git(root: &Path, path: &str) -> bool {
+    std::process::Command::new("git")
+        .current_dir(root)
+        .args(["check-ignore", "--quiet", "--no-index", path])
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// The spans between pairs of backticks on one line.
@@ -170,7 +182,7 @@ mod tests {
     #[test]
     fn a_missing_path_is_reported_with_its_line_and_fences_are_skipped() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let text = "ok: `xtask/src/main.rs`\n```\n`host/src/none.rs`\n```\nbad: `host/src/object.rs`\n[x](nowhere.md)\n";
+        let text = "ok: `xtask/src/main.rs`\n```\n`host/src/none.rs`\n```\nbad: `host/src/object.rs`\n[x](nowhere.md)\nbuilt: `guests/target/none/`\n";
         let missing = missing_paths(text, root, root, Path::new("doc.md"));
         let found: Vec<(usize, &str)> = missing.iter().map(|m| (m.line, m.path.as_str())).collect();
         assert_eq!(found, [(5, "host/src/object.rs"), (6, "nowhere.md")]);

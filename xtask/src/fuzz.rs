@@ -6,10 +6,12 @@
 //! has one, and prints what each did: executions, executions per second, new inputs, and
 //! the input of any crash (written under the build directory's `fuzz/artifacts/<target>/`).
 //!
-//! CI does not fuzz (it needs no nightly toolchain): the check each target runs on an input
-//! is a library function (`wasmctrl::fuzzing`, `wasmctrl_selectors::fuzzing`,
-//! `wasmctrl_devcluster::fuzzing`) that the stable tests run on the seeds and on generated
-//! inputs. cargo-fuzz is installed when missing.
+//! The check each target runs on an input is a library function (`wasmctrl::fuzzing`,
+//! `wasmctrl_selectors::fuzzing`, `wasmctrl_devcluster::fuzzing`) that the stable tests run
+//! on the seeds and on generated inputs, so CI covers every check without nightly. Where a
+//! nightly toolchain is installed, `cargo xtask ci` also fuzzes each target briefly
+//! ([`CI_SECONDS`]); without one it says that it skips this. cargo-fuzz is installed when
+//! missing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,6 +34,9 @@ const TARGETS: &[(&str, usize)] = &[
 
 /// Seconds per target by default.
 pub const DEFAULT_SECONDS: u64 = 60;
+
+/// Seconds per target in CI.
+pub const CI_SECONDS: u64 = 10;
 
 /// What one run of a target did.
 struct Outcome {
@@ -75,6 +80,17 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
         bail!("fuzzing needs a nightly toolchain (`rustup toolchain install nightly`)");
     }
     run_targets(root, &chosen, seconds)
+}
+
+/// CI's brief run of every target, when a nightly toolchain is installed.
+pub fn ci(root: &Path) -> Result<()> {
+    if !nightly_available() {
+        eprintln!(
+            "xtask: no nightly toolchain; the fuzz targets are not run (their checks ran in the tests)"
+        );
+        return Ok(());
+    }
+    run_targets(root, TARGETS, CI_SECONDS)
 }
 
 /// `cargo` of the nightly toolchain (through rustup: the `cargo` that runs this task is the

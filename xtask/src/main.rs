@@ -58,7 +58,8 @@ fn main() -> Result<()> {
             lint(&root)?;
             build_guests(&root)?;
             test(&root, &[])?;
-            test_real(&root, &[])
+            test_real(&root, &[])?;
+            fuzz::ci(&root)
         }
         "fuzz" => fuzz::fuzz(&root, &rest),
         "real-cluster" => real_cluster(&root, &rest),
@@ -84,7 +85,9 @@ fn main() -> Result<()> {
                 "  build-guests  build guests/ for {WASM_TARGET} and copy the example plugins into examples/plugins/"
             );
             eprintln!("  check-docs    check that every repository path the documentation names exists");
-            eprintln!("  ci            check-docs, cargo fmt --check, cargo clippy -D warnings, then test");
+            eprintln!(
+                "  ci            check-docs, cargo fmt --check, cargo clippy -D warnings, test, then each fuzz target briefly (with nightly)"
+            );
             eprintln!(
                 "  fuzz          build the fuzz targets (nightly) and run each for --seconds N (default 60); or name targets"
             );
