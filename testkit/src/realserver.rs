@@ -93,25 +93,7 @@ pub fn cache_dir() -> PathBuf {
     std::env::temp_dir().join("wasmctrl-realcluster")
 }
 
-/// Whether the Go toolchain is installed.
-pub fn go_available() -> bool {
-    Command::new("go").arg("version").output().is_ok_and(|o| o.status.success())
-}
-
-fn newest_source(dir: &Path) -> Result<SystemTime, RealServerError> {
-    let mut newest = SystemTime::UNIX_EPOCH;
-    for entry in std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))? {
-        let path = entry.map_err(io(format!("reading {}", dir.display())))?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if name.ends_with(".go") || name == "go.mod" || name == "go.sum" {
-            let modified = std::fs::metadata(&path)
-                .and_then(|m| m.modified())
-                .map_err(io(format!("reading {}", path.display())))?;
-            newest = newest.max(modified);
-        }
-    }
-    Ok(newest)
-}
+pub use crate::gotool::go_available;
 
 /// The `-ldflags` stamping the Kubernetes release of `go.mod` into the binary, as the
 /// Kubernetes build does (otherwise `/version` reports v0.0.0-master, which kubectl rejects).
@@ -148,7 +130,7 @@ pub fn build() -> Result<PathBuf, RealServerError> {
     let out_dir = cache_dir();
     let binary = out_dir.join("realcluster");
     let built = std::fs::metadata(&binary).and_then(|m| m.modified()).ok();
-    if built.is_some_and(|t| t >= newest_source(&src).unwrap_or(SystemTime::now())) {
+    if built.is_some_and(|t| t >= crate::gotool::newest_source(&src).unwrap_or(SystemTime::now())) {
         return Ok(binary);
     }
     if !go_available() {

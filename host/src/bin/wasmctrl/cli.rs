@@ -559,23 +559,10 @@ pub fn rbac(args: RbacArgs) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let tomls = plugin_tomls(&host.plugins_dir)
-        .with_context(|| format!("reading plugins directory {}", host.plugins_dir.display()))?;
-    let mut plugins = Vec::new();
-    let mut failed = false;
-    for toml in &tomls {
-        match PluginConfig::load(toml, &host.plugin_defaults) {
-            Ok(p) => plugins.push(p),
-            Err(errors) => {
-                eprintln!("{errors}");
-                failed = true;
-            }
-        }
-    }
-    if failed {
+    let Some(plugins) = load_plugin_tomls(&host)? else {
         // RBAC for only some plugins would fail at run time in a confusing way.
         return Ok(ExitCode::from(2));
-    }
+    };
     let options = RbacOptions {
         service_account: args.service_account,
         service_account_namespace: args.namespace,
@@ -589,6 +576,25 @@ pub fn rbac(args: RbacArgs) -> Result<ExitCode> {
     let manifests = rbac_for(&plugins, &options, &BuiltinKinds);
     print!("{}", manifests.to_yaml().context("encoding the RBAC as YAML")?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every plugin TOML of the host's plugins directory, checked; `None` when any is invalid
+/// (its errors printed).
+fn load_plugin_tomls(host: &HostConfig) -> Result<Option<Vec<PluginConfig>>> {
+    let tomls = plugin_tomls(&host.plugins_dir)
+        .with_context(|| format!("reading plugins directory {}", host.plugins_dir.display()))?;
+    let mut plugins = Vec::new();
+    let mut failed = false;
+    for toml in &tomls {
+        match PluginConfig::load(toml, &host.plugin_defaults) {
+            Ok(p) => plugins.push(p),
+            Err(errors) => {
+                eprintln!("{errors}");
+                failed = true;
+            }
+        }
+    }
+    Ok((!failed).then_some(plugins))
 }
 
 pub fn webhook_config(args: WebhookConfigArgs) -> Result<ExitCode> {
@@ -620,22 +626,9 @@ pub fn webhook_config(args: WebhookConfigArgs) -> Result<ExitCode> {
             None
         }
     };
-    let tomls = plugin_tomls(&host.plugins_dir)
-        .with_context(|| format!("reading plugins directory {}", host.plugins_dir.display()))?;
-    let mut plugins = Vec::new();
-    let mut failed = false;
-    for toml in &tomls {
-        match PluginConfig::load(toml, &host.plugin_defaults) {
-            Ok(p) => plugins.push(p),
-            Err(errors) => {
-                eprintln!("{errors}");
-                failed = true;
-            }
-        }
-    }
-    if failed {
+    let Some(plugins) = load_plugin_tomls(&host)? else {
         return Ok(ExitCode::from(2));
-    }
+    };
     print!("{}", webhook_configurations_for(&plugins, settings, ca.as_deref(), &BuiltinKinds)?);
     Ok(ExitCode::SUCCESS)
 }
