@@ -1923,8 +1923,9 @@ async fn scope_change(kind: ScopeKind, base: &str) {
         host.install(&format!("{plugin}.toml"), scope_toml(kind, &ns, wide, step + 1).as_bytes());
         // A delete while the reload is under way, in the kept scope.
         let name = format!("del-{step}");
+        let mark = guest_logs().lock().len();
         delete_src(&api, &name).await;
-        deletes.push((format!("{ns}/{name}"), guest_logs().lock().len()));
+        deletes.push((format!("{ns}/{name}"), mark));
         host.until(&format!("step {step} to load"), |h| {
             h.status(&plugin).is_some_and(|s| s.reloads > before && s.ready)
         })
@@ -1935,7 +1936,8 @@ async fn scope_change(kind: ScopeKind, base: &str) {
     stop.cancel();
     churn.await.expect("churn");
     // Every delete reconciled afterwards, and nothing that exists reported gone. (The log
-    // mark is taken after the delete's response: a reconcile after it saw it applied.)
+    // mark is taken before the delete: a reconcile logged after it that finds the object
+    // gone saw the delete applied, and one may follow the delete before its response.)
     for (key, mark) in &deletes {
         until_reconciled_gone(&plugin, key, *mark, "a real delete reconciled").await;
     }

@@ -44,11 +44,11 @@ pub(crate) mod admission {
         },
     });
 
+    pub(crate) use self::wasmctrl::controller::admission::{AdmissionRequest, Operation, UserInfo, Verdict};
     pub(crate) use exports::wasmctrl::controller::mutator::{
         Guest as Mutator, GuestIndices as MutatorIndices,
     };
     pub(crate) use exports::wasmctrl::controller::validator::{
         Guest as Validator, GuestIndices as ValidatorIndices,
     };
-    pub(crate) use wasmctrl::controller::admission::{AdmissionRequest, Operation, UserInfo, Verdict};
 }
