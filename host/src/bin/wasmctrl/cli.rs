@@ -373,10 +373,12 @@ async fn run_plugins(
 }
 
 /// Runs the plugins directory as one shard of a ring until `stop` is cancelled: the
-/// replica joins the ring once its plugins are loaded, and leaves it (releasing its Lease)
-/// only after every plugin drained. A replica whose shard Lease is lost has already stopped
-/// every reconcile and revoked its plugins' cluster access; it exits at once, without
-/// draining (another replica may already own its keys), to be restarted as a new member.
+/// replica joins the ring once its plugins are loaded; on shutdown it first reconciles every
+/// delete it was told of (the key's next owner may have started after the delete), then
+/// drains every plugin, and only then leaves the ring (releasing its Lease). A replica whose
+/// shard Lease is lost has already stopped every reconcile and revoked its plugins' cluster
+/// access; it exits at once, without draining (another replica may already own its keys),
+/// to be restarted as a new member.
 async fn run_sharded(
     options: ManagerOptions,
     deps: ManagerDeps,
@@ -391,24 +393,36 @@ async fn run_sharded(
         std::process::exit(1);
     };
     let dir = options.plugins_dir.clone();
+    // The plugins stop only after the deletes were reconciled: they run for that.
+    let plugins_stop = CancellationToken::new();
     let manager = tokio::select! {
-        manager = PluginManager::start(options, deps, stop.clone()) => manager
+        manager = PluginManager::start(options, deps, plugins_stop.clone()) => manager
             .with_context(|| format!("loading plugins from {}", dir.display()))?,
         () = lost() => unreachable!("lost() exits"),
     };
     status.set(manager.status());
-    sharding.join();
-    tracing::info!(shard = %sharding.shard(), "plugins loaded; joining the ring");
+    if !stop.is_cancelled() {
+        sharding.join();
+        tracing::info!(shard = %sharding.shard(), "plugins loaded; joining the ring");
+    }
     tokio::select! {
         _ = stop.cancelled() => {}
         () = lost() => {}
     }
+    tracing::info!(shard = %sharding.shard(), "leaving the ring: reconciling the deletes this replica was told of");
+    tokio::select! {
+        () = sharding.finish_deletes() => {}
+        () = lost() => {}
+    }
     tracing::info!("draining plugins");
+    plugins_stop.cancel();
     tokio::select! {
         () = manager.stopped() => {}
         () = lost() => {}
     }
+    tracing::info!(shard = %sharding.shard(), "plugins drained; releasing the shard lease");
     sharding.leave().await;
+    tracing::info!(shard = %sharding.shard(), "left the ring");
     Ok(())
 }
 
