@@ -138,7 +138,12 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(address) = args.metrics_address {
         host.server_address = address;
     }
-    runtime()?.block_on(run_host(host, args.kubeconfig_out, args.shard_name))
+    let runtime = runtime()?;
+    let outcome = runtime.block_on(run_host(host, args.kubeconfig_out, args.shard_name));
+    // Dropping the runtime waits for its blocking tasks: a hang after this line is one of them.
+    tracing::debug!("host stopped; shutting the runtime down");
+    drop(runtime);
+    outcome
 }
 
 /// The host's life: cluster access, metrics endpoint, plugins (under leader election when
@@ -300,6 +305,7 @@ async fn run_host(
             }
         }
     };
+    tracing::debug!("plugins stopped; stopping the endpoints");
     shutdown.cancel();
     signal.abort();
     if let Some(admission) = admission {
