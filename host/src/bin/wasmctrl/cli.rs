@@ -259,12 +259,16 @@ async fn run_host(
 
     let signal = {
         let shutdown = shutdown.clone();
-        let engine = deps.engine.clone();
+        // A replica of a ring first reconciles its deletes, calls running normally; it
+        // cuts blocked calls itself when its plugins stop (see `run_sharded`).
+        let engine = sharding.is_none().then(|| deps.engine.clone());
         tokio::spawn(async move {
             shutdown_signal().await;
             // Calls blocked in a host call (a guest's sleep) end now; the drain waits for
             // the rest, each bounded by its deadline.
-            engine.shut_down_calls();
+            if let Some(engine) = engine {
+                engine.shut_down_calls();
+            }
             shutdown.cancel();
         })
     };
@@ -399,6 +403,7 @@ async fn run_sharded(
         std::process::exit(1);
     };
     let dir = options.plugins_dir.clone();
+    let engine = deps.engine.clone();
     // The plugins stop only after the deletes were reconciled: they run for that.
     let plugins_stop = CancellationToken::new();
     let manager = tokio::select! {
@@ -421,6 +426,9 @@ async fn run_sharded(
         () = lost() => {}
     }
     tracing::info!("draining plugins");
+    // Calls blocked in a host call (a guest's sleep) end now; the drain waits for the rest,
+    // each bounded by its deadline.
+    engine.shut_down_calls();
     plugins_stop.cancel();
     tokio::select! {
         () = manager.stopped() => {}
