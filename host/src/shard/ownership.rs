@@ -56,6 +56,11 @@ pub trait KeySource: Send + Sync + 'static {
 /// listing) waits before it is tried again.
 const UNDECIDED_RETRY: Duration = Duration::from_millis(200);
 
+thread_local! {
+    /// Set while [`PluginGate::retry_later`] adds a key back on this thread.
+    static RETRYING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// While a release waits for queued deletes, how often it looks again (at most).
 const DRAIN_LOOK: Duration = Duration::from_millis(20);
 
@@ -468,9 +473,16 @@ impl PluginGate {
         }
     }
 
+    /// Adds `request` back after [`UNDECIDED_RETRY`]. The add passes the queue's admission
+    /// (this gate's `admits`) as it is made: that admission lets it through undecided (see
+    /// [`RETRYING`]) — deciding it again would retry it again, recursing — and the claim
+    /// decides it when a worker takes it. The guard is dropped before the queue is used.
     fn retry_later(&self, request: &Request) {
-        if let Some(q) = self.queue.lock().clone() {
+        let queue = self.queue.lock().clone();
+        if let Some(q) = queue {
+            RETRYING.with(|r| r.set(true));
             q.add_after(request.clone(), UNDECIDED_RETRY);
+            RETRYING.with(|r| r.set(false));
         }
     }
 
@@ -556,6 +568,10 @@ pub struct PluginOwnership(pub Arc<PluginGate>);
 
 impl Ownership for PluginOwnership {
     fn admits(&self, request: &Request) -> bool {
+        if RETRYING.with(std::cell::Cell::get) {
+            // An undecided key added back for later: its claim decides it.
+            return true;
+        }
         let this = &self.0;
         let key = request.key();
         if !this.gate.owns(&key) {
@@ -612,7 +628,11 @@ impl Departures for PluginGate {
     fn departed(&self, key: &str) {
         if self.gate.owns(key) || self.gate.losing(key) {
             tracing::debug!(plugin = %self.plugin, key, "an object of this replica left the scope");
-            if let Some(q) = self.queue.lock().clone() {
+            // Not under the guard: the add asks this gate's admission, which may lock it again
+            // (an undecided key is retried later) — a non-reentrant lock held here would
+            // deadlock the directory's task and the worker thread running it.
+            let queue = self.queue.lock().clone();
+            if let Some(q) = queue {
                 q.add(Request::from_key(key));
             }
         } else {
@@ -678,6 +698,60 @@ mod tests {
         fn catch_up(&self) -> futures::future::BoxFuture<'static, ()> {
             Box::pin(async {})
         }
+    }
+
+    /// Label mode: an object of this replica leaves the scope while its directory cannot
+    /// decide yet. The departure queues the key; the queue's admission asks the gate, which
+    /// retries an undecided key later through the same queue — the departure must not hold
+    /// the gate's queue lock meanwhile (it did: the directory's task deadlocked, and with it
+    /// a runtime worker, so the process never exited).
+    #[tokio::test]
+    async fn a_departure_whose_key_is_undecided_does_not_deadlock() {
+        let metrics = ShardMetrics::register(&Metrics::new());
+        let gate = Gate::new("a", "a@0", 16, Duration::from_secs(60), metrics);
+        // Never contacted: the plugin has no source yet, so its directory is undecided.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let settings = super::super::lease::LeaseSettings {
+            namespace: "ns".into(),
+            name: "ring-shard-a".into(),
+            ring: "ring".into(),
+            shard: "a".into(),
+            identity: "a@0".into(),
+            lease_duration: Duration::from_secs(6),
+            renew_deadline: Duration::from_secs(4),
+            retry_period: Duration::from_secs(1),
+        };
+        let (_keeper, lease) = super::super::lease::ShardLease::new(client.clone(), settings);
+        let scopes = Scopes::new(
+            client.clone(),
+            crate::source::Discovery::new(client),
+            "shard.wasmctrl.dev/ring".into(),
+            "a".into(),
+            lease,
+        );
+        let plugin = gate.plugin("p", Arc::new(NoObjects), Some(scopes));
+        let ownership: Arc<dyn Ownership> = Arc::new(PluginOwnership(plugin.clone()));
+        let queue: RateLimitingQueue<Request> = RateLimitingQueue::new(Arc::new(ItemExponential::new(
+            Duration::from_millis(5),
+            Duration::from_secs(1),
+        )));
+        let admission = ownership.clone();
+        queue.queue().set_admission(Arc::new(move |r: &Request| admission.admits(r)));
+        ownership.attach(&queue);
+        assert_eq!(gate.publish(assignment(1, &[("a", "a@0")], &[])), Some(1));
+        assert!(gate.release(1, Duration::from_secs(10)).await);
+        assert!(gate.try_complete(&|_, _| Peer { acked: Some(1), stopped: false }).is_some());
+
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            plugin.departed("ns/k");
+            let _ = done_tx.send(());
+        });
+        assert!(
+            done_rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "the departure deadlocked on the gate's queue lock"
+        );
     }
 
     /// A replica shutting down: it claims only deletes of its keys from then on, and
