@@ -17,8 +17,14 @@
 //!   after the delete). On a gain it also queues every object of its scope it gained, so
 //!   the new owner reconciles each once (as a restarted controller would).
 //!
-//! Invariants: a claim is granted only for a key [`HandOver::owns`] says this replica owns;
-//! after [`Gate::close`] (fenced, or stopping) none is granted.
+//! - Shutting down, [`Gate::finish_deletes`] first has the replica claim only deletes of its
+//!   keys and waits for those queued, so the key's next owner — which may have started
+//!   after the delete — is not needed to hear of them.
+//!
+//! Invariants: a claim is granted only for a key [`HandOver::owns`] says this replica owns
+//! (or, for a delete, is releasing); while leaving, only for deletes; after [`Gate::close`]
+//! (fenced, or stopped leaving) none is granted. The gate's locks are never held while a
+//! queue is used (an add asks the gate's admission).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
