@@ -270,6 +270,14 @@ impl Sharding {
         self.inner.lost.cancelled().await;
     }
 
+    /// Before leaving the ring (call it on shutdown, while the plugins still run): claims
+    /// only deletes from now on, and returns once every delete this replica was told of is
+    /// reconciled (bounded by `renew-deadline`; see [`Gate::finish_deletes`]). Then no claim
+    /// is granted any more.
+    pub async fn finish_deletes(&self) {
+        self.inner.gate.finish_deletes(self.inner.config.renew_deadline).await;
+    }
+
     /// Leaves the ring: no claim is granted from now on, the shard Lease is released (call
     /// it after the plugins drained, so nothing is in flight), and so is the assignment
     /// role's if this replica holds it. Stops the background tasks.

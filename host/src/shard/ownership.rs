@@ -17,8 +17,14 @@
 //!   after the delete). On a gain it also queues every object of its scope it gained, so
 //!   the new owner reconciles each once (as a restarted controller would).
 //!
-//! Invariants: a claim is granted only for a key [`HandOver::owns`] says this replica owns;
-//! after [`Gate::close`] (fenced, or stopping) none is granted.
+//! - Shutting down, [`Gate::finish_deletes`] first has the replica claim only deletes of its
+//!   keys and waits for those queued, so the key's next owner — which may have started
+//!   after the delete — is not needed to hear of them.
+//!
+//! Invariants: a claim is granted only for a key [`HandOver::owns`] says this replica owns
+//! (or, for a delete, is releasing); while leaving, only for deletes; after [`Gate::close`]
+//! (fenced, or stopped leaving) none is granted. The gate's locks are never held while a
+//! queue is used (an add asks the gate's admission).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -56,6 +62,11 @@ pub trait KeySource: Send + Sync + 'static {
 /// listing) waits before it is tried again.
 const UNDECIDED_RETRY: Duration = Duration::from_millis(200);
 
+thread_local! {
+    /// Set while [`PluginGate::retry_later`] adds a key back on this thread.
+    static RETRYING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// While a release waits for queued deletes, how often it looks again (at most).
 const DRAIN_LOOK: Duration = Duration::from_millis(20);
 
@@ -68,6 +79,8 @@ pub struct Gate {
     claim_ended: Notify,
     /// Completions whose gains are being queued (a release waits for them).
     gaining: AtomicUsize,
+    /// Shutting down: only deletes are claimed (see [`Gate::finish_deletes`]).
+    leaving: AtomicBool,
     closed: AtomicBool,
     plugins: Mutex<Vec<Weak<PluginGate>>>,
     retention: Duration,
@@ -121,6 +134,7 @@ impl Gate {
             in_flight: Mutex::new(HashMap::new()),
             claim_ended: Notify::new(),
             gaining: AtomicUsize::new(0),
+            leaving: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             plugins: Mutex::new(Vec::new()),
             retention,
@@ -139,11 +153,16 @@ impl Gate {
 
     /// Claims `key` for a reconcile: if this replica owns it, or is releasing it and its
     /// object is `absent` (a delete this replica was told of must be reconciled before the
-    /// key moves: the new owner may not have seen it).
+    /// key moves: the new owner may not have seen it). While leaving, only deletes.
     fn claim(self: &Arc<Self>, key: &str, absent: &dyn Fn() -> bool) -> Option<KeyClaim> {
         let handover = self.handover.read();
-        if self.closed.load(Ordering::Acquire) || !(handover.owns(key) || (handover.losing(key) && absent()))
-        {
+        if self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        let leaving = self.leaving.load(Ordering::Acquire);
+        let granted =
+            if handover.owns(key) { !leaving || absent() } else { handover.losing(key) && absent() };
+        if !granted {
             return None;
         }
         // Under the read lock: a publish (write lock) either happened before, and `owns`
@@ -201,7 +220,7 @@ impl Gate {
                 let queued: Vec<String> = if in_flight {
                     Vec::new()
                 } else {
-                    self.plugins().iter().flat_map(|p| p.pending_deletes(&handover)).collect()
+                    self.plugins().iter().flat_map(|p| p.pending_deletes(|k| handover.losing(k))).collect()
                 };
                 let overdue = started.elapsed() >= drain_limit;
                 if !in_flight && ((queued.is_empty() && !uncompleted) || overdue) {
@@ -224,6 +243,66 @@ impl Gate {
                 _ = tokio::time::sleep_until(limit) => {}
             }
         }
+    }
+
+    /// Before this replica leaves the ring (shutting down): from now on it claims only
+    /// deletes (requests of its keys whose objects are absent); its plugins' informers catch
+    /// up with the server (label mode: the directories are swept), and it waits until no
+    /// such delete is queued or in flight, nor any other reconcile. Then no claim is granted
+    /// any more ([`close`](Self::close)). So every delete this replica was told of before it
+    /// began leaving is reconciled before its Lease is released: the key's next owner may be
+    /// a replica that started after the delete (this one, restarted) and never hears of it.
+    /// Deletes still queued after `drain_limit` (one failing and waiting for its retry, say)
+    /// are left, logged by key; the gate closes anyway, as a shutdown must end.
+    pub async fn finish_deletes(&self, drain_limit: Duration) {
+        self.leaving.store(true, Ordering::Release);
+        let plugins = self.plugins();
+        futures::future::join_all(plugins.iter().map(|p| p.keys.catch_up())).await;
+        futures::future::join_all(plugins.iter().map(|p| p.sweep())).await;
+        let started = Instant::now();
+        loop {
+            let notified = self.claim_ended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let handover = self.handover.write();
+                // A completion queueing its gains may queue deletes kept for them: counted.
+                let in_flight = self.in_flight.lock().len() + self.gaining.load(Ordering::Acquire);
+                let queued: Vec<String> = if in_flight > 0 {
+                    Vec::new()
+                } else {
+                    self.plugins()
+                        .iter()
+                        .flat_map(|p| p.pending_deletes(|k| handover.owns(k) || handover.losing(k)))
+                        .collect()
+                };
+                let overdue = started.elapsed() >= drain_limit;
+                if (in_flight == 0 && queued.is_empty()) || overdue {
+                    if overdue {
+                        tracing::warn!(in_flight, keys = ?&queued[..queued.len().min(10)], count = queued.len(),
+                            "leaving the ring with deletes not reconciled yet; their next owner may not reconcile them");
+                    }
+                    // Under the write lock: no claim is being granted now, and none is after.
+                    self.closed.store(true, Ordering::Release);
+                    tracing::info!(
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "the deletes this replica was told of are reconciled; no more claims"
+                    );
+                    return;
+                }
+            }
+            let limit = started + drain_limit;
+            tokio::select! {
+                _ = notified => tokio::time::sleep(DRAIN_LOOK).await,
+                _ = tokio::time::sleep(DRAIN_LOOK) => {}
+                _ = tokio::time::sleep_until(limit) => {}
+            }
+        }
+    }
+
+    /// Whether this replica is leaving (it claims only deletes).
+    pub fn is_leaving(&self) -> bool {
+        self.leaving.load(Ordering::Acquire)
     }
 
     pub fn releasing(&self) -> Option<u64> {
@@ -400,20 +479,27 @@ impl PluginGate {
         }
     }
 
+    /// Adds `request` back after [`UNDECIDED_RETRY`]. The add passes the queue's admission
+    /// (this gate's `admits`) as it is made: that admission lets it through undecided (see
+    /// [`RETRYING`]) — deciding it again would retry it again, recursing — and the claim
+    /// decides it when a worker takes it. The guard is dropped before the queue is used.
     fn retry_later(&self, request: &Request) {
-        if let Some(q) = self.queue.lock().clone() {
+        let queue = self.queue.lock().clone();
+        if let Some(q) = queue {
+            RETRYING.with(|r| r.set(true));
             q.add_after(request.clone(), UNDECIDED_RETRY);
+            RETRYING.with(|r| r.set(false));
         }
     }
 
-    /// Keys in this plugin's queue (waiting or processing) that `handover` is losing and
-    /// whose objects are absent.
-    fn pending_deletes(self: &Arc<Self>, handover: &HandOver) -> Vec<String> {
+    /// Keys in this plugin's queue (waiting or processing) that pass `which` and whose
+    /// objects are absent.
+    fn pending_deletes(self: &Arc<Self>, which: impl Fn(&str) -> bool) -> Vec<String> {
         let Some(queue) = self.queue.lock().clone() else { return Vec::new() };
         let mut losing = Vec::new();
         queue.queue().any_pending(|r| {
             let key = r.key();
-            if handover.losing(&key) {
+            if which(&key) {
                 losing.push(key);
             }
             false
@@ -488,6 +574,10 @@ pub struct PluginOwnership(pub Arc<PluginGate>);
 
 impl Ownership for PluginOwnership {
     fn admits(&self, request: &Request) -> bool {
+        if RETRYING.with(std::cell::Cell::get) {
+            // An undecided key added back for later: its claim decides it.
+            return true;
+        }
         let this = &self.0;
         let key = request.key();
         if !this.gate.owns(&key) {
@@ -497,6 +587,10 @@ impl Ownership for PluginOwnership {
             }
             this.retain_if_absent(&key);
             return false;
+        }
+        if this.gate.is_leaving() {
+            // Only deletes now; the key's next owner reconciles every object it gains.
+            return this.absent(&key);
         }
         match this.presence(&key) {
             Presence::Ready => true,
@@ -540,7 +634,11 @@ impl Departures for PluginGate {
     fn departed(&self, key: &str) {
         if self.gate.owns(key) || self.gate.losing(key) {
             tracing::debug!(plugin = %self.plugin, key, "an object of this replica left the scope");
-            if let Some(q) = self.queue.lock().clone() {
+            // Not under the guard: the add asks this gate's admission, which may lock it again
+            // (an undecided key is retried later) — a non-reentrant lock held here would
+            // deadlock the directory's task and the worker thread running it.
+            let queue = self.queue.lock().clone();
+            if let Some(q) = queue {
                 q.add(Request::from_key(key));
             }
         } else {
@@ -585,6 +683,126 @@ mod tests {
 
     fn assignment(epoch: u64, now: &[(&str, &str)], previous: &[(&str, &str)]) -> Assignment {
         Assignment { epoch, members: members(now), previous: members(previous) }
+    }
+
+    /// A plugin whose cache holds exactly `present`.
+    struct Objects(Vec<String>);
+
+    impl KeySource for Objects {
+        fn keys(&self) -> Vec<String> {
+            self.0.clone()
+        }
+
+        fn cached(&self, key: &str) -> bool {
+            self.0.iter().any(|k| k == key)
+        }
+
+        fn source(&self) -> Option<WatchSource> {
+            None
+        }
+
+        fn catch_up(&self) -> futures::future::BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    /// Label mode: an object of this replica leaves the scope while its directory cannot
+    /// decide yet. The departure queues the key; the queue's admission asks the gate, which
+    /// retries an undecided key later through the same queue — the departure must not hold
+    /// the gate's queue lock meanwhile (it did: the directory's task deadlocked, and with it
+    /// a runtime worker, so the process never exited).
+    #[tokio::test]
+    async fn a_departure_whose_key_is_undecided_does_not_deadlock() {
+        let metrics = ShardMetrics::register(&Metrics::new());
+        let gate = Gate::new("a", "a@0", 16, Duration::from_secs(60), metrics);
+        // Never contacted: the plugin has no source yet, so its directory is undecided.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let settings = super::super::lease::LeaseSettings {
+            namespace: "ns".into(),
+            name: "ring-shard-a".into(),
+            ring: "ring".into(),
+            shard: "a".into(),
+            identity: "a@0".into(),
+            lease_duration: Duration::from_secs(6),
+            renew_deadline: Duration::from_secs(4),
+            retry_period: Duration::from_secs(1),
+        };
+        let (_keeper, lease) = super::super::lease::ShardLease::new(client.clone(), settings);
+        let scopes = Scopes::new(
+            client.clone(),
+            crate::source::Discovery::new(client),
+            "shard.wasmctrl.dev/ring".into(),
+            "a".into(),
+            lease,
+        );
+        let plugin = gate.plugin("p", Arc::new(NoObjects), Some(scopes));
+        let ownership: Arc<dyn Ownership> = Arc::new(PluginOwnership(plugin.clone()));
+        let queue: RateLimitingQueue<Request> = RateLimitingQueue::new(Arc::new(ItemExponential::new(
+            Duration::from_millis(5),
+            Duration::from_secs(1),
+        )));
+        let admission = ownership.clone();
+        queue.queue().set_admission(Arc::new(move |r: &Request| admission.admits(r)));
+        ownership.attach(&queue);
+        assert_eq!(gate.publish(assignment(1, &[("a", "a@0")], &[])), Some(1));
+        assert!(gate.release(1, Duration::from_secs(10)).await);
+        assert!(gate.try_complete(&|_, _| Peer { acked: Some(1), stopped: false }).is_some());
+
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            plugin.departed("ns/k");
+            let _ = done_tx.send(());
+        });
+        assert!(
+            done_rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "the departure deadlocked on the gate's queue lock"
+        );
+    }
+
+    /// A replica shutting down: it claims only deletes of its keys from then on, and
+    /// `finish_deletes` returns only once the queued delete was reconciled; after it, no
+    /// claim at all.
+    #[tokio::test(start_paused = true)]
+    async fn leaving_reconciles_queued_deletes_first_and_then_claims_nothing() {
+        let metrics = ShardMetrics::register(&Metrics::new());
+        let gate = Gate::new("a", "a@0", 16, Duration::from_secs(60), metrics);
+        let present = "ns/present".to_owned();
+        let ownership = PluginOwnership(gate.plugin("p", Arc::new(Objects(vec![present.clone()])), None));
+        let queue = RateLimitingQueue::new(Arc::new(ItemExponential::new(
+            Duration::from_millis(5),
+            Duration::from_secs(1),
+        )));
+        ownership.attach(&queue);
+        let limit = Duration::from_secs(10);
+        assert_eq!(gate.publish(assignment(1, &[("a", "a@0")], &[])), Some(1));
+        assert!(gate.release(1, limit).await);
+        assert!(gate.try_complete(&|_, _| Peer { acked: Some(1), stopped: false }).is_some());
+
+        let deleted = Request::from_key("ns/deleted");
+        let updated = Request::from_key(&present);
+        assert!(ownership.admits(&deleted) && ownership.admits(&updated), "a's keys");
+        queue.add(deleted.clone());
+        let leaving = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.finish_deletes(limit).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!leaving.is_finished(), "the queued delete is waited for");
+        assert!(!ownership.admits(&updated), "leaving: an object that exists is left to the next owner");
+        assert!(ownership.claim(&updated).is_none());
+        assert_eq!(queue.get().await, Some(deleted.clone()));
+        let claim = ownership.claim(&deleted).expect("leaving: a delete is still reconciled here");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!leaving.is_finished(), "the delete's reconcile is waited for");
+        drop(claim);
+        queue.done(&deleted);
+        tokio::time::timeout(Duration::from_secs(1), leaving)
+            .await
+            .expect("left once the delete was reconciled")
+            .unwrap();
+        assert!(gate.is_closed());
+        assert!(ownership.claim(&deleted).is_none(), "after leaving, nothing is claimed");
     }
 
     /// A rolling restart of `a` seen from `b`: a delete of one of a's keys reaches only `b`

@@ -161,11 +161,14 @@ pub fn run(args: RunArgs, json_logs: bool) -> Result<ExitCode> {
             None
         }
     };
-    let result = runtime.block_on(run_host(host, args.kubeconfig_out, args.shard_name));
+    let outcome = runtime.block_on(run_host(host, args.kubeconfig_out, args.shard_name));
     if let Some(telemetry) = telemetry {
         telemetry.shutdown();
     }
-    result
+    // Dropping the runtime waits for its blocking tasks: a hang after this line is one of them.
+    tracing::debug!("host stopped; shutting the runtime down");
+    drop(runtime);
+    outcome
 }
 
 /// The host's life: cluster access, metrics endpoint, plugins (under leader election when
@@ -283,12 +286,16 @@ async fn run_host(
 
     let signal = {
         let shutdown = shutdown.clone();
-        let engine = deps.engine.clone();
+        // A replica of a ring first reconciles its deletes, calls running normally; it
+        // cuts blocked calls itself when its plugins stop (see `run_sharded`).
+        let engine = sharding.is_none().then(|| deps.engine.clone());
         tokio::spawn(async move {
             shutdown_signal().await;
             // Calls blocked in a host call (a guest's sleep) end now; the drain waits for
             // the rest, each bounded by its deadline.
-            engine.shut_down_calls();
+            if let Some(engine) = engine {
+                engine.shut_down_calls();
+            }
             shutdown.cancel();
         })
     };
@@ -330,6 +337,7 @@ async fn run_host(
             }
         }
     };
+    tracing::debug!("plugins stopped; stopping the endpoints");
     shutdown.cancel();
     signal.abort();
     if let Some(admission) = admission {
@@ -403,10 +411,12 @@ async fn run_plugins(
 }
 
 /// Runs the plugins directory as one shard of a ring until `stop` is cancelled: the
-/// replica joins the ring once its plugins are loaded, and leaves it (releasing its Lease)
-/// only after every plugin drained. A replica whose shard Lease is lost has already stopped
-/// every reconcile and revoked its plugins' cluster access; it exits at once, without
-/// draining (another replica may already own its keys), to be restarted as a new member.
+/// replica joins the ring once its plugins are loaded; on shutdown it first reconciles every
+/// delete it was told of (the key's next owner may have started after the delete), then
+/// drains every plugin, and only then leaves the ring (releasing its Lease). A replica whose
+/// shard Lease is lost has already stopped every reconcile and revoked its plugins' cluster
+/// access; it exits at once, without draining (another replica may already own its keys),
+/// to be restarted as a new member.
 async fn run_sharded(
     options: ManagerOptions,
     deps: ManagerDeps,
@@ -421,24 +431,40 @@ async fn run_sharded(
         std::process::exit(1);
     };
     let dir = options.plugins_dir.clone();
+    let engine = deps.engine.clone();
+    // The plugins stop only after the deletes were reconciled: they run for that.
+    let plugins_stop = CancellationToken::new();
     let manager = tokio::select! {
-        manager = PluginManager::start(options, deps, stop.clone()) => manager
+        manager = PluginManager::start(options, deps, plugins_stop.clone()) => manager
             .with_context(|| format!("loading plugins from {}", dir.display()))?,
         () = lost() => unreachable!("lost() exits"),
     };
     status.set(manager.status());
-    sharding.join();
-    tracing::info!(shard = %sharding.shard(), "plugins loaded; joining the ring");
+    if !stop.is_cancelled() {
+        sharding.join();
+        tracing::info!(shard = %sharding.shard(), "plugins loaded; joining the ring");
+    }
     tokio::select! {
         _ = stop.cancelled() => {}
         () = lost() => {}
     }
+    tracing::info!(shard = %sharding.shard(), "leaving the ring: reconciling the deletes this replica was told of");
+    tokio::select! {
+        () = sharding.finish_deletes() => {}
+        () = lost() => {}
+    }
     tracing::info!("draining plugins");
+    // Calls blocked in a host call (a guest's sleep) end now; the drain waits for the rest,
+    // each bounded by its deadline.
+    engine.shut_down_calls();
+    plugins_stop.cancel();
     tokio::select! {
         () = manager.stopped() => {}
         () = lost() => {}
     }
+    tracing::info!(shard = %sharding.shard(), "plugins drained; releasing the shard lease");
     sharding.leave().await;
+    tracing::info!(shard = %sharding.shard(), "left the ring");
     Ok(())
 }
 
