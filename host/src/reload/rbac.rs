@@ -197,23 +197,22 @@ pub fn rbac_for(
         labels: labels.clone(),
         ..Default::default()
     };
-    let role = |namespace: &str, rules: RuleSet| {
+    // A Role named `name` in `namespace` and its binding to the service account.
+    let named_role = |name: &str, namespace: &str, rules: Vec<PolicyRule>| {
         [
-            RbacObject::Role(Role {
-                metadata: meta(&options.name, Some(namespace.to_owned())),
-                rules: Some(policy_rules(rules)),
-            }),
+            RbacObject::Role(Role { metadata: meta(name, Some(namespace.to_owned())), rules: Some(rules) }),
             RbacObject::RoleBinding(RoleBinding {
-                metadata: meta(&options.name, Some(namespace.to_owned())),
+                metadata: meta(name, Some(namespace.to_owned())),
                 role_ref: RoleRef {
                     api_group: String::from("rbac.authorization.k8s.io").into(),
                     kind: "Role".into(),
-                    name: options.name.clone(),
+                    name: name.to_owned(),
                 },
                 subjects: Some(vec![subject.clone()]),
             }),
         ]
     };
+    let role = |namespace: &str, rules: RuleSet| named_role(&options.name, namespace, policy_rules(rules));
     let cluster_role = |rules: RuleSet| {
         [
             RbacObject::ClusterRole(ClusterRole {
@@ -262,47 +261,19 @@ pub fn rbac_for(
     }
     if let Some(sharding) = &options.sharding {
         let name = format!("{}-sharding", options.name);
-        objects.push(RbacObject::Role(Role {
-            metadata: meta(&name, Some(sharding.namespace.clone())),
-            rules: Some(vec![PolicyRule {
-                api_groups: Some(vec!["coordination.k8s.io".into()]),
-                resources: Some(vec!["leases".into()]),
-                verbs: ["create", "delete", "get", "list", "patch", "update", "watch"]
-                    .map(str::to_owned)
-                    .to_vec(),
-                ..Default::default()
-            }]),
-        }));
-        objects.push(RbacObject::RoleBinding(RoleBinding {
-            metadata: meta(&name, Some(sharding.namespace.clone())),
-            role_ref: RoleRef {
-                api_group: String::from("rbac.authorization.k8s.io").into(),
-                kind: "Role".into(),
-                name,
-            },
-            subjects: Some(vec![subject.clone()]),
-        }));
+        objects.extend(named_role(
+            &name,
+            &sharding.namespace,
+            vec![lease_rule(&["create", "delete", "get", "list", "patch", "update", "watch"])],
+        ));
     }
     if let Some(le) = &options.leader_election {
         let name = format!("{}-leader-election", options.name);
-        objects.push(RbacObject::Role(Role {
-            metadata: meta(&name, Some(le.namespace.clone())),
-            rules: Some(vec![PolicyRule {
-                api_groups: Some(vec!["coordination.k8s.io".into()]),
-                resources: Some(vec!["leases".into()]),
-                verbs: ["create", "get", "patch", "update"].map(str::to_owned).to_vec(),
-                ..Default::default()
-            }]),
-        }));
-        objects.push(RbacObject::RoleBinding(RoleBinding {
-            metadata: meta(&name, Some(le.namespace.clone())),
-            role_ref: RoleRef {
-                api_group: String::from("rbac.authorization.k8s.io").into(),
-                kind: "Role".into(),
-                name,
-            },
-            subjects: Some(vec![subject.clone()]),
-        }));
+        objects.extend(named_role(
+            &name,
+            &le.namespace,
+            vec![lease_rule(&["create", "get", "patch", "update"])],
+        ));
     }
     if options.endpoint_auth {
         let name = format!("{}-endpoint-auth", options.name);
@@ -356,6 +327,16 @@ pub fn rbac_for(
         }));
     }
     RbacManifests { objects }
+}
+
+/// `verbs` on Leases.
+fn lease_rule(verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec!["coordination.k8s.io".into()]),
+        resources: Some(vec!["leases".into()]),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
