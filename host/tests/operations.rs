@@ -775,6 +775,10 @@ async fn a_retried_reconcile_links_to_the_trace_of_the_one_that_failed() {
         &[("panicker", "test-plugin-panic")],
     )
     .await;
+    // Ready first: an object created before the informers synced is queued by the start-up
+    // list, not by its own watch event, and the first reconcile looked for below is the
+    // event's.
+    host.wait_ready().await;
     let rv = host.create_config_map(&cluster.client(), "misbehave", serde_json::json!({})).await;
     let request = format!("{}/misbehave", host.namespace);
     let is_root_of = |s: &opentelemetry_proto::tonic::trace::v1::Span| {
