@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use wasmctrl::admission::{AdmissionRouter, WebhookMetrics};
 use wasmctrl::informer::{FactoryOptions, InformerFactory};
 use wasmctrl::metrics::Metrics;
 use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
@@ -137,8 +138,12 @@ async fn run(
         metrics,
     };
     let shutdown = CancellationToken::new();
+    // The host serves admission, as one running the example plugins does (website-operator
+    // answers webhooks): each swap also points the admission router at the new version.
+    let (_, ca) = tokio::sync::watch::channel(None);
+    let admission = AdmissionRouter::new(None, ca, WebhookMetrics::default());
     let manager = PluginManager::start(
-        ManagerOptions { watch: false, ..ManagerOptions::new(dir.path()) },
+        ManagerOptions { watch: false, admission: Some(admission), ..ManagerOptions::new(dir.path()) },
         deps,
         shutdown.clone(),
     )

@@ -242,6 +242,7 @@ fn error_limit_out_of_range() {
             "plugin",
             r#"concurrency = 0
 memory = "64KiB"
+log-lines-per-second = 0
 [for]
 api-version = "v1"
 kind = "ConfigMap"
@@ -254,7 +255,11 @@ kind = "ConfigMap"
 error: plugins/mirror.toml:2:10: `memory`: memory `64KiB` is below the minimum, 1MiB
   |
 2 | memory = "64KiB"
-  |          ^^^^^^^"#
+  |          ^^^^^^^
+error: plugins/mirror.toml:3:24: `log-lines-per-second`: log-lines-per-second must be at least 1
+  |
+3 | log-lines-per-second = 0
+  |                        ^"#
     );
 }
 

@@ -725,6 +725,16 @@ async fn log_floods_are_rate_limited_per_plugin() {
     assert!(!flood_lines.is_empty());
     assert!(flood_lines.len() < 60_000, "{} lines got through", flood_lines.len());
     assert!(flood_lines.iter().all(|len| *len <= 8 << 10), "a line over the cap got through");
+    // The budget is the TOML's `log-lines-per-second`: ten a second let ten seconds' worth
+    // through in a burst, and the flood (more than that) is cut far below the default's.
+    assert!(flood_lines.len() >= 10_000, "the default budget lets a burst of 10 000 through");
+    let trickle =
+        attacker_toml(&ns, "log-lines-per-second = 10\n", "[settings]\nlines = 30000\nlong = 1048576\n");
+    host.install("adv-log-trickle", &trickle, "adv-log-flood");
+    let done = "controller_runtime_reconcile_total{controller=\"adv-log-trickle\",result=\"success\"}";
+    host.until("the second flood to end", |h| h.metric(done) >= 1.0).await;
+    let trickle_lines = GUEST_LINES.lock().iter().filter(|l| l.plugin == "adv-log-trickle").count();
+    assert!(trickle_lines < 1_000, "{trickle_lines} lines got through a budget of 10 a second");
     host.bystander_keeps_working("1").await;
     host.stop().await;
 }

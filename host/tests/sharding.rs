@@ -90,6 +90,9 @@ enum What {
     },
     /// The process is gone (seen by the test): `at` bounds its unfinished reconciles.
     Gone,
+    /// The host dropped some of the witness's lines (its log rate limit): the record is
+    /// incomplete, and a reconcile whose end was dropped would look unfinished.
+    LinesDropped,
 }
 
 #[derive(Clone, Debug)]
@@ -166,6 +169,7 @@ fn parse_line(line: &str) -> Option<(i64, What)> {
             What::Start { key: fields["key"].as_str()?.to_owned(), rv: fields["rv"].as_str()?.to_owned() }
         }
         "reconcile-end" => What::End { key: fields["key"].as_str()?.to_owned() },
+        m if m.starts_with("guest log lines dropped") => What::LinesDropped,
         m if m.starts_with("ring epoch completed") => {
             let members =
                 fields["members"].as_str()?.split('"').skip(1).step_by(2).map(str::to_owned).collect();
@@ -588,7 +592,7 @@ async fn scenario(mode: &'static str) {
     std::fs::write(
         dir.path().join("plugins/witness.toml"),
         format!(
-            "name = \"{PLUGIN}\"\nconcurrency = 2\n\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n\
+            "name = \"{PLUGIN}\"\nconcurrency = 2\nlog-lines-per-second = 1000000\n\n[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\n\
              namespace = \"{ns}\"\nlabel-selector = \"{TEST_LABEL}=yes\"\n"
         ),
     )
@@ -691,6 +695,12 @@ async fn scenario(mode: &'static str) {
         }
     }
     let entries = log.entries.lock().clone();
+    let dropped: Vec<String> = entries
+        .iter()
+        .filter(|e| matches!(e.what, What::LinesDropped))
+        .map(|e| format!("{}#{}", e.replica, e.run))
+        .collect();
+    assert!(dropped.is_empty(), "the witness's lines were dropped on {dropped:?}: the record is incomplete");
     let all = reconciles(&entries);
     let overlapping = overlaps(&all);
     let (stale_keys, lost) = stale(&all, &all_keys, &finals, &deleted_at);

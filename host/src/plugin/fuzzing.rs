@@ -203,7 +203,7 @@ impl ImportHarness {
             log: LogCtx {
                 plugin: plugin.clone(),
                 version: "0123456789ab".to_owned(),
-                limit: Arc::new(GuestOutputLimit::new(Arc::from(plugin.as_str()), metrics)),
+                limit: Arc::new(GuestOutputLimit::new(Arc::from(plugin.as_str()), 1_000, metrics)),
             },
             config: ConfigCtx { plugin, settings: Bytes::from_static(br#"{"fuzzed":true}"#) },
         }

@@ -91,6 +91,7 @@ pub use engine::{
     LoadedComponent, PluginEngine, PoolingLimits, SharedComponent, TierUps,
 };
 pub use inspect::{ComponentReport, inspect_component};
+pub use output_limit::DEFAULT_LOG_LINES_PER_SECOND;
 pub use record::{CallLog, RecordedEvent, RecordedWrite};
 pub use runtime::{
     AdmissionExports, AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, CallError, FilterInput,

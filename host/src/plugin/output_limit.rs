@@ -2,7 +2,8 @@
 //! stderr may put into the host's log, all instances of the plugin together.
 //!
 //! Invariants:
-//! - A token bucket of [`BURST`] lines, refilled at [`PER_SECOND`] lines a second, shared by
+//! - A token bucket refilled at the plugin's `log-lines-per-second` (default
+//!   [`DEFAULT_LOG_LINES_PER_SECOND`]) holding [`BURST_SECONDS`] seconds' worth, shared by
 //!   the plugin's `log` import and its stdout and stderr: a plugin logging in a loop fills
 //!   the host's log at that rate at most, and another plugin's lines are not affected.
 //! - Every line dropped is counted in `wasmctrl_plugin_guest_lines_dropped{plugin, stream}`;
@@ -19,10 +20,11 @@ use parking_lot::Mutex;
 
 use super::metrics::RuntimeMetrics;
 
-/// Lines a plugin may log in a burst.
-pub(crate) const BURST: f64 = 10_000.0;
-/// Lines a second a plugin may log, sustained.
-pub(crate) const PER_SECOND: f64 = 1_000.0;
+/// Lines a second a plugin may log, sustained, unless its TOML (or the host's
+/// `[defaults]`) says `log-lines-per-second`.
+pub const DEFAULT_LOG_LINES_PER_SECOND: u32 = 1_000;
+/// The burst a plugin may log at once: this many seconds of its rate.
+pub(crate) const BURST_SECONDS: f64 = 10.0;
 
 struct Budget {
     tokens: f64,
@@ -34,15 +36,24 @@ struct Budget {
 /// One plugin's log line budget, shared by its instances.
 pub(crate) struct GuestOutputLimit {
     plugin: Arc<str>,
+    /// Lines a second, sustained.
+    per_second: f64,
+    /// Lines at once.
+    burst: f64,
     budget: Mutex<Budget>,
     metrics: RuntimeMetrics,
 }
 
 impl GuestOutputLimit {
-    pub fn new(plugin: Arc<str>, metrics: RuntimeMetrics) -> Self {
+    /// `per_second` lines a second (at least one), with a burst of [`BURST_SECONDS`] of them.
+    pub fn new(plugin: Arc<str>, per_second: u32, metrics: RuntimeMetrics) -> Self {
+        let per_second = f64::from(per_second.max(1));
+        let burst = per_second * BURST_SECONDS;
         GuestOutputLimit {
             plugin,
-            budget: Mutex::new(Budget { tokens: BURST, at: Instant::now(), dropped: 0 }),
+            per_second,
+            burst,
+            budget: Mutex::new(Budget { tokens: burst, at: Instant::now(), dropped: 0 }),
             metrics,
         }
     }
@@ -61,7 +72,7 @@ impl GuestOutputLimit {
     fn admit_at(&self, stream: &'static str, now: Instant) -> bool {
         let mut b = self.budget.lock();
         let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
-        b.tokens = (b.tokens + elapsed * PER_SECOND).min(BURST);
+        b.tokens = (b.tokens + elapsed * self.per_second).min(self.burst);
         b.at = b.at.max(now);
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
@@ -80,9 +91,9 @@ impl GuestOutputLimit {
             tracing::warn!(
                 plugin = %self.plugin,
                 stream,
-                burst = BURST,
-                per_second = PER_SECOND,
-                "guest log lines dropped: the plugin logs faster than its rate limit"
+                burst = self.burst,
+                per_second = self.per_second,
+                "guest log lines dropped: the plugin logs faster than its rate limit (log-lines-per-second)"
             );
         }
         false
@@ -97,14 +108,14 @@ mod tests {
     #[test]
     fn a_burst_then_the_sustained_rate_and_drops_are_counted() {
         let metrics = RuntimeMetrics::default();
-        let limit = GuestOutputLimit::new("p".into(), metrics.clone());
+        let limit = GuestOutputLimit::new("p".into(), 1_000, metrics.clone());
         let t = Instant::now();
-        let burst = BURST as usize;
+        let burst = (1_000.0 * BURST_SECONDS) as usize;
         assert!((0..burst).all(|_| limit.admit_at("log", t)));
         assert!(!limit.admit_at("stdout", t));
         assert!(!limit.admit_at("log", t));
         let later = t + Duration::from_millis(10);
-        let refilled = (PER_SECOND / 100.0) as usize;
+        let refilled = (1_000.0 / 100.0) as usize;
         assert!((0..refilled).all(|_| limit.admit_at("log", later)));
         assert!(!limit.admit_at("log", later));
         let count = |stream| {
@@ -115,7 +126,7 @@ mod tests {
         };
         assert_eq!((count("log"), count("stdout")), (2, 1));
         // Another plugin's budget is its own.
-        let other = GuestOutputLimit::new("q".into(), metrics);
+        let other = GuestOutputLimit::new("q".into(), 1_000, metrics);
         assert!(other.admit_at("log", t));
     }
 }

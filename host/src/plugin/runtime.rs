@@ -834,7 +834,11 @@ fn contexts(spec: &PluginSpec, short_version: &str, env: PluginEnv, engine: &Plu
         &spec.limits,
         engine.metrics().clone(),
     ));
-    let output = Arc::new(GuestOutputLimit::new(spec.name.as_str().into(), engine.metrics().clone()));
+    let output = Arc::new(GuestOutputLimit::new(
+        spec.name.as_str().into(),
+        spec.limits.log_lines_per_second,
+        engine.metrics().clone(),
+    ));
     PluginContexts {
         output: output.clone(),
         limits: spec.limits.clone(),

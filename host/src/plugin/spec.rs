@@ -172,6 +172,9 @@ pub struct SandboxLimits {
     /// Maximum bytes a guest may hand back per call (returned lists and strings) or pass
     /// to one host call (object bodies, log messages).
     pub max_output: usize,
+    /// Guest log lines a second (log import, stdout and stderr together) the plugin may put
+    /// into the host's log, with a burst of ten seconds' worth.
+    pub log_lines_per_second: u32,
     /// Maximum elements of any one table.
     pub table_elements: usize,
     /// Maximum core + component instances one plugin instance may create.
@@ -191,6 +194,7 @@ impl Default for SandboxLimits {
             deadline: Duration::from_secs(5),
             memory: 64 << 20,
             max_output: 4 << 20,
+            log_lines_per_second: super::output_limit::DEFAULT_LOG_LINES_PER_SECOND,
             table_elements: 100_000,
             instances: 64,
             tables: 16,
@@ -207,6 +211,9 @@ impl SandboxLimits {
         let d = SandboxLimits::default();
         if self.deadline.is_zero() {
             self.deadline = d.deadline;
+        }
+        if self.log_lines_per_second == 0 {
+            self.log_lines_per_second = d.log_lines_per_second;
         }
         for (value, default) in [
             (&mut self.memory, d.memory),

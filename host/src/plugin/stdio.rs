@@ -180,7 +180,7 @@ mod tests {
     #[test]
     fn long_lines_go_out_in_pieces_and_stderr_keeps_the_last_lines() {
         let kept = Arc::new(Mutex::new(GuestStderr::default()));
-        let limit = Arc::new(GuestOutputLimit::new("p".into(), RuntimeMetrics::default()));
+        let limit = Arc::new(GuestOutputLimit::new("p".into(), 1_000, RuntimeMetrics::default()));
         let mut w = LineWriter { limit, stream: "stderr", stderr: Some(kept.clone()), pending: Vec::new() };
         w.write(Bytes::from(vec![b'x'; 3 * MAX_LINE + 10])).unwrap();
         assert_eq!(w.pending.len(), 10, "only the rest of the line waits");

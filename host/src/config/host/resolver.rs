@@ -306,6 +306,19 @@ pub(super) fn resolve(
         Some(m) => m.0,
         None => base_defaults.max_output,
     };
+    let log_lines_per_second = match d.log_lines_per_second {
+        Some(0) => {
+            err(
+                &dp("log-lines-per-second"),
+                false,
+                "log-lines-per-second must be at least 1".to_owned(),
+                None,
+            );
+            base_defaults.log_lines_per_second
+        }
+        Some(n) => n,
+        None => base_defaults.log_lines_per_second,
+    };
     let resync = d.resync.map(|r| r.0).filter(|r| !r.is_zero());
     if let Some(r) = resync
         && r < Duration::from_secs(1)
@@ -416,6 +429,7 @@ pub(super) fn resolve(
             deadline,
             memory,
             max_output,
+            log_lines_per_second,
             resync,
             max_instances: max_instances_per_plugin as usize,
         },

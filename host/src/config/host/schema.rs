@@ -167,6 +167,8 @@ pub struct DefaultsToml {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output: Option<ByteSize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_lines_per_second: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resync: Option<DurationValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_sync_timeout: Option<DurationValue>,

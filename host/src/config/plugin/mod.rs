@@ -45,6 +45,9 @@ pub struct PluginDefaults {
     pub deadline: Duration,
     pub memory: u64,
     pub max_output: u64,
+    /// Guest log lines a second the plugin may put into the host's log (with a burst of
+    /// ten seconds' worth).
+    pub log_lines_per_second: u32,
     /// `None`: no periodic resync.
     pub resync: Option<Duration>,
     /// The most instances one plugin may hold (the host TOML's `max-instances-per-plugin`):
@@ -59,6 +62,7 @@ impl Default for PluginDefaults {
             deadline: Duration::from_secs(5),
             memory: 64 << 20,
             max_output: 4 << 20,
+            log_lines_per_second: crate::plugin::DEFAULT_LOG_LINES_PER_SECOND,
             resync: None,
             max_instances: crate::plugin::DEFAULT_INSTANCES_PER_PLUGIN as usize,
         }
@@ -107,6 +111,7 @@ pub struct PluginConfig {
     pub deadline: Duration,
     pub memory: u64,
     pub max_output: u64,
+    pub log_lines_per_second: u32,
     pub field_manager: String,
     pub for_source: WatchSource,
     pub owns: Vec<WatchSource>,
@@ -146,6 +151,7 @@ struct ResolvedLimits<'a> {
     deadline: Duration,
     memory: u64,
     max_output: u64,
+    log_lines_per_second: u32,
     field_manager: &'a str,
 }
 
@@ -382,6 +388,7 @@ impl PluginConfig {
             deadline: self.deadline,
             memory: self.memory,
             max_output: self.max_output,
+            log_lines_per_second: self.log_lines_per_second,
             field_manager: &self.field_manager,
         }
     }
@@ -398,6 +405,7 @@ impl PluginConfig {
                 deadline: self.deadline,
                 memory: usize::try_from(self.memory).unwrap_or(usize::MAX),
                 max_output: usize::try_from(self.max_output).unwrap_or(usize::MAX),
+                log_lines_per_second: self.log_lines_per_second,
                 ..SandboxLimits::default()
             },
             permissions: {

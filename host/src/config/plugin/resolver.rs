@@ -164,6 +164,14 @@ impl Resolver<'_, '_> {
             Some(m) => m.0,
             None => defaults.max_output,
         };
+        let log_lines_per_second = match file.log_lines_per_second {
+            Some(0) => {
+                self.err(&[key("log-lines-per-second")], "log-lines-per-second must be at least 1", None);
+                defaults.log_lines_per_second
+            }
+            Some(n) => n,
+            None => defaults.log_lines_per_second,
+        };
         let field_manager = file.field_manager.clone().unwrap_or_else(|| format!("wasmctrl-{name}"));
         if field_manager.is_empty()
             || field_manager.len() > 128
@@ -213,6 +221,7 @@ impl Resolver<'_, '_> {
             deadline,
             memory,
             max_output,
+            log_lines_per_second,
             field_manager,
             for_source,
             owns,

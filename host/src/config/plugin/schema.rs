@@ -42,6 +42,9 @@ pub struct PluginToml {
     /// Cap on the data a guest may return per call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output: Option<ByteSize>,
+    /// Guest log lines a second the plugin may put into the host's log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_lines_per_second: Option<u32>,
     /// Field manager of the plugin's writes; defaults to `wasmctrl-<name>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field_manager: Option<String>,
