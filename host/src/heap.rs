@@ -138,11 +138,10 @@ fn compile_arena() -> Option<u32> {
 /// instances, the caches) allocate long-lived objects meanwhile. In a shared arena those
 /// land on pages among the compile's garbage, and the pages cannot be handed back once the
 /// garbage is freed. In an arena of its own, a compile's pages empty when it ends and the
-/// purge after a load returns them. Measured (`SCENARIOS=distinct cargo bench --bench
-/// many_plugins`, 100 distinct plugins compiled in-process): anonymous RSS after the loads
-/// 36.9 MiB in shared arenas, 31.2 MiB with the compile arena, 26.7 MiB when the compile
-/// threads' caches are also flushed after the compiles ([`flush_thread_cache`]); 25.4 MiB
-/// when the same plugins load from the compile cache.
+/// purge after a load returns them; the compile threads' caches are flushed after the
+/// compiles too ([`flush_thread_cache`]). `cargo bench -p wasmctrl --bench many_plugins`
+/// (`SCENARIOS=distinct`) measures the anonymous resident memory after loading many distinct
+/// plugins, compiled and from the compile cache (figures in `docs/benchmarks.md`).
 pub(crate) struct InCompileArena {
     #[cfg(feature = "jemalloc")]
     previous: Option<u32>,

@@ -145,9 +145,10 @@ impl CallArena {
 //
 // Everything that calls the system allocator or copies is in a function of its own, out
 // of line, so that the bump path keeps no frame in linear memory (with the system call
-// inlined, `alloc` moved the shadow stack pointer on every call). Measured with callgrind
-// (`cargo bench --bench plugin`, `BENCH_ONLY`): 64 → 54 instructions per allocation in a
-// typed parse of a 2 KB ConfigMap; the rest is the cost of a Wasm call under Cranelift.
+// inlined, `alloc` moved the shadow stack pointer on every call); what remains of an
+// allocation is mostly the cost of a Wasm call under Cranelift. Count the instructions per
+// allocation by running `cargo bench -p wasmctrl --bench plugin` (`BENCH_ONLY`) under
+// callgrind.
 unsafe impl GlobalAlloc for CallArena {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

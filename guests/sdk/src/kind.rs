@@ -189,9 +189,9 @@ pub fn from_json<K: Kind>(json: &[u8]) -> Result<K, Error> {
 /// Parses a whole JSON text, checking that it is UTF-8 once and then parsing it as a `str`.
 ///
 /// `serde_json::from_slice` checks every string it meets instead (each key and each value,
-/// one call apiece); in Wasm those calls were 15 % of a typed parse of a 2 KB ConfigMap
-/// (`cargo bench -p wasmctrl --bench plugin` under callgrind), the one pass over the text
-/// far less. The same texts parse: outside its strings JSON is ASCII, so a byte sequence that
+/// one call apiece); in Wasm those calls are a noticeable share of a typed parse, the one
+/// pass over the text far less (`cargo bench -p wasmctrl --bench plugin` under callgrind
+/// shows both). The same texts parse: outside its strings JSON is ASCII, so a byte sequence that
 /// is not UTF-8 is an error either way (reported here with its byte offset). Every parse in
 /// the SDK goes through here, so a plugin holds one copy of each type's decoding code (for
 /// serde_json's `str` reader), not two.
@@ -206,10 +206,10 @@ pub(crate) fn parse_json<T: DeserializeOwned>(json: &[u8]) -> Result<T, serde_js
 ///
 /// The ASCII prefix is checked first, 32 bytes per step ([`ascii_prefix`]); core's
 /// validator takes the rest. On wasm32 core's ASCII fast path steps 8 bytes at a time (two
-/// `usize` words), and JSON is nearly all ASCII: on a 2 KB ConfigMap this takes about 1,800
-/// instructions in Wasm where `std::str::from_utf8` alone took 3,800 (callgrind, `cargo
-/// bench --bench plugin`). A run of ASCII followed by valid UTF-8 is valid UTF-8, so the
-/// answer is the same.
+/// `usize` words), and JSON is nearly all ASCII, so the wider steps take a fraction of the
+/// instructions `std::str::from_utf8` alone would (`cargo bench -p wasmctrl --bench plugin`
+/// under callgrind shows both). A run of ASCII followed by valid UTF-8 is valid UTF-8, so
+/// the answer is the same.
 pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, usize> {
     let ascii = ascii_prefix(bytes);
     match std::str::from_utf8(&bytes[ascii..]) {

@@ -4,9 +4,9 @@
 //! `==` becomes `bcmp`), so every key a parse inserts into a `BTreeMap` (a ConfigMap's `data`,
 //! any object's labels and annotations) costs a few of them. wasi-libc's `memcmp` compares
 //! one byte per loop iteration, and in Wasm every iteration also checks the engine's
-//! interruption counter. Under callgrind (`cargo bench -p wasmctrl --bench plugin`,
-//! `BENCH_ONLY`), it was the largest single function of a typed parse of a 2 KB ConfigMap:
-//! 26,500 of the 135,400 instructions the guest ran per reconcile.
+//! interruption counter, so it weighs heavily in a typed parse; run the plugin benchmark's
+//! reconcile under callgrind (`cargo bench -p wasmctrl --bench plugin` with `BENCH_ONLY`) to
+//! see its share.
 //!
 //! Invariants:
 //! - [`compare`] returns what C's `memcmp` returns for the same bytes: zero when the first `n`

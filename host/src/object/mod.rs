@@ -566,8 +566,9 @@ fn rewrite_slow(
 /// Builds the cache key for `namespace` + `name`.
 pub fn key_of(namespace: Option<&str>, name: &str) -> String {
     match namespace {
-        // Joined by hand: `format!` runs the formatting machinery, ~500 instructions here
-        // (callgrind), on the path of every cache read a plugin makes.
+        // Joined by hand: `format!` runs the formatting machinery, far more work than two
+        // copies, on the path of every cache read a plugin makes (`cargo bench -p wasmctrl
+        // --bench plugin` times that read).
         Some(ns) if !ns.is_empty() => {
             let mut key = String::with_capacity(ns.len() + 1 + name.len());
             key.push_str(ns);

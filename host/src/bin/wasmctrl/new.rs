@@ -242,11 +242,11 @@ pub fn new(args: NewArgs) -> Result<ExitCode> {
 /// The scaffold's `.cargo/config.toml`: the build flags this repository's own guests use
 /// (its root `.cargo/config.toml` explains them; a test keeps the two the same).
 const CARGO_CONFIG: &str = r#"# Built for wasm32-wasip2 at the profile's opt-level "s", with LLVM's inline threshold
-# raised: at "s" a typed parse of a Kubernetes object stays about a thousand small calls,
-# and each Wasm call costs ~30 instructions of prologue under Cranelift. This makes a
-# reconcile that parses an object ~1.2x faster, for 7-16 % more .wasm. Build scripts and
-# proc macros (built for the host) do not get these flags. Cargo reads this file when run
-# from this directory.
+# raised: at "s" a typed parse of a Kubernetes object stays a great many small calls, and
+# each Wasm call pays a prologue under Cranelift. Inlining more makes a reconcile that
+# parses an object faster, for a somewhat larger .wasm (wasmctrl's plugin benchmark
+# measures both). Build scripts and proc macros (built for the host) do not get these
+# flags. Cargo reads this file when run from this directory.
 [target.wasm32-wasip2]
 rustflags = ["-Cllvm-args=-inline-threshold=500"]
 "#;
