@@ -107,10 +107,16 @@ fn document(store: &Store, group: &str, version: &str) -> Option<Value> {
         if let Some(info) = infos.iter().find(|i| name_of(group, version, &i.kind) == *name) {
             schema["x-kubernetes-group-version-kind"] =
                 json!([{"group": group, "version": version, "kind": info.kind}]);
-            // k8s-openapi makes `spec` and `metadata` required Rust fields; the API requires
-            // neither, and `kubectl explain` would mark them required.
-            if let Some(required) = schema.get_mut("required").and_then(Value::as_array_mut) {
-                required.retain(|r| r != "spec" && r != "status");
+            // k8s-openapi makes `spec` a required Rust field of every kind that has one; the
+            // API requires it of CustomResourceDefinitions only, and `kubectl explain` shows
+            // what is required.
+            if info.kind != "CustomResourceDefinition"
+                && let Some(required) = schema.get_mut("required").and_then(Value::as_array_mut)
+            {
+                required.retain(|r| r != "spec");
+                if required.is_empty() {
+                    schema.as_object_mut().map(|m| m.remove("required"));
+                }
             }
         }
     }
@@ -216,24 +222,33 @@ fn custom_schema(
 /// Puts a schema in the API server's shape: a `$ref` with siblings (schemars writes the
 /// description beside it) becomes `allOf: [{$ref}]`, which is what kubectl follows, and
 /// `metadata` is never required (k8s-openapi requires it of every kind; the API does not).
+/// Walks only where schemas are (a `properties` map's keys are field names, and
+/// JSONSchemaProps has fields called `$ref` and `required`).
 fn tidy(schema: &mut Value) {
-    match schema {
-        Value::Object(map) => {
-            if map.len() > 1
-                && let Some(reference) = map.remove("$ref")
-            {
-                map.insert("allOf".into(), json!([{"$ref": reference}]));
-            }
-            if let Some(Value::Array(required)) = map.get_mut("required") {
-                required.retain(|r| r != "metadata");
-                if required.is_empty() {
-                    map.remove("required");
-                }
-            }
-            map.values_mut().for_each(tidy);
+    let Value::Object(map) = schema else { return };
+    if map.len() > 1
+        && let Some(reference) = map.remove("$ref")
+    {
+        map.insert("allOf".into(), json!([{"$ref": reference}]));
+    }
+    if let Some(Value::Array(required)) = map.get_mut("required") {
+        required.retain(|r| r != "metadata");
+        if required.is_empty() {
+            map.remove("required");
         }
-        Value::Array(items) => items.iter_mut().for_each(tidy),
-        _ => {}
+    }
+    if let Some(Value::Object(properties)) = map.get_mut("properties") {
+        properties.values_mut().for_each(tidy);
+    }
+    for key in ["items", "additionalProperties", "not"] {
+        if let Some(sub) = map.get_mut(key) {
+            tidy(sub);
+        }
+    }
+    for key in ["allOf", "oneOf", "anyOf"] {
+        if let Some(Value::Array(subs)) = map.get_mut(key) {
+            subs.iter_mut().for_each(tidy);
+        }
     }
 }
 
