@@ -105,7 +105,8 @@ fn group_list(store: &Store) -> Value {
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-fn resource_list(store: &Store, group: &str, version: &str) -> Value {
+/// The `APIResourceList` of one group/version.
+pub(super) fn resource_list(store: &Store, group: &str, version: &str) -> Value {
     let resources: Vec<Value> = store
         .registry()
         .all()

@@ -25,6 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use schemars::{JsonSchema, SchemaGenerator, generate::SchemaSettings};
 use serde_json::{Map, Value, json};
 
+use super::discovery::resource_list;
 use super::{AppState, KUBE_VERSION, value_response};
 use crate::error::ApiError;
 use crate::resources::{GroupResource, ResourceInfo};
@@ -64,20 +65,31 @@ fn group_versions(store: &Store) -> Vec<(String, String)> {
     out
 }
 
-/// `/openapi/v3`: one entry per group/version, its URL carrying a hash of the document, so
-/// OpenAPI clients refetch when CRDs change it.
+/// `/openapi/v3`: one entry per group/version, its URL carrying a hash of what the document
+/// is made of (the resources served and, for custom resources, their CRDs), so OpenAPI
+/// clients refetch when CRDs change it.
 fn openapi_index(store: &Store) -> Value {
     use std::hash::{Hash, Hasher};
+    let registry = store.registry();
     let mut paths = Map::new();
     for (g, v) in group_versions(store) {
-        let Some(doc) = document(store, &g, &v) else { continue };
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        doc.to_string().hash(&mut h);
+        resource_list(store, &g, &v).to_string().hash(&mut h);
+        for info in registry.all().filter(|i| i.custom && i.gr.group == g) {
+            crd(store, info).map(|c| c.to_string()).hash(&mut h);
+        }
         let key = if g.is_empty() { format!("api/{v}") } else { format!("apis/{g}/{v}") };
         let url = format!("/openapi/v3/{key}?hash={:016X}", h.finish());
         paths.insert(key, json!({"serverRelativeURL": url}));
     }
     json!({"paths": paths})
+}
+
+/// The CustomResourceDefinition that defines a custom resource.
+fn crd(store: &Store, info: &ResourceInfo) -> Option<Value> {
+    let crds =
+        GroupResource { group: "apiextensions.k8s.io".into(), resource: "customresourcedefinitions".into() };
+    serde_json::from_slice(&store.get(&crds, "", &info.gr.to_string()).ok()?).ok()
 }
 
 /// The document of one group/version, or `None` if it serves nothing.
@@ -192,10 +204,7 @@ fn custom_schema(
     version: &str,
     generator: &mut SchemaGenerator,
 ) -> Option<(String, Value)> {
-    let crds =
-        GroupResource { group: "apiextensions.k8s.io".into(), resource: "customresourcedefinitions".into() };
-    let crd: Value = serde_json::from_slice(&store.get(&crds, "", &info.gr.to_string()).ok()?).ok()?;
-    let mut schema = crd
+    let mut schema = crd(store, info)?
         .pointer("/spec/versions")?
         .as_array()?
         .iter()

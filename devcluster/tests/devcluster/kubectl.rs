@@ -169,6 +169,11 @@ async fn kubectl_explain_reads_the_openapi_schemas() {
     let spec = k.ok(&["explain", "gadget.spec"]).await;
     assert!(spec.contains("What the gadget should be.") && spec.contains("size\t<integer>"), "{spec}");
     assert!(spec.contains("How big the gadget is."), "{spec}");
+    // A changed schema changes the document's hash, so kubectl's cache refetches it.
+    k.ok(&["apply", "-f", &k.file("crd.yaml", &crd.replace("How big the gadget is.", "Its size in cm."))])
+        .await;
+    let spec = k.ok(&["explain", "gadget.spec"]).await;
+    assert!(spec.contains("Its size in cm."), "{spec}");
     let (ok, _, err) = k.run(&["explain", "gadget.nothing"]).await;
     assert!(!ok && err.contains("nothing"), "{err}");
 }
