@@ -17,6 +17,8 @@
 //! - `cargo xtask bench [--quick] [anchors]` — every benchmark, writing `docs/benchmarks.md`,
 //!   or only the tables next to kube-rs, client-go and controller-runtime; `--quick` is a
 //!   reduced-size smoke run (see `bench.rs`).
+//! - `cargo xtask gen-proto-json` — regenerate the dev cluster's protobuf-to-JSON conversion
+//!   (`devcluster/src/proto/messages.rs`) from k8s-pb and k8s-openapi; see `proto_json.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,6 +34,7 @@ mod fuzz;
 
 mod doc_paths;
 mod guest_langs;
+mod proto_json;
 
 const WASM_TARGET: &str = "wasm32-wasip2";
 
@@ -62,6 +65,7 @@ fn main() -> Result<()> {
             fuzz::ci(&root)
         }
         "fuzz" => fuzz::fuzz(&root, &rest),
+        "gen-proto-json" => proto_json::generate(&root),
         "real-cluster" => real_cluster(&root, &rest),
         "test-real" => {
             build_guests(&root)?;
@@ -69,7 +73,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo|test|test-real|real-cluster|build-guests|check-docs|ci|bench|fuzz> [args]"
+                "usage: cargo xtask <demo|test|test-real|real-cluster|build-guests|check-docs|ci|bench|fuzz|gen-proto-json> [args]"
             );
             eprintln!(
                 "  demo          build the example plugins and run the host on the embedded dev cluster"
@@ -85,6 +89,9 @@ fn main() -> Result<()> {
                 "  build-guests  build guests/ for {WASM_TARGET} and copy the example plugins into examples/plugins/"
             );
             eprintln!("  check-docs    check that every repository path the documentation names exists");
+            eprintln!(
+                "  gen-proto-json  regenerate devcluster/src/proto/messages.rs from k8s-pb and k8s-openapi"
+            );
             eprintln!(
                 "  ci            check-docs, cargo fmt --check, cargo clippy -D warnings, test, then each fuzz target briefly (with nightly)"
             );

@@ -1,9 +1,9 @@
-//! Discovery: `/version`, `/api`, `/apis`, the per-group/version resource lists and the
-//! OpenAPI v3 index and documents kubectl reads before it acts.
+//! Discovery: `/version`, `/api`, `/apis` and the per-group/version resource lists kubectl
+//! reads before it acts (the OpenAPI documents are in `openapi.rs`).
 //!
 //! Invariants:
 //! - Everything here is computed from the store's registry at request time, so kinds added or
-//!   removed by CRDs show up (and the OpenAPI hashes change) without a restart.
+//!   removed by CRDs show up without a restart.
 //! - A group or group/version that serves nothing answers 404, as the API server does.
 
 use std::sync::Arc;
@@ -74,27 +74,6 @@ pub(super) async fn group_resources(
     Ok(value_response(StatusCode::OK, &list))
 }
 
-/// `GET /openapi/v3`.
-pub(super) async fn openapi(State(st): State<Arc<AppState>>) -> Response {
-    value_response(StatusCode::OK, &openapi_index(&st.store))
-}
-
-/// `GET /openapi/v3/api/{version}`.
-pub(super) async fn openapi_core(
-    State(st): State<Arc<AppState>>,
-    Path(version): Path<String>,
-) -> Result<Response, ApiError> {
-    openapi_doc(&st.store, "", &version)
-}
-
-/// `GET /openapi/v3/apis/{group}/{version}`.
-pub(super) async fn openapi_group(
-    State(st): State<Arc<AppState>>,
-    Path((group, version)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    openapi_doc(&st.store, &group, &version)
-}
-
 fn version_info() -> Value {
     json!({
         "major": KUBE_VERSION.0,
@@ -126,92 +105,8 @@ fn group_list(store: &Store) -> Value {
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-/// Group/versions served, as `(group, version)` with core first.
-fn group_versions(store: &Store) -> Vec<(String, String)> {
-    let mut out = vec![(String::new(), "v1".to_string())];
-    for (g, vs) in store.registry().groups() {
-        for v in vs {
-            out.push((g.clone(), v));
-        }
-    }
-    out
-}
-
-/// A hash of what a group/version serves, so OpenAPI clients refetch when CRDs change it.
-fn gv_hash(store: &Store, group: &str, version: &str) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    resource_list(store, group, version).to_string().hash(&mut h);
-    format!("{:016X}", h.finish())
-}
-
-/// `/openapi/v3`: one entry per group/version.
-fn openapi_index(store: &Store) -> Value {
-    let mut paths = serde_json::Map::new();
-    for (g, v) in group_versions(store) {
-        let key = if g.is_empty() { format!("api/{v}") } else { format!("apis/{g}/{v}") };
-        let hash = gv_hash(store, &g, &v);
-        paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash}")}));
-    }
-    json!({"paths": paths})
-}
-
-/// `/openapi/v3/{gv}`: a document with each resource's operations and the query
-/// parameters they accept (kubectl reads `fieldValidation` support from it and then leaves
-/// validation to the server). Schemas are not published: storage is schemaless.
-fn openapi_doc(store: &Store, group: &str, version: &str) -> Result<Response, ApiError> {
-    let registry = store.registry();
-    let infos: Vec<_> = registry
-        .all()
-        .filter(|i| i.gr.group == group && i.versions.iter().any(|v| v == version))
-        .cloned()
-        .collect();
-    if infos.is_empty() {
-        return Err(ApiError::path_not_found());
-    }
-    let prefix =
-        if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
-    let param =
-        |name: &str| json!({"name": name, "in": "query", "schema": {"type": "string"}, "uniqueItems": true});
-    let write_params = json!([param("dryRun"), param("fieldManager"), param("fieldValidation")]);
-    let mut paths = serde_json::Map::new();
-    for info in infos {
-        let gvk = json!({"group": group, "version": version, "kind": info.kind});
-        let op = |action: &str| {
-            json!({
-                "parameters": write_params,
-                "responses": {"200": {"description": "OK"}},
-                "x-kubernetes-action": action,
-                "x-kubernetes-group-version-kind": gvk,
-            })
-        };
-        let base = if info.namespaced {
-            format!("{prefix}/namespaces/{{namespace}}/{}", info.gr.resource)
-        } else {
-            format!("{prefix}/{}", info.gr.resource)
-        };
-        paths.insert(base.clone(), json!({"post": op("post"), "get": op("list")}));
-        paths.insert(
-            format!("{base}/{{name}}"),
-            json!({"patch": op("patch"), "put": op("put"), "get": op("get"), "delete": op("delete")}),
-        );
-        if info.status_subresource {
-            paths.insert(
-                format!("{base}/{{name}}/status"),
-                json!({"patch": op("patch"), "put": op("put"), "get": op("get")}),
-            );
-        }
-    }
-    let doc = json!({
-        "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": format!("v{}.{}.0", KUBE_VERSION.0, KUBE_VERSION.1)},
-        "paths": paths,
-        "components": {"schemas": {}},
-    });
-    Ok(value_response(StatusCode::OK, &doc))
-}
-
-fn resource_list(store: &Store, group: &str, version: &str) -> Value {
+/// The `APIResourceList` of one group/version.
+pub(super) fn resource_list(store: &Store, group: &str, version: &str) -> Value {
     let resources: Vec<Value> = store
         .registry()
         .all()

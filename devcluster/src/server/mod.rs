@@ -16,6 +16,7 @@
 
 mod discovery;
 mod list;
+mod openapi;
 mod patch;
 mod request;
 mod review;

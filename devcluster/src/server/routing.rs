@@ -24,7 +24,7 @@ use axum::routing::{any, get, post};
 use http::{HeaderValue, header};
 
 use super::request::{Ctx, ResReq, parse_query};
-use super::{AppState, discovery, error_response, review, verbs};
+use super::{AppState, discovery, error_response, openapi, review, verbs};
 use crate::error::ApiError;
 
 /// Largest request body accepted.
@@ -46,9 +46,9 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
             post(review::subject_access_review).fallback(not_found),
         )
         .route("/apis/{group}/{version}/{*rest}", any(resource))
-        .route("/openapi/v3", get(discovery::openapi).fallback(not_found))
-        .route("/openapi/v3/api/{version}", get(discovery::openapi_core).fallback(not_found))
-        .route("/openapi/v3/apis/{group}/{version}", get(discovery::openapi_group).fallback(not_found))
+        .route("/openapi/v3", get(openapi::index).fallback(not_found))
+        .route("/openapi/v3/api/{version}", get(openapi::core_doc).fallback(not_found))
+        .route("/openapi/v3/apis/{group}/{version}", get(openapi::group_doc).fallback(not_found))
         .fallback(not_found)
         .layer(middleware::from_fn(log_failures))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))

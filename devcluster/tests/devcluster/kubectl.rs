@@ -128,6 +128,57 @@ async fn kubectl_create_generators_send_protobuf() {
 }
 
 #[tokio::test]
+async fn kubectl_create_deployment_and_service_send_protobuf() {
+    let Some(k) = Kubectl::new().await else { return };
+    k.ok(&["create", "deployment", "web", "--image=nginx", "--replicas=2", "--port=80"]).await;
+    let d = k.json(&["get", "deployment", "web"]).await;
+    assert_eq!(d["spec"]["replicas"], 2);
+    assert_eq!(d["spec"]["selector"]["matchLabels"]["app"], "web");
+    assert_eq!(d["spec"]["template"]["metadata"]["labels"]["app"], "web");
+    let container = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["name"], "nginx");
+    assert_eq!(container["image"], "nginx");
+    assert_eq!(container["ports"][0]["containerPort"], 80);
+    assert_eq!(d["metadata"]["generation"], 1);
+    k.ok(&["create", "service", "clusterip", "web", "--tcp=80:8080"]).await;
+    let svc = k.json(&["get", "service", "web"]).await;
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 80);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080, "an int-or-string holding an int");
+}
+
+#[tokio::test]
+async fn kubectl_explain_reads_the_openapi_schemas() {
+    let Some(k) = Kubectl::new().await else { return };
+    let cm = k.ok(&["explain", "configmap"]).await;
+    assert!(cm.contains("KIND:       ConfigMap") && cm.contains("FIELDS:"), "{cm}");
+    assert!(cm.contains("  data\t<map[string]string>"), "{cm}");
+    assert!(!cm.contains("-required-"), "nothing of a ConfigMap is required: {cm}");
+    let replicas = k.ok(&["explain", "deployment.spec.replicas"]).await;
+    assert!(replicas.contains("FIELD: replicas <integer>"), "{replicas}");
+    assert!(replicas.contains("Number of desired pods"), "{replicas}");
+    let containers = k.ok(&["explain", "pod.spec.containers"]).await;
+    assert!(
+        containers.contains("<[]Container>") && containers.contains("name\t<string> -required-"),
+        "{containers}"
+    );
+    // A custom resource's schema is its CRD's; applying the CRD passes kubectl's validation.
+    let crd = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: gadgets.example.com\nspec:\n  group: example.com\n  scope: Namespaced\n  names: {plural: gadgets, singular: gadget, kind: Gadget}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema:\n        type: object\n        properties:\n          spec:\n            type: object\n            description: What the gadget should be.\n            properties:\n              size: {type: integer, description: How big the gadget is.}\n";
+    k.ok(&["apply", "-f", &k.file("crd.yaml", crd)]).await;
+    k.ok(&["wait", "--for=condition=Established", "crd/gadgets.example.com", "--timeout=30s"]).await;
+    let spec = k.ok(&["explain", "gadget.spec"]).await;
+    assert!(spec.contains("What the gadget should be.") && spec.contains("size\t<integer>"), "{spec}");
+    assert!(spec.contains("How big the gadget is."), "{spec}");
+    // A changed schema changes the document's hash, so kubectl's cache refetches it.
+    k.ok(&["apply", "-f", &k.file("crd.yaml", &crd.replace("How big the gadget is.", "Its size in cm."))])
+        .await;
+    let spec = k.ok(&["explain", "gadget.spec"]).await;
+    assert!(spec.contains("Its size in cm."), "{spec}");
+    let (ok, _, err) = k.run(&["explain", "gadget.nothing"]).await;
+    assert!(!ok && err.contains("nothing"), "{err}");
+}
+
+#[tokio::test]
 async fn kubectl_apply_client_and_server_side() {
     let Some(k) = Kubectl::new().await else { return };
     let deploy = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {app: web}\n  template:\n    metadata:\n      labels: {app: web}\n    spec:\n      containers:\n      - name: main\n        image: nginx:1\n        env:\n        - {name: A, value: \"1\"}\n";
