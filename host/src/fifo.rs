@@ -217,6 +217,10 @@ pub struct DeltaFifo {
     /// Flips to true (once) when `has_synced` becomes true, after the last initial key's
     /// `process` returned.
     synced: tokio::sync::watch::Sender<bool>,
+    /// Counts changes of [`progress`](Self::progress); waiters of
+    /// [`progress_after`](Self::progress_after) are woken at each.
+    progress_seq: std::sync::atomic::AtomicU64,
+    progress_changed: Notify,
 }
 
 impl std::fmt::Debug for DeltaFifo {
@@ -234,6 +238,8 @@ impl DeltaFifo {
             known,
             notify: Notify::new(),
             synced: tokio::sync::watch::Sender::new(false),
+            progress_seq: std::sync::atomic::AtomicU64::new(0),
+            progress_changed: Notify::new(),
         }
     }
 
@@ -425,12 +431,17 @@ impl DeltaFifo {
                     }
                     finish();
                     let mut released = false;
+                    let mut progressed = false;
                     if s.queue.is_empty() {
+                        progressed = s.delivered != s.received;
                         s.delivered = s.received.clone();
                         released = s.release_spare_capacity();
                     }
                     self.publish_synced(&s);
                     drop(s);
+                    if progressed {
+                        self.progressed();
+                    }
                     if released {
                         // A large list was applied: what it allocated beside the cache (this
                         // table, the decoded pages) goes back to the system now.
@@ -495,6 +506,8 @@ impl DeltaFifo {
         if s.queue.is_empty() {
             s.delivered = s.received.clone();
         }
+        drop(s);
+        self.progressed();
     }
 
     /// Records whether the source's watch is open.
@@ -503,6 +516,35 @@ impl DeltaFifo {
         s.streaming = open;
         if open {
             s.quiet_since = Some(tokio::time::Instant::now());
+        }
+        drop(s);
+        self.progressed();
+    }
+
+    /// Wakes the waiters of [`progress_after`](Self::progress_after).
+    fn progressed(&self) {
+        self.progress_seq.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.progress_changed.notify_waiters();
+    }
+
+    /// A number that changes whenever [`progress`](Self::progress) may have: read it before
+    /// the progress, then [`progress_after`](Self::progress_after) it to wait for the next
+    /// change.
+    pub fn progress_seq(&self) -> u64 {
+        self.progress_seq.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Resolves once [`progress_seq`](Self::progress_seq) is no longer `seq` (at once if it
+    /// already moved on).
+    pub async fn progress_after(&self, seq: u64) {
+        loop {
+            let changed = self.progress_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.progress_seq() != seq {
+                return;
+            }
+            changed.await;
         }
     }
 
@@ -693,6 +735,32 @@ mod tests {
         assert!(f.progress().streaming);
         f.note_streaming(false);
         assert!(!f.progress().streaming);
+    }
+
+    /// A waiter for the next change of progress is woken by the delivery that empties the
+    /// queue (not before), and one asking after a change already made returns at once.
+    #[tokio::test]
+    async fn progress_waiters_wake_at_the_next_change() {
+        let f = Arc::new(DeltaFifo::new(None));
+        f.add(obj("a", 5));
+        f.note_progress("5", true);
+        let seq = f.progress_seq();
+        let waiter = tokio::spawn({
+            let f = f.clone();
+            async move { f.progress_after(seq).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "nothing changed yet");
+        f.pop(|_, _, _| PopOutcome::Processed).await.unwrap();
+        waiter.await.unwrap();
+        assert_eq!(f.progress().delivered.as_deref(), Some("5"));
+        // Already moved on: no wait.
+        f.progress_after(seq).await;
+        // A pop that delivers nothing new is no change.
+        let seq = f.progress_seq();
+        f.add(obj("b", 6));
+        f.pop(|_, _, _| PopOutcome::Processed).await.unwrap();
+        assert_eq!(f.progress_seq(), seq, "delivered stayed at 5: no progress");
     }
 
     // TestDeltaFIFO_requeueOnPop

@@ -130,6 +130,15 @@ impl LeasedInformer for Lease {
         self.lease.fifo().progress()
     }
 
+    fn progress_seq(&self) -> u64 {
+        self.lease.fifo().progress_seq()
+    }
+
+    fn progress_after(&self, seq: u64) -> BoxFuture<'static, ()> {
+        let fifo = self.lease.fifo().clone();
+        Box::pin(async move { fifo.progress_after(seq).await })
+    }
+
     #[allow(clippy::type_complexity)]
     fn remove_handlers(&self, removals: &[(&dyn LeasedRegistration, Option<&dyn Fn(&str) -> bool>)]) {
         let mut ours = Vec::with_capacity(removals.len());

@@ -142,6 +142,10 @@ pub trait LeasedInformer: Send + Sync + 'static {
     fn keys(&self) -> Vec<String>;
     /// How far the informer's source has got, and how much of it its handlers were sent.
     fn progress(&self) -> SourceProgress;
+    /// Changes whenever [`progress`](Self::progress) may have (read it first).
+    fn progress_seq(&self) -> u64;
+    /// Resolves once [`progress_seq`](Self::progress_seq) is no longer `seq`.
+    fn progress_after(&self, seq: u64) -> BoxFuture<'static, ()>;
     /// Removes registrations of this informer at one instant of its stream, each draining
     /// (with a `present`: as [`LeasedRegistration::remove_draining_departed`]); a
     /// notification reaches all of them or none.
@@ -751,6 +755,7 @@ enum CatchUp {
 /// [`Generation::catch_up_with`]).
 async fn catch_up(informer: &dyn LeasedInformer, target: &str, deadline: tokio::time::Instant) -> CatchUp {
     loop {
+        let seq = informer.progress_seq();
         let progress = informer.progress();
         if let Some(delivered) = &progress.delivered {
             match compare_resource_versions(delivered, target) {
@@ -759,16 +764,28 @@ async fn catch_up(informer: &dyn LeasedInformer, target: &str, deadline: tokio::
                 None => return CatchUp::Incomparable,
             }
         }
-        if progress.streaming
-            && progress.delivered == progress.received
-            && progress.quiet_since.is_some_and(|t| t.elapsed() >= QUIET_STREAM)
-        {
+        // Quiet: the stream is open, everything received was handed out, and nothing came
+        // for `QUIET_STREAM` (when that is still ahead, it is a time to wake at).
+        let quiet_at = match progress.quiet_since {
+            Some(since) if progress.streaming && progress.delivered == progress.received => {
+                Some(since + QUIET_STREAM)
+            }
+            _ => None,
+        };
+        let now = tokio::time::Instant::now();
+        if quiet_at.is_some_and(|at| at <= now) {
             return CatchUp::Quiet;
         }
-        if tokio::time::Instant::now() >= deadline {
+        if now >= deadline {
             return CatchUp::TimedOut(progress);
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // Woken by the next change of the informer's progress (a signal, not a poll), or
+        // when the stream would count as quiet, or at the deadline.
+        let wake = quiet_at.map_or(deadline, |at| at.min(deadline));
+        tokio::select! {
+            () = informer.progress_after(seq) => {}
+            () = tokio::time::sleep_until(wake) => {}
+        }
     }
 }
 
