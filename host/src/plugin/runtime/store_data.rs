@@ -2,7 +2,7 @@
 //! call in progress, the store's limits and the WASI context.
 //!
 //! Layering: this module sits above the imports (`cache`, `client`, `events`, `log`,
-//! `config`, [`super::wasi`]) and imports each one's context type; none of them imports
+//! `config`, [`crate::plugin::imports::wasi`]) and imports each one's context type; none of them imports
 //! this module. The engine links each interface with a getter that hands out only that
 //! interface's view of a [`HostState`] (as wasmtime's WASI host code does), so an import
 //! can reach nothing but its own context and the call in progress.
@@ -10,7 +10,7 @@
 //! Invariants:
 //! - What every instance of a plugin shares ([`PluginContexts`]) is built once per plugin;
 //!   an instance's own state is its [`CallInfo`], limits, WASI context and stderr lines.
-//! - The WASI context grants nothing beyond what [`super::wasi`] documents, and its resource
+//! - The WASI context grants nothing beyond what [`crate::plugin::imports::wasi`] documents, and its resource
 //!   table holds at most the plugin's `handles` limit of entries.
 //! - [`CallInfo`] is reset by the runtime before every call.
 
@@ -21,16 +21,16 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::cache::{CacheCtx, CacheCtxView};
-use super::call::{CallInfo, Interrupts};
-use super::client::{ClientCtx, ClientCtxView};
-use super::config::{ConfigCtx, ConfigCtxView};
-use super::events::{EventsCtx, EventsCtxView};
-use super::log::{LogCtx, LogCtxView};
-use super::output_limit::GuestOutputLimit;
-use super::spec::SandboxLimits;
-use super::stdio::GuestStderr;
-use super::wasi::PollView;
+use crate::plugin::imports::cache::{CacheCtx, CacheCtxView};
+use crate::plugin::imports::call::{CallInfo, Interrupts};
+use crate::plugin::imports::client::{ClientCtx, ClientCtxView};
+use crate::plugin::imports::config::{ConfigCtx, ConfigCtxView};
+use crate::plugin::imports::events::{EventsCtx, EventsCtxView};
+use crate::plugin::imports::log::{LogCtx, LogCtxView};
+use crate::plugin::imports::output_limit::GuestOutputLimit;
+use crate::plugin::imports::stdio::GuestStderr;
+use crate::plugin::imports::wasi::PollView;
+use crate::plugin::spec::SandboxLimits;
 
 /// The import contexts of one plugin, shared by all its instances.
 #[derive(Clone)]
@@ -90,7 +90,7 @@ impl HostState {
             events: contexts.events.clone(),
             log: contexts.log.clone(),
             config: contexts.config.clone(),
-            wasi: super::wasi::context(contexts.output.clone(), stderr.clone()),
+            wasi: crate::plugin::imports::wasi::context(contexts.output.clone(), stderr.clone()),
             table,
             stderr,
         }

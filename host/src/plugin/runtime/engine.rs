@@ -4,7 +4,7 @@
 //! Invariants:
 //! - The optimising engine is configured once (Cranelift, epoch interruption, optional
 //!   pooling allocator) and shared by every plugin; so is the [`Linker`]: the WASI interfaces of
-//!   [`super::wasi`] and each `wasmctrl:controller` import, every interface linked on its
+//!   [`crate::plugin::imports::wasi`] and each `wasmctrl:controller` import, every interface linked on its
 //!   own with a getter that hands out only that interface's view of the store's state.
 //!   With tier-up on, a baseline engine (Winch, otherwise the same settings) has a linker
 //!   linked the same way; a component runs only in stores of the engine that compiled it.
@@ -17,7 +17,7 @@
 //! - While a [`PluginEngine`] lives, a ticker thread bumps every engine's epoch every
 //!   [`EngineConfig::epoch_tick`]; running calls check their deadline (and cancellation)
 //!   at each tick. The thread stops when the last handle is dropped.
-//! - Compiled artifacts live in the on-disk [`super::compile_cache`] (a directory of the
+//! - Compiled artifacts live in the on-disk [`crate::plugin::compile::compile_cache`] (a directory of the
 //!   host's uid, artifacts authenticated with the host's key, atomic writes, a byte budget,
 //!   least recently used out first). An artifact that fails a check or does not load is
 //!   removed and recompiled, never loaded. A cache directory that is refused (another
@@ -25,17 +25,17 @@
 //!   artifacts are cached.
 //! - [`PluginEngine::shared_component`] compiles (or loads from the cache) once per content
 //!   hash: concurrent loads of the same bytes wait for one compile, and the compiled code is
-//!   shared by every plugin using it for as long as one does (see [`super::shared`]).
+//!   shared by every plugin using it for as long as one does (see [`crate::plugin::compile::single_flight`]).
 //! - Tier-up ([`EngineConfig::tier_up`]): a load that misses the compile cache compiles with
 //!   Winch and returns at once; Cranelift compiles the same bytes in the background
-//!   ([`super::tier_up`]) and the plugins switch to its code when ready ([`super::tier`]).
+//!   ([`crate::plugin::compile::tier_up`]) and the plugins switch to its code when ready ([`crate::plugin::compile::tier`]).
 //!   A cache hit is used directly (no Winch). A component Winch cannot compile is compiled
 //!   by Cranelift before the load returns, as with tier-up off: Winch's refusal never fails
 //!   a load. With a compile program, Winch compiles run there too, under the same limits
 //!   (a component that breaks them fails its load, as with Cranelift).
 //! - Idle resources ([`super::idle`]): instances idle for [`EngineConfig::idle_instance_timeout`]
 //!   are released; plugins without a call for [`EngineConfig::idle_code_timeout`] drop their
-//!   compiled code ([`super::code`]), and [`PluginEngine::reload_component`] gives it back
+//!   compiled code ([`super::plugin_code`]), and [`PluginEngine::reload_component`] gives it back
 //!   through the shared registry (the compile cache, normally).
 //! - At most one Cranelift compile per core (and at least two) runs at once (each already uses every core);
 //!   loads beyond that wait, so loading many distinct plugins at once does not hold the
@@ -46,153 +46,34 @@
 //!   thread, so loading a directory of many plugins does not start a blocking thread per
 //!   plugin, each keeping the stack its load touched (and its compile's state) resident.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig, Strategy};
 
-use super::PluginError;
-use super::bindings::TypesHost;
-use super::bindings::wasmctrl::controller::{cache, client, config, events, log, types};
-use super::compile_cache::EngineFingerprint;
-use super::compile_cache::{CompileCache, DEFAULT_CACHE_MAX_BYTES};
-use super::compile_process::{ChildFailure, CompileLimits, CompileSettings, compatible, compile_in_child};
-use super::gate::Gate;
 use super::idle::{IdlePlugin, IdleReaper, ReaperThread};
-use super::metrics::{ComponentLoadLabels, RuntimeMetrics, TierUpLabels};
-use super::optimizer::Optimizer;
-use super::shared::{Outcome, Registry, Shared};
-use super::slots::InstanceSlots;
-use super::state::HostState;
-use super::tier::{Tier, TieredComponent};
-use super::tier_up::{TierUpJob, TierUpWorker};
+use super::instance_slots::InstanceSlots;
+use super::store_data::HostState;
 use crate::metrics::Metrics;
-
-/// How the shared engine is set up.
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    /// Where compiled components are cached; `None` compiles on every load.
-    pub cache_dir: Option<PathBuf>,
-    /// Byte budget of the compile cache: past it, the least recently used artifacts are
-    /// removed (the host TOML's `cache-max-size`).
-    pub cache_max_bytes: u64,
-    /// Granularity of call deadlines (one epoch tick).
-    pub epoch_tick: Duration,
-    /// Use wasmtime's pooling allocator (faster instantiation, bounded slots).
-    pub pooling: Option<PoolingLimits>,
-    /// Maximum native stack a guest may use before it traps with a stack overflow.
-    pub max_wasm_stack: usize,
-    /// Release plugin instances idle this long (the next call instantiates anew); `None`
-    /// or zero keeps them until their plugin is dropped.
-    pub idle_instance_timeout: Option<Duration>,
-    /// A plugin with no call for this long drops its compiled code (its idle instances
-    /// go too); the next call loads it again from the compile cache (~1 ms). Only plugins
-    /// loaded from a file ([`super::Plugin::load_file`]) running optimised code whose
-    /// artifact is in the compile cache drop it. `None` or zero keeps the code: the default
-    /// here; the host TOML's `idle-code-timeout` turns it on by default.
-    pub idle_code_timeout: Option<Duration>,
-    /// Code generation and memory layout knobs; the default is what the host runs with.
-    pub tuning: EngineTuning,
-    /// Tier-up: a component missing from the compile cache is compiled with Winch first
-    /// (several times faster to compile, slower to run) and serves at once, while Cranelift
-    /// compiles it in the background; plugins switch to the optimised code when it is
-    /// ready. Off here (every plugin runs Cranelift code from its first call, which is
-    /// what benchmarks and tests of guest speed expect); the host TOML's `tier-up` turns it
-    /// on by default.
-    pub tier_up: bool,
-    /// A program that compiles components in a process of its own (run as `PROGRAM
-    /// compile-component SETTINGS`, the component on stdin, the artifact on stdout: the
-    /// `wasmctrl` binary passes itself). The host then never runs the optimising compiler:
-    /// its code and memory stay out of the host's RSS. A compile the program fails is done
-    /// in this process instead, with a warning. `None` (the default here) compiles in this
-    /// process. See [`super::compile_process`].
-    pub compile_process: Option<PathBuf>,
-    /// What one compile in the compile program may take: time (the host TOML's
-    /// `compile-timeout`), address space and output. See [`super::compile_process`].
-    pub compile_limits: CompileLimits,
-}
-
-/// Engine knobs that trade speed for address space or for guarantees. The defaults are the
-/// fast and safe ones; the others exist so benchmarks can measure what the defaults buy.
-#[derive(Clone, Debug)]
-pub struct EngineTuning {
-    /// Address space reserved per linear memory (`None`: wasmtime's default, 4 GiB on
-    /// 64-bit hosts). With the default guard region, 4 GiB lets Cranelift drop the explicit
-    /// bounds check of every load and store of a 32-bit memory; a smaller reservation
-    /// brings the checks back. The memory cap (`memory` limit) holds either way.
-    pub memory_reservation: Option<u64>,
-    /// Guard region after each linear memory (`None`: wasmtime's default, 32 MiB on
-    /// 64-bit hosts), which lets accesses with a constant offset skip their check.
-    pub memory_guard_size: Option<u64>,
-    /// Epoch interruption: how call deadlines and cancellation stop running guest code.
-    /// Off only to measure its cost: a looping guest then runs forever.
-    pub epoch_interruption: bool,
-}
-
-impl Default for EngineTuning {
-    fn default() -> Self {
-        EngineTuning { memory_reservation: None, memory_guard_size: None, epoch_interruption: true }
-    }
-}
-
-/// Default of [`EngineConfig::idle_instance_timeout`] (the host TOML's
-/// `idle-instance-timeout`).
-pub const DEFAULT_IDLE_INSTANCE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The host TOML's default `idle-code-timeout` ([`EngineConfig::idle_code_timeout`]).
-pub const DEFAULT_IDLE_CODE_TIMEOUT: Duration = Duration::from_secs(600);
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            cache_dir: None,
-            cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
-            epoch_tick: Duration::from_millis(5),
-            pooling: Some(PoolingLimits::default()),
-            max_wasm_stack: 512 << 10,
-            idle_instance_timeout: Some(DEFAULT_IDLE_INSTANCE_TIMEOUT),
-            idle_code_timeout: None,
-            tuning: EngineTuning::default(),
-            tier_up: false,
-            compile_process: None,
-            compile_limits: CompileLimits::default(),
-        }
-    }
-}
-
-/// Slots of the pooling allocator, shared by every plugin instance of the host.
-#[derive(Clone, Debug)]
-pub struct PoolingLimits {
-    /// Live plugin instances at once (sum of every plugin's pool plus replacements; the
-    /// host TOML's `instance-slots`).
-    pub instances: u32,
-    /// The most instances one plugin may hold (the host TOML's `max-instances-per-plugin`):
-    /// a plugin whose concurrency needs more is refused at load. Every plugin also has one
-    /// slot reserved for it. See [`super::slots`].
-    pub per_plugin: u32,
-    /// Upper bound of any plugin's `memory` limit.
-    pub max_memory: usize,
-}
-
-/// Default of [`PoolingLimits::instances`].
-pub const DEFAULT_INSTANCE_SLOTS: u32 = 128;
-/// Default of [`PoolingLimits::per_plugin`].
-pub const DEFAULT_INSTANCES_PER_PLUGIN: u32 = 32;
-
-impl Default for PoolingLimits {
-    fn default() -> Self {
-        PoolingLimits {
-            instances: DEFAULT_INSTANCE_SLOTS,
-            per_plugin: DEFAULT_INSTANCES_PER_PLUGIN,
-            max_memory: 256 << 20,
-        }
-    }
-}
+use crate::plugin::PluginError;
+use crate::plugin::bindings::TypesHost;
+use crate::plugin::bindings::wasmctrl::controller::{cache, client, config, events, log, types};
+use crate::plugin::compile::baseline::{Baseline, BaselineError};
+use crate::plugin::compile::child::CompileSettings;
+use crate::plugin::compile::compile_cache::CompileCache;
+use crate::plugin::compile::optimizer::Optimizer;
+use crate::plugin::compile::permits::CompilePermits;
+use crate::plugin::compile::settings::{EngineConfig, wasm_config};
+use crate::plugin::compile::single_flight::{Outcome, SharedLoad, SingleFlight};
+use crate::plugin::compile::tier::{Tier, TieredComponent};
+use crate::plugin::compile::tier_up::{TierUpJob, TierUpWorker};
+use crate::plugin::imports::{cache as cache_import, client as client_import, config as config_import};
+use crate::plugin::imports::{events as events_import, log as log_import, wasi};
+use crate::plugin::metrics::{ComponentLoadLabels, RuntimeMetrics, TierUpLabels};
 
 /// How many component loads compiled (Cranelift), compiled with Winch (to tier up), read
 /// the compile cache, or reused shared code.
@@ -229,7 +110,7 @@ pub struct CodeDrops {
 }
 
 /// A compiled component shared by content hash; its code stays shared while one is alive.
-pub type SharedComponent = Shared<Arc<TieredComponent>, PluginError>;
+pub type SharedComponent = SharedLoad<Arc<TieredComponent>, PluginError>;
 
 /// A compiled component and where it came from.
 #[derive(Clone)]
@@ -256,13 +137,13 @@ struct EngineInner {
     metrics: RuntimeMetrics,
     ticker: Option<EpochTicker>,
     /// Compiled components in use, by hex SHA-256 of their `.wasm`.
-    components: Registry<String, Arc<TieredComponent>, PluginError>,
+    components: SingleFlight<String, Arc<TieredComponent>, PluginError>,
     /// Releases idle instances and drops idle code, when either timeout is set.
     idle: Option<(Arc<IdleReaper>, ReaperThread)>,
-    /// Cranelift through the compile cache (and the gate bounding compiles at once).
+    /// Cranelift through the compile cache (and the compile permits bounding compiles at once).
     optimizer: Optimizer,
-    /// The Winch engine and the background compiles, when tier-up is on.
-    tier_up: Option<(Baseline, TierUpWorker)>,
+    /// The Winch engine, its linker and the background compiles, when tier-up is on.
+    tier_up: Option<(Baseline, Linker<HostState>, TierUpWorker)>,
     /// Bounds the loads running at once (see [`PluginEngine::load_slot`]).
     load_slots: Arc<tokio::sync::Semaphore>,
     /// Why the configured compile cache directory is not used, if it is not.
@@ -284,15 +165,6 @@ pub(crate) fn load_slots() -> usize {
 /// A permit to run one plugin load; the slot is free again when this is dropped.
 pub struct LoadSlot {
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-/// The baseline compiler's engine and its linker.
-struct Baseline {
-    engine: Engine,
-    linker: Linker<HostState>,
-    /// Where Winch compiles run when a compile program is configured (and its Winch
-    /// engine's artifacts load into `engine`): the program, its settings and limits.
-    child: Option<(PathBuf, CompileSettings, CompileLimits)>,
 }
 
 impl Drop for EngineInner {
@@ -344,23 +216,24 @@ impl PluginEngine {
         };
         // One compile per core, and at least two: one slow compile (a plugin's, up to the
         // compile timeout) never holds every compile slot.
-        let gate = Arc::new(Gate::new(std::thread::available_parallelism().map_or(1, usize::from).max(2)));
+        let permits =
+            Arc::new(CompilePermits::new(std::thread::available_parallelism().map_or(1, usize::from).max(2)));
         let optimizer = Optimizer::new(
             engine.clone(),
             CompileSettings::of(&config),
             config.compile_process.clone(),
             config.compile_limits.clone(),
             disk,
-            gate,
+            permits,
         );
         let tier_up = match config.tier_up.then(|| baseline_engine(&config)).flatten() {
-            Some(baseline) => {
-                Some((baseline, TierUpWorker::start(optimizer.clone(), runtime_metrics.clone())?))
+            Some((baseline, linker)) => {
+                Some((baseline, linker, TierUpWorker::start(optimizer.clone(), runtime_metrics.clone())?))
             }
             None => None,
         };
         let mut ticked = vec![engine.clone()];
-        ticked.extend(tier_up.as_ref().map(|(b, _)| b.engine.clone()));
+        ticked.extend(tier_up.as_ref().map(|(b, _, _)| b.engine().clone()));
         let ticker = EpochTicker::start(ticked, config.epoch_tick.max(Duration::from_micros(100)))?;
         let idle = IdleReaper::start(config.idle_instance_timeout, config.idle_code_timeout)?;
         let slots = config
@@ -374,7 +247,7 @@ impl PluginEngine {
                 config,
                 metrics: runtime_metrics,
                 ticker: Some(ticker),
-                components: Registry::default(),
+                components: SingleFlight::default(),
                 idle,
                 optimizer,
                 tier_up,
@@ -401,7 +274,7 @@ impl PluginEngine {
     /// The linker for instances of `component` (of the engine that compiled it).
     pub(crate) fn linker_for(&self, component: &Component) -> &Linker<HostState> {
         match &self.inner.tier_up {
-            Some((baseline, _)) if Engine::same(component.engine(), &baseline.engine) => &baseline.linker,
+            Some((baseline, linker, _)) if Engine::same(component.engine(), baseline.engine()) => linker,
             _ => &self.inner.linker,
         }
     }
@@ -415,14 +288,14 @@ impl PluginEngine {
     /// their components switched), at most `timeout`; whether they have. True at once with
     /// tier-up off.
     pub fn wait_for_tier_ups(&self, timeout: Duration) -> bool {
-        self.inner.tier_up.as_ref().is_none_or(|(_, worker)| worker.wait_idle(timeout))
+        self.inner.tier_up.as_ref().is_none_or(|(_, _, worker)| worker.wait_idle(timeout))
     }
 
     /// Every compile permit: Cranelift compiles (background tier-ups included) wait until
     /// they are dropped.
     #[cfg(test)]
-    pub(crate) fn hold_compiles(&self) -> Vec<super::gate::Permit<'_>> {
-        self.inner.optimizer.gate().enter_all()
+    pub(crate) fn hold_compiles(&self) -> Vec<crate::plugin::compile::permits::Permit<'_>> {
+        self.inner.optimizer.permits().enter_all()
     }
 
     /// Background tier-ups so far, by result.
@@ -470,7 +343,7 @@ impl PluginEngine {
     /// Compile cache artifacts rejected so far (never loaded), by reason (also the
     /// `wasmctrl_compile_cache_rejected_artifacts` metric).
     pub fn rejected_artifacts(&self, reason: &'static str) -> u64 {
-        use super::metrics::RejectedArtifactLabels;
+        use crate::plugin::metrics::RejectedArtifactLabels;
         self.inner.metrics.rejected_artifacts.get_or_create(&RejectedArtifactLabels { reason }).get()
     }
 
@@ -598,7 +471,7 @@ impl PluginEngine {
             return Ok(LoadedComponent { component, hash, from_cache: true, elapsed: start.elapsed() });
         }
         self.validate_component(wasm)?;
-        let component = optimizer.compile(wasm, &hash, optimizer.gate().enter())?;
+        let component = optimizer.compile(wasm, &hash, optimizer.permits().enter())?;
         self.count_load("compiled");
         Ok(LoadedComponent { component, hash, from_cache: false, elapsed: start.elapsed() })
     }
@@ -609,7 +482,7 @@ impl PluginEngine {
         let start = Instant::now();
         let optimized =
             |component| Ok(Arc::new(TieredComponent::new(hash.clone(), component, Tier::Optimized, start)));
-        let Some((baseline, worker)) = &self.inner.tier_up else {
+        let Some((baseline, _, worker)) = &self.inner.tier_up else {
             return optimized(self.load_hashed(wasm, hash.clone())?.component);
         };
         if let Some(component) = self.inner.optimizer.cached(&hash) {
@@ -635,7 +508,7 @@ impl PluginEngine {
                 // A feature Winch lacks (or bytes nobody can compile: Cranelift then says why).
                 tracing::debug!(%version, error = %e, "Winch cannot compile this component; compiling with Cranelift");
                 let optimizer = &self.inner.optimizer;
-                let component = optimizer.compile(wasm, &hash, optimizer.gate().enter())?;
+                let component = optimizer.compile(wasm, &hash, optimizer.permits().enter())?;
                 self.count_load("compiled");
                 optimized(component)
             }
@@ -659,121 +532,29 @@ impl PluginEngine {
     }
 
     /// Refuses `component` when it imports a WASI interface the host does not link (see
-    /// [`super::wasi`]); `plugin` names it in the message.
+    /// [`crate::plugin::imports::wasi`]); `plugin` names it in the message.
     pub fn check_imports(&self, plugin: &str, component: &Component) -> Result<(), PluginError> {
         let ty = component.component_type();
         let imports: Vec<&str> = ty.imports(component.engine()).map(|(name, _)| name).collect();
-        let ungranted = super::wasi::ungranted_imports(imports);
+        let ungranted = wasi::ungranted_imports(imports);
         if ungranted.is_empty() {
             return Ok(());
         }
-        Err(PluginError::Ungranted { plugin: plugin.to_owned(), reason: super::wasi::refusal(&ungranted) })
+        Err(PluginError::Ungranted { plugin: plugin.to_owned(), reason: wasi::refusal(&ungranted) })
     }
 }
 
-/// The wasmtime configuration of the optimising engine.
-pub(crate) fn wasm_config(config: &EngineConfig) -> Config {
-    let mut wasm = Config::new();
-    wasm.wasm_component_model(true)
-        .cranelift_opt_level(OptLevel::Speed)
-        .epoch_interruption(config.tuning.epoch_interruption)
-        .max_wasm_stack(config.max_wasm_stack)
-        .parallel_compilation(true)
-        // No `.eh_frame` for guest code. It serves only native unwinders walking through
-        // Wasm frames (a debugger, `perf --call-graph=dwarf`); wasmtime's own backtraces
-        // and traps do not use it, and a host function's panic is caught before it would
-        // unwind into guest frames. Registering it reads every one of its pages at each
-        // load (resident for as long as the plugin is loaded), and it takes room in every
-        // artifact on disk.
-        .native_unwind_info(false);
-    if let Some(bytes) = config.tuning.memory_reservation {
-        wasm.memory_reservation(bytes);
-    }
-    if let Some(bytes) = config.tuning.memory_guard_size {
-        wasm.memory_guard_size(bytes);
-    }
-    if let Some(p) = &config.pooling {
-        let mut pool = PoolingAllocationConfig::default();
-        let n = p.instances.max(1);
-        // A wasm32-wasip2 Rust component instantiates a handful of core modules
-        // (the program plus wit-component shims), one memory and a few tables.
-        pool.total_component_instances(n)
-            .total_core_instances(n.saturating_mul(8))
-            .total_memories(n.saturating_mul(2))
-            .total_tables(n.saturating_mul(4))
-            .total_stacks(0)
-            .max_memory_size(p.max_memory)
-            .max_core_instances_per_component(16)
-            .max_memories_per_component(4)
-            .max_tables_per_component(8);
-        wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    }
-    wasm
-}
-
-/// The Winch engine (the optimising engine's settings, Winch's code generator) and its
-/// linker; `None`, with a warning, when wasmtime refuses it here (tier-up is then off:
-/// every load compiles with Cranelift).
-fn baseline_engine(config: &EngineConfig) -> Option<Baseline> {
-    let mut wasm = wasm_config(config);
-    wasm.strategy(Strategy::Winch);
-    let built =
-        Engine::new(&wasm).and_then(|engine| Ok(Baseline { linker: link(&engine)?, engine, child: None }));
+/// The Winch engine and its linker; `None`, with a warning, when wasmtime refuses it here
+/// (tier-up is then off: every load compiles with Cranelift).
+fn baseline_engine(config: &EngineConfig) -> Option<(Baseline, Linker<HostState>)> {
+    let built = Baseline::new(config).and_then(|baseline| Ok((link(baseline.engine())?, baseline)));
     match built {
-        Ok(mut b) => {
-            let settings = CompileSettings::of(config).winch();
-            b.child = match (&config.compile_process, settings.compile_engine()) {
-                (Some(program), Ok(probe)) if compatible(&probe, &b.engine) => {
-                    Some((program.clone(), settings, config.compile_limits.clone()))
-                }
-                (Some(_), _) => {
-                    tracing::warn!(
-                        "a Winch compile engine's artifacts would not load here; Winch compiles in the host"
-                    );
-                    None
-                }
-                (None, _) => None,
-            };
-            Some(b)
-        }
+        Ok((linker, baseline)) => Some((baseline, linker)),
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "Winch is unavailable on this host; tier-up is off (every load compiles with Cranelift)");
             None
         }
     }
-}
-
-impl Baseline {
-    /// `wasm` compiled with Winch: in the compile program when there is one (bounded like
-    /// every compile there), else here. An error is Winch's refusal (Cranelift may compile
-    /// it); a compile that broke the child's limits fails the load.
-    fn compile(&self, wasm: &[u8]) -> Result<Component, BaselineError> {
-        let Some((program, settings, limits)) = &self.child else {
-            return Component::new(&self.engine, wasm).map_err(|e| BaselineError::Refused(format!("{e:#}")));
-        };
-        let fingerprint = EngineFingerprint::of(&self.engine);
-        match compile_in_child(program, settings, &fingerprint, limits, wasm) {
-            // SAFETY: the artifact authenticated as the answer of a Winch engine of this
-            // engine's fingerprint to these bytes (see `compile_process`).
-            Ok(artifact) => unsafe { Component::deserialize(&self.engine, &artifact) }.map_err(|e| {
-                BaselineError::Failed(PluginError::Compile(format!("loading the Winch code: {e:#}")))
-            }),
-            Err(ChildFailure::DoesNotCompile(why)) => Err(BaselineError::Refused(why)),
-            Err(ChildFailure::Refused(why)) => Err(BaselineError::Failed(PluginError::Compile(why))),
-            Err(ChildFailure::Unavailable(why)) => {
-                tracing::warn!(error = %why, "the compile process is unavailable; compiling with Winch in the host");
-                Component::new(&self.engine, wasm).map_err(|e| BaselineError::Refused(format!("{e:#}")))
-            }
-        }
-    }
-}
-
-/// Why Winch gave no code.
-enum BaselineError {
-    /// Winch refused the component: Cranelift may compile it.
-    Refused(String),
-    /// The load fails.
-    Failed(PluginError),
 }
 
 /// Whether `wasm` is a core module (its preamble says so), read by `wasmparser`; anything
@@ -792,13 +573,13 @@ fn is_core_module(wasm: &[u8]) -> bool {
 /// returning only that interface's view of the store's state.
 fn link(engine: &Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut l = Linker::<HostState>::new(engine);
-    super::wasi::add_to_linker(&mut l, HostState::poll)?;
+    wasi::add_to_linker(&mut l, HostState::poll)?;
     types::add_to_linker::<HostState, TypesHost>(&mut l, |_| TypesHost)?;
-    cache::add_to_linker::<HostState, super::cache::HasCache>(&mut l, HostState::cache)?;
-    client::add_to_linker::<HostState, super::client::HasClient>(&mut l, HostState::client)?;
-    events::add_to_linker::<HostState, super::events::HasEvents>(&mut l, HostState::events)?;
-    log::add_to_linker::<HostState, super::log::HasLog>(&mut l, HostState::log)?;
-    config::add_to_linker::<HostState, super::config::HasConfig>(&mut l, HostState::config)?;
+    cache::add_to_linker::<HostState, cache_import::HasCache>(&mut l, HostState::cache)?;
+    client::add_to_linker::<HostState, client_import::HasClient>(&mut l, HostState::client)?;
+    events::add_to_linker::<HostState, events_import::HasEvents>(&mut l, HostState::events)?;
+    log::add_to_linker::<HostState, log_import::HasLog>(&mut l, HostState::log)?;
+    config::add_to_linker::<HostState, config_import::HasConfig>(&mut l, HostState::config)?;
     Ok(l)
 }
 

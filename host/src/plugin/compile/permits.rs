@@ -13,14 +13,14 @@
 use parking_lot::{Condvar, Mutex};
 
 /// Counts compiles in progress.
-pub(crate) struct Gate {
+pub(crate) struct CompilePermits {
     max: usize,
-    state: Mutex<GateState>,
+    state: Mutex<PermitsState>,
     freed: Condvar,
 }
 
 #[derive(Default)]
-struct GateState {
+struct PermitsState {
     /// Permits out.
     running: usize,
     /// Foreground callers waiting for a permit.
@@ -28,12 +28,12 @@ struct GateState {
 }
 
 /// One compile's permission to run; returned on drop.
-pub(crate) struct Permit<'a>(&'a Gate);
+pub(crate) struct Permit<'a>(&'a CompilePermits);
 
-impl Gate {
+impl CompilePermits {
     /// A gate letting `max` (at least 1) callers through at once.
     pub fn new(max: usize) -> Self {
-        Gate { max: max.max(1), state: Mutex::new(GateState::default()), freed: Condvar::new() }
+        CompilePermits { max: max.max(1), state: Mutex::new(PermitsState::default()), freed: Condvar::new() }
     }
 
     /// Waits for a free permit (a compile a load waits for).
@@ -83,7 +83,7 @@ mod tests {
 
     #[test]
     fn never_more_than_max_at_once() {
-        let gate = Arc::new(Gate::new(2));
+        let gate = Arc::new(CompilePermits::new(2));
         let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let threads: Vec<_> = (0..8)
             .map(|_| {
@@ -106,7 +106,7 @@ mod tests {
 
     #[test]
     fn background_callers_wait_behind_foreground_ones() {
-        let gate = Arc::new(Gate::new(1));
+        let gate = Arc::new(CompilePermits::new(1));
         let held = gate.enter();
         let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let spawn = |background: bool| {

@@ -48,16 +48,16 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, InstanceAllocationStrategy};
 
-use super::PluginError;
 use super::compile_cache::EngineFingerprint;
-use super::engine::{EngineConfig, EngineTuning, wasm_config};
+use super::settings::{CompileLimits, EngineConfig, EngineTuning, wasm_config};
+use crate::plugin::PluginError;
 
 /// The hidden command of the `wasmctrl` binary that serves a compile.
 pub const COMMAND: &str = "compile-component";
@@ -79,26 +79,6 @@ const DOMAIN: &[u8] = b"wasmctrl compile-component output v1\0";
 const STDERR_KEPT: usize = 16 << 10;
 
 type HmacSha256 = Hmac<Sha256>;
-
-/// Default of [`CompileLimits::timeout`] (the host TOML's `compile-timeout`).
-pub const DEFAULT_COMPILE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// What one compile in the child may take.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CompileLimits {
-    /// Wall-clock time; past it the child is killed and the load fails.
-    pub timeout: Duration,
-    /// Address space of the child (`RLIMIT_AS`), in bytes.
-    pub memory: u64,
-    /// Bytes of artifact the child may write.
-    pub max_output: u64,
-}
-
-impl Default for CompileLimits {
-    fn default() -> Self {
-        CompileLimits { timeout: DEFAULT_COMPILE_TIMEOUT, memory: 4 << 30, max_output: 512 << 20 }
-    }
-}
 
 /// What of an [`EngineConfig`] decides the compiled code.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

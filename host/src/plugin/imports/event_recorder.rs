@@ -41,7 +41,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time
 use lru::LruCache;
 use parking_lot::Mutex;
 
-use super::bindings::wasmctrl::controller::events::{Event as WitEvent, EventType};
+use crate::plugin::bindings::wasmctrl::controller::events::{Event as WitEvent, EventType};
 
 const BURST: f64 = 25.0;
 const REFILL: Duration = Duration::from_secs(300);

@@ -1,9 +1,9 @@
 //! Host side of the `events` import: validates a plugin's event, records it for fixture
-//! runs, and queues what the host-wide recorder ([`super::recorder`]) decides.
+//! runs, and queues what the host-wide recorder ([`super::event_recorder`]) decides.
 //!
 //! Layering: [`EventsCtx`] (the plugin's grants and cluster access) is this interface's whole
 //! host context, reached through [`EventsCtxView`]; cluster access comes from
-//! [`super::cluster`], the spam filter, rate limits and aggregation from [`super::recorder`].
+//! [`super::cluster`], the spam filter, rate limits and aggregation from [`super::event_recorder`].
 //! This module imports neither the `client` import nor the store's state.
 //!
 //! Invariants:
@@ -32,13 +32,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use wasmtime::component::HasData;
 
 use super::access::Access;
-use super::bindings::wasmctrl::controller::events::{Event as WitEvent, EventType, Host};
-use super::bindings::wasmctrl::controller::types::Error as WitError;
 use super::call::CallInfo;
+use super::call_log::RecordedEvent;
 use super::cluster::{KubeServices, map_kube_error, revoked_error};
-use super::record::RecordedEvent;
-use super::recorder::{MAX_NOTE, MAX_REASON, OUTBOX, Outgoing, Planned, jiff_now, to_core};
-use super::spec::Gvk;
+use super::event_recorder::{MAX_NOTE, MAX_REASON, OUTBOX, Outgoing, Planned, jiff_now, to_core};
+use crate::plugin::bindings::wasmctrl::controller::events::{Event as WitEvent, EventType, Host};
+use crate::plugin::bindings::wasmctrl::controller::types::Error as WitError;
+use crate::plugin::spec::Gvk;
 
 /// Requests the outbox's sender task has in flight at once.
 const SENDERS: usize = 4;
@@ -267,8 +267,8 @@ impl Host for EventsCtxView<'_> {
 mod tests {
     use super::*;
     use crate::plugin::bindings::wasmctrl::controller::types::{Gvk as WitGvk, ObjectRef};
+    use crate::plugin::imports::event_recorder::PLUGIN_BURST;
     use crate::plugin::metrics::{EventDropLabels, RuntimeMetrics};
-    use crate::plugin::recorder::PLUGIN_BURST;
     use crate::plugin::spec::{Permissions, SandboxLimits};
 
     /// `publish` hands each event to the outbox (no task of its own); once the outbox is

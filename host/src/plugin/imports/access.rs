@@ -22,10 +22,10 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::bindings::wasmctrl::controller::types::Error as WitError;
 use super::call::CallInfo;
-use super::metrics::RuntimeMetrics;
-use super::spec::{Gvk, Permissions, SandboxLimits};
+use crate::plugin::bindings::wasmctrl::controller::types::Error as WitError;
+use crate::plugin::metrics::RuntimeMetrics;
+use crate::plugin::spec::{Gvk, Permissions, SandboxLimits};
 
 /// The annotation `kubectl apply` keeps a copy of the applied object in.
 pub(crate) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";

@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use wasmtime::component::HasData;
 
-use super::bindings::wasmctrl::controller::config::Host;
+use crate::plugin::bindings::wasmctrl::controller::config::Host;
 
 /// The `config` import's host context.
 pub(crate) struct ConfigCtx {

@@ -17,13 +17,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::access::Access;
-use super::bindings::wasmctrl::controller::client::{
-    ApplyOptions, DeleteOptions, Host as _, PatchBody, Propagation,
-};
-use super::bindings::wasmctrl::controller::config::Host as _;
-use super::bindings::wasmctrl::controller::events::{Event, EventType, Host as _};
-use super::bindings::wasmctrl::controller::log::{Host as _, Level};
-use super::bindings::wasmctrl::controller::types::{Gvk as WitGvk, ObjectRef};
 use super::cache::{CacheCtx, CacheCtxView, CacheReader};
 use super::call::CallInfo;
 use super::client::{ClientCtx, ClientCtxView};
@@ -31,11 +24,18 @@ use super::cluster::KubeServices;
 use super::config::{ConfigCtx, ConfigCtxView};
 use super::events::{EventsCtx, EventsCtxView};
 use super::log::{LogCtx, LogCtxView};
-use super::metrics::RuntimeMetrics;
 use super::output_limit::GuestOutputLimit;
-use super::spec::{Gvk, Permissions, SandboxLimits};
 use crate::cache::{IndexFunc, IndexSpec, Writer};
 use crate::object::{Object, Transform};
+use crate::plugin::bindings::wasmctrl::controller::client::{
+    ApplyOptions, DeleteOptions, Host as _, PatchBody, Propagation,
+};
+use crate::plugin::bindings::wasmctrl::controller::config::Host as _;
+use crate::plugin::bindings::wasmctrl::controller::events::{Event, EventType, Host as _};
+use crate::plugin::bindings::wasmctrl::controller::log::{Host as _, Level};
+use crate::plugin::bindings::wasmctrl::controller::types::{Gvk as WitGvk, ObjectRef};
+use crate::plugin::metrics::RuntimeMetrics;
+use crate::plugin::spec::{Gvk, Permissions, SandboxLimits};
 
 /// A kind as a guest names it: one the harness knows, or any other.
 #[derive(Clone, Debug)]
@@ -223,7 +223,7 @@ impl ImportHarness {
         let mut events = EventsCtxView { ctx: &self.events, call: &info };
         let mut log = LogCtxView { ctx: &self.log, call: &info };
         let mut config = ConfigCtxView { ctx: &self.config };
-        use super::bindings::wasmctrl::controller::cache::Host as _;
+        use crate::plugin::bindings::wasmctrl::controller::cache::Host as _;
         let shown = match call {
             ImportCall::CacheGet { kind, namespace, name } => {
                 cache.get(kind.wit(), namespace, name).map(|r| format!("{r:?}"))

@@ -33,12 +33,12 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
-use super::PluginError;
-use super::bindings::{PluginIndices, PluginPre};
 use super::engine::{PluginEngine, SharedComponent};
-use super::runtime::{AdmissionExports, AdmissionIndices};
-use super::state::HostState;
-use super::tier::Tier;
+use super::plugin::{AdmissionExports, AdmissionIndices};
+use super::store_data::HostState;
+use crate::plugin::PluginError;
+use crate::plugin::bindings::{PluginIndices, PluginPre};
+use crate::plugin::compile::tier::Tier;
 
 /// Compiled code ready to instantiate.
 pub(crate) struct Code {

@@ -1,16 +1,16 @@
 //! What a `.wasm` file is and whether it fits the `plugin` world (`wasmctrl check`).
 //!
 //! The check is the one loading does: refuse a WASI import the host does not grant (see
-//! [`super::wasi`]), link against the host's imports (the granted WASI plus
+//! [`crate::plugin::imports::wasi`]), link against the host's imports (the granted WASI plus
 //! `wasmctrl:controller`) and type-check the `reconciler` export and the admission exports
 //! (`validator`, `mutator`) it has. A report never runs guest code.
 
 use std::fmt;
 
-use super::PluginError;
-use super::bindings::PluginPre;
 use super::engine::PluginEngine;
-use super::runtime::{AdmissionExports, AdmissionIndices};
+use super::plugin::{AdmissionExports, AdmissionIndices};
+use crate::plugin::PluginError;
+use crate::plugin::bindings::PluginPre;
 
 /// The interface a plugin must export; its package names the world it targets.
 const RECONCILER: &str = "wasmctrl:controller/reconciler";
@@ -56,8 +56,9 @@ pub fn inspect_component(engine: &PluginEngine, wasm: &[u8]) -> Result<Component
     let world = exports.iter().find_map(|e| {
         e.strip_prefix(RECONCILER).map(|version| format!("wasmctrl:controller/{world_name}{version}"))
     });
-    let ungranted = super::wasi::ungranted_imports(imports.iter().map(String::as_str));
-    let fits = if ungranted.is_empty() { Ok(()) } else { Err(super::wasi::refusal(&ungranted)) };
+    let ungranted = crate::plugin::imports::wasi::ungranted_imports(imports.iter().map(String::as_str));
+    let fits =
+        if ungranted.is_empty() { Ok(()) } else { Err(crate::plugin::imports::wasi::refusal(&ungranted)) };
     let fits = fits.and_then(|()| {
         engine.linker_for(&component).instantiate_pre(&component).map_err(|e| format!("{e:#}")).and_then(
             |pre| {

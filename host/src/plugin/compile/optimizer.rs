@@ -2,8 +2,8 @@
 //! compile cache; used by loads that wait for it and by background tier-ups alike.
 //!
 //! Invariants:
-//! - Every compile runs holding a [`Gate`] permit, which the caller takes (a load with
-//!   [`Gate::enter`], a tier-up with [`Gate::enter_background`]); the permit is let go as
+//! - Every compile runs holding a [`CompilePermits`] permit, which the caller takes (a load with
+//!   [`CompilePermits::enter`], a tier-up with [`CompilePermits::enter_background`]); the permit is let go as
 //!   soon as the compile is done, before the artifact is written.
 //! - An artifact is read only from the cache file of the same content hash and engine
 //!   fingerprint, and only once the compile cache checked its file and its MAC (see
@@ -12,7 +12,7 @@
 //! - A cache directory that cannot be written never fails a compile: the artifact is then
 //!   used from memory.
 //! - With a compile program configured ([`EngineConfig::compile_process`]), compiles run
-//!   in a child process ([`super::compile_process`]), under its time, memory and output
+//!   in a child process ([`super::child`]), under its time, memory and output
 //!   limits. When the child cannot be used (not started, another build) the compile runs
 //!   here instead, with a warning; when the component failed the compile there (does not
 //!   compile, over a limit, crashed the child) the load fails and it is never compiled here.
@@ -30,12 +30,13 @@ use parking_lot::Mutex;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::PluginError;
+use super::child::{ChildFailure, CompileSettings, compatible, compile_in_child};
 use super::compile_cache::{CompileCache, EngineFingerprint, Rejection};
-use super::compile_process::{ChildFailure, CompileLimits, CompileSettings, compatible, compile_in_child};
-use super::gate::{Gate, Permit};
+use super::permits::{CompilePermits, Permit};
+use super::settings::CompileLimits;
+use crate::plugin::PluginError;
 
-/// The optimising compiler of one engine, with its compile cache and gate; cheap to clone.
+/// The optimising compiler of one engine, with its compile cache and compile permits; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Optimizer {
     /// The runtime engine: every component is loaded into it.
@@ -50,7 +51,7 @@ pub(crate) struct Optimizer {
     disk: Option<CompileCache>,
     /// The runtime engine's fingerprint (artifact names and MACs).
     fingerprint: EngineFingerprint,
-    gate: Arc<Gate>,
+    permits: Arc<CompilePermits>,
 }
 
 impl Optimizer {
@@ -62,7 +63,7 @@ impl Optimizer {
         compile_process: Option<PathBuf>,
         compile_limits: CompileLimits,
         disk: Option<CompileCache>,
-        gate: Arc<Gate>,
+        permits: Arc<CompilePermits>,
     ) -> Self {
         let compilers = Arc::new(Compilers::new(settings, &engine));
         let fingerprint = EngineFingerprint::of(&engine);
@@ -74,7 +75,7 @@ impl Optimizer {
             compiled_in_child: Arc::default(),
             disk,
             fingerprint,
-            gate,
+            permits,
         }
     }
 
@@ -84,8 +85,8 @@ impl Optimizer {
     }
 
     /// Bounds the compiles running at once.
-    pub fn gate(&self) -> &Gate {
-        &self.gate
+    pub fn permits(&self) -> &CompilePermits {
+        &self.permits
     }
 
     /// Whether the cache has an artifact of the wasm with hex SHA-256 `hash` (not whether
@@ -142,7 +143,7 @@ impl Optimizer {
     /// Compiles `wasm` without touching the cache (waits for a permit like a load).
     pub fn compile_uncached(&self, wasm: &[u8]) -> Result<Component, PluginError> {
         let artifact = {
-            let _permit = self.gate.enter();
+            let _permit = self.permits.enter();
             self.precompile(wasm)?
         };
         self.load_artifact(&artifact)
@@ -280,8 +281,8 @@ mod tests {
 
     #[test]
     fn compiles_run_in_an_engine_of_their_own_gone_when_the_last_ends() {
-        let config = super::super::EngineConfig { pooling: None, ..Default::default() };
-        let runtime = Engine::new(&super::super::engine::wasm_config(&config)).unwrap();
+        let config = crate::plugin::EngineConfig { pooling: None, ..Default::default() };
+        let runtime = Engine::new(&crate::plugin::compile::settings::wasm_config(&config)).unwrap();
         let settings = CompileSettings::of(&config);
         let optimizer = Optimizer::new(
             runtime.clone(),
@@ -289,12 +290,12 @@ mod tests {
             None,
             CompileLimits::default(),
             None,
-            Arc::new(Gate::new(2)),
+            Arc::new(CompilePermits::new(2)),
         );
         let wasm = wasmctrl_testkit::guests::wasm("test-plugin-panic");
         assert!(!optimizer.compile_engine_exists());
 
-        let component = optimizer.compile(&wasm, "a", optimizer.gate().enter()).unwrap();
+        let component = optimizer.compile(&wasm, "a", optimizer.permits().enter()).unwrap();
         assert!(Engine::same(component.engine(), &runtime), "loaded into the runtime engine");
         assert!(!optimizer.compile_engine_exists(), "dropped once its compile ended");
 

@@ -24,11 +24,11 @@ use std::sync::Arc;
 use wasmtime::component::HasData;
 
 use super::access::Access;
-use super::bindings::wasmctrl::controller::cache::Host;
-use super::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
 use super::call::CallInfo;
-use super::spec::Gvk;
 use crate::object::{Object, key_of};
+use crate::plugin::bindings::wasmctrl::controller::cache::Host;
+use crate::plugin::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
+use crate::plugin::spec::Gvk;
 
 /// Why a cache read was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

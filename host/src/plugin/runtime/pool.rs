@@ -28,23 +28,23 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::slots::{SlotQuota, SlotWaiter};
+use super::instance_slots::{SlotQuota, SlotWaiter};
 
 /// A bounded pool of `T`.
 pub struct Pool<T> {
     max: usize,
-    shared: Arc<Shared<T>>,
+    shared: Arc<PoolInner<T>>,
     /// The host's slots this pool's instances take (dropped after the instances).
     quota: Option<SlotQuota>,
 }
 
 /// What checkouts wait on, shared with the slots (which wake waiting checkouts).
-struct Shared<T> {
+struct PoolInner<T> {
     state: Mutex<PoolState<T>>,
     freed: Condvar,
 }
 
-impl<T: Send> SlotWaiter for Shared<T> {
+impl<T: Send> SlotWaiter for PoolInner<T> {
     fn wake(&self) {
         // Under the lock: a checkout that was refused a slot is waiting by now.
         let _s = self.state.lock();
@@ -88,7 +88,7 @@ impl<T> Pool<T> {
     pub fn with_quota(max: usize, quota: Option<SlotQuota>) -> Self {
         Pool {
             max: max.max(1),
-            shared: Arc::new(Shared {
+            shared: Arc::new(PoolInner {
                 state: Mutex::new(PoolState {
                     idle: Vec::new(),
                     live: 0,
@@ -393,7 +393,7 @@ mod tests {
 
     #[test]
     fn a_checkout_waiting_for_a_slot_is_woken_when_another_pool_gives_one_back() {
-        let slots = super::super::slots::InstanceSlots::new(2, 2);
+        let slots = super::super::instance_slots::InstanceSlots::new(2, 2);
         let quota = |n| slots.register(n, n - 1).unwrap_or_else(|e| panic!("{e}"));
         let hog = Pool::with_quota(2, Some(quota(2)));
         let far = Instant::now() + Duration::from_secs(60);

@@ -16,7 +16,7 @@
 //!   and linked into place. A key file that is not a regular file of the host's uid, mode
 //!   0600 (no group or other bits), one link and 32 bytes is replaced by a new key (with a
 //!   warning): every artifact is then compiled again. The key never leaves this process (the
-//!   compile child gets a key of its own per compile, see [`super::compile_process`]).
+//!   compile child gets a key of its own per compile, see [`super::child`]).
 //! - An artifact is `<sha256 of the wasm>-<engine fingerprint, 16 hex>.cwasm`: the artifact
 //!   bytes, then a trailer (8 bytes of magic and the HMAC-SHA256, under the key, of the
 //!   engine's full fingerprint, the wasm's hash and the artifact bytes). An artifact cannot be
@@ -70,11 +70,8 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use sha2::Sha256;
 
-use super::PluginError;
-use super::metrics::RejectedArtifactLabels;
-
-/// Default byte budget of the compile cache (the host TOML's `cache-max-size`).
-pub const DEFAULT_CACHE_MAX_BYTES: u64 = 1 << 30;
+use crate::plugin::PluginError;
+use crate::plugin::metrics::RejectedArtifactLabels;
 
 /// The key file in the cache directory.
 const KEY_FILE: &str = "hmac-key";

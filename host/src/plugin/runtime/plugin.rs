@@ -12,7 +12,7 @@
 //!   access was revoked (leader lease lost): either one interrupts it there. A call blocked
 //!   in a host call (a WASI sleep or poll) is ended by its deadline, by the lease's loss and
 //!   by the host's shutdown ([`PluginEngine::shut_down_calls`]) all the same, with a trap
-//!   naming the host call it was blocked in (see [`super::call`]).
+//!   naming the host call it was blocked in (see [`crate::plugin::imports::call`]).
 //! - Data a guest returns is measured against `max-output`; more is a sandbox violation,
 //!   reported like a trap. Each store's hostcall fuel ([`hostcall_fuel`]) bounds what one
 //!   host call's arguments or one export's results make wasmtime copy out of the guest,
@@ -28,13 +28,13 @@
 //! - Plugins loaded from bytes share compiled code by content hash (one compile for any
 //!   number of copies); instances idle past the engine's idle timeout are released and the
 //!   next call instantiates (and `init`s) a new one.
-//! - Tier-up (a plugin loaded on Winch code, see [`super::tier`]): when the optimised code is
+//! - Tier-up (a plugin loaded on Winch code, see [`crate::plugin::compile::tier`]): when the optimised code is
 //!   ready, new instances come from it; idle baseline instances are dropped, and one in a
 //!   call finishes that call and is then dropped (never reused). The switch changes only
 //!   which code serves a call: the pool's bound on instances (and so on calls at once) holds
 //!   across it, no call is dropped or run twice, and the plugin's queue, handlers and hook
 //!   dispatch are not involved.
-//! - Idle code (see [`super::code`]): a plugin loaded from a file with no call for the
+//! - Idle code (see [`super::plugin_code`]): a plugin loaded from a file with no call for the
 //!   engine's idle-code timeout releases its idle instances and drops its compiled code, only
 //!   while no instance exists and no call is under way (decided under the pool's lock, so
 //!   no checkout starts meanwhile) and never while on baseline code (a tier-up pending).
@@ -52,30 +52,30 @@ use std::time::{Duration, Instant};
 use wasmtime::Store;
 use wasmtime::component::Component;
 
-use super::PluginError;
-use super::access::{Access, GuestView};
-use super::bindings::Plugin as PluginBindings;
-use super::bindings::exports::wasmctrl::controller::reconciler::{
+use super::engine::PluginEngine;
+use super::idle::IdlePlugin;
+use super::plugin_code::{Code, PluginCode};
+use super::pool::{CheckoutError, Pool};
+use super::store_data::{HostState, PluginContexts};
+use crate::controller::{Action, ReconcileError, Request};
+use crate::plugin::PluginError;
+use crate::plugin::bindings::Plugin as PluginBindings;
+use crate::plugin::bindings::exports::wasmctrl::controller::reconciler::{
     FilterEvent, Hooks, ReconcileError as WitReconcileError, ReconcileResult,
 };
-use super::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as WitRequest};
-use super::cache::{CacheCtx, CacheReader};
-use super::call::{BlockedCallEnded, CallInfo, Interrupts};
-use super::client::ClientCtx;
-use super::cluster::KubeServices;
-use super::code::{Code, PluginCode};
-use super::config::ConfigCtx;
-use super::engine::PluginEngine;
-use super::events::EventsCtx;
-use super::idle::IdlePlugin;
-use super::log::LogCtx;
-use super::metrics::PluginCallLabels;
-use super::output_limit::GuestOutputLimit;
-use super::pool::{CheckoutError, Pool};
-use super::spec::{Gvk, PluginSpec};
-use super::state::{HostState, PluginContexts};
-use super::tier::{Tier, TierUpTarget};
-use crate::controller::{Action, ReconcileError, Request};
+use crate::plugin::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as WitRequest};
+use crate::plugin::compile::tier::{Tier, TierUpTarget};
+use crate::plugin::imports::access::{Access, GuestView};
+use crate::plugin::imports::cache::{CacheCtx, CacheReader};
+use crate::plugin::imports::call::{BlockedCallEnded, CallInfo, Interrupts};
+use crate::plugin::imports::client::ClientCtx;
+use crate::plugin::imports::cluster::KubeServices;
+use crate::plugin::imports::config::ConfigCtx;
+use crate::plugin::imports::events::EventsCtx;
+use crate::plugin::imports::log::LogCtx;
+use crate::plugin::imports::output_limit::GuestOutputLimit;
+use crate::plugin::metrics::PluginCallLabels;
+use crate::plugin::spec::{Gvk, PluginSpec};
 
 /// What the host gives a plugin beyond its spec: the caches of its readable kinds and
 /// (optionally) cluster access for `client` and `events`.
@@ -162,7 +162,7 @@ pub struct TierCalls {
 struct LiveInstance([prometheus_client::metrics::gauge::Gauge; 2]);
 
 impl LiveInstance {
-    fn new(metrics: &super::metrics::RuntimeMetrics, plugin: &str) -> Self {
+    fn new(metrics: &crate::plugin::metrics::RuntimeMetrics, plugin: &str) -> Self {
         let labels = crate::metrics::PluginLabels { plugin: plugin.to_owned() };
         let gauges = [metrics.live_instances.clone(), metrics.instances.get_or_create(&labels).clone()];
         gauges.iter().for_each(|g| {
@@ -286,7 +286,7 @@ impl Plugin {
     /// As [`Plugin::load`], for `wasm` as read from the file `path`. Such a plugin drops
     /// its compiled code after the engine's idle-code timeout without a call, and loads it
     /// again for the next call: from the compile cache, or, should the cache have lost it,
-    /// from `path` again if the file's content is still `wasm`'s (see [`super::code`]).
+    /// from `path` again if the file's content is still `wasm`'s (see [`super::plugin_code`]).
     pub fn load_file(
         engine: &PluginEngine,
         spec: PluginSpec,
@@ -640,7 +640,7 @@ fn wit_gvk(kind: &Gvk) -> WitGvk {
 /// the small arguments beside a body, so a body just over `max-output` reaches the import
 /// (which refuses it as `invalid`, a clear error) while anything larger traps before it is
 /// copied.
-fn hostcall_fuel(limits: &super::spec::SandboxLimits) -> usize {
+fn hostcall_fuel(limits: &crate::plugin::spec::SandboxLimits) -> usize {
     limits.max_output.saturating_add(HOSTCALL_FUEL_SLACK)
 }
 
@@ -911,11 +911,9 @@ fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSp
 }
 
 #[cfg(test)]
-#[path = "tier_up_tests.rs"]
 mod tier_up_tests;
 
 // Admission calls (`validator`, `mutator`): their own file, a child of this module.
-#[path = "admit.rs"]
 mod admit;
 pub use admit::{
     AdmissionExports, AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, GuestDenial,

@@ -8,7 +8,7 @@
 //!   plain plugin, and instantiating it looks up nothing more. A component that exports
 //!   `validator` or `mutator` with other functions than the WIT's is refused at load.
 //! - A request reaches the guest only when its kind is one the plugin admits
-//!   ([`super::super::spec::Permissions::can_admit`]: a kind of its `[[admission]]`
+//!   ([`crate::plugin::spec::Permissions::can_admit`]: a kind of its `[[admission]]`
 //!   sections, a Secret only with `permissions.read`) and its namespace is one of the
 //!   plugin's; otherwise it is refused before an instance is taken.
 //! - Each call runs under the deadline its caller gives (the webhook's budget) and the
@@ -22,14 +22,14 @@ use std::time::Instant;
 
 use wasmtime::component::{Instance as ComponentInstance, InstancePre};
 
-use super::super::bindings::admission::{
+use super::super::store_data::HostState;
+use super::{CallError, Plugin, check_output};
+use crate::plugin::bindings::admission::{
     AdmissionRequest as WitRequest, Mutator, MutatorIndices, Operation as WitOperation, UserInfo as WitUser,
     Validator, ValidatorIndices, Verdict as WitVerdict,
 };
-use super::super::bindings::wasmctrl::controller::types::Gvk as WitGvk;
-use super::super::spec::Gvk;
-use super::super::state::HostState;
-use super::{CallError, Plugin, check_output};
+use crate::plugin::bindings::wasmctrl::controller::types::Gvk as WitGvk;
+use crate::plugin::spec::Gvk;
 
 /// The export names a plugin's admission is looked up by (the host's package version; a
 /// component of any `0.2.x` matches them).

@@ -34,14 +34,14 @@ use serde_json::value::RawValue;
 use wasmtime::component::HasData;
 
 use super::access::Access;
-use super::bindings::wasmctrl::controller::client::{
+use super::call::CallInfo;
+use super::call_log::{CallLog, RecordedWrite, body_value};
+use super::cluster::KubeServices;
+use crate::plugin::bindings::wasmctrl::controller::client::{
     ApplyOptions as WitApplyOptions, DeleteOptions, Host, PatchBody as WitPatch, Propagation,
 };
-use super::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
-use super::call::CallInfo;
-use super::cluster::KubeServices;
-use super::record::{CallLog, RecordedWrite, body_value};
-use super::spec::{Gvk, owns_field_manager};
+use crate::plugin::bindings::wasmctrl::controller::types::{Error as WitError, Gvk as WitGvk};
+use crate::plugin::spec::{Gvk, owns_field_manager};
 
 /// Where a body says it belongs.
 #[derive(Deserialize)]

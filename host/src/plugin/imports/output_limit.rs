@@ -10,14 +10,14 @@
 //!   when its lines get through again, never one per dropped line.
 //! - Only lines that would be recorded spend the budget: callers ask after the level check.
 //!
-//! This module imports nothing of the runtime but [`super::metrics`].
+//! This module imports nothing of the runtime but [`crate::plugin::metrics`].
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::metrics::RuntimeMetrics;
+use crate::plugin::metrics::RuntimeMetrics;
 
 /// Lines a plugin may log in a burst.
 pub(crate) const BURST: f64 = 10_000.0;
@@ -110,7 +110,7 @@ mod tests {
         let count = |stream| {
             metrics
                 .guest_lines_dropped
-                .get_or_create(&super::super::metrics::GuestStreamLabels { plugin: "p".into(), stream })
+                .get_or_create(&crate::plugin::metrics::GuestStreamLabels { plugin: "p".into(), stream })
                 .get()
         };
         assert_eq!((count("log"), count("stdout")), (2, 1));

@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - Jobs run in the order they were submitted, one at a time, each holding a background
-//!   [`super::gate`] permit (so they count against the one-compile-per-core bound and
+//!   [`super::permits`] permit (so they count against the one-compile-per-core bound and
 //!   never take a permit a waiting load could have had). The compile runs in a thread pool
 //!   of its own with one thread fewer than the cores (at least one): the baseline compiles
 //!   of new loads and the guests' calls, on the global pool and the blocking threads, never
@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::PluginError;
-use super::metrics::{RuntimeMetrics, TierUpLabels};
 use super::optimizer::Optimizer;
 use super::tier::TieredComponent;
+use crate::plugin::PluginError;
+use crate::plugin::metrics::{RuntimeMetrics, TierUpLabels};
 
 /// A component loaded with the baseline compiler, to compile with Cranelift.
 pub(crate) struct TierUpJob {
@@ -153,7 +153,7 @@ impl Worker {
         if job.target.strong_count() == 0 {
             return abandoned("before compiling");
         }
-        let permit = self.optimizer.gate().enter_background();
+        let permit = self.optimizer.permits().enter_background();
         if job.target.strong_count() == 0 {
             return abandoned("before compiling");
         }

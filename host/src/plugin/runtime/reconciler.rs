@@ -19,11 +19,11 @@ use std::sync::mpsc;
 
 use futures::future::BoxFuture;
 
-use super::runtime::{FilterInput, Plugin};
-use super::spec::Gvk;
+use super::plugin::{FilterInput, Plugin};
 use crate::controller::{Action, Filter, FilterEvent, Mapper, ReconcileError, Reconciler, Request};
 use crate::informer::ResourceEventHandler;
 use crate::object::{DeletedObject, Object};
+use crate::plugin::spec::Gvk;
 
 enum Notification {
     Add {
@@ -46,16 +46,16 @@ enum Notification {
 
 /// Whether the dispatcher may call hooks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum GateState {
+enum HookGateState {
     Closed,
     Open,
     /// Dropped before it opened: deliver nothing.
     Abandoned,
 }
 
-type Gate = Arc<(parking_lot::Mutex<GateState>, parking_lot::Condvar)>;
+type HookGate = Arc<(parking_lot::Mutex<HookGateState>, parking_lot::Condvar)>;
 
-fn set_gate(gate: &Gate, from: GateState, to: GateState) {
+fn set_gate(gate: &HookGate, from: HookGateState, to: HookGateState) {
     let (lock, cond) = &**gate;
     let mut g = lock.lock();
     if *g == from {
@@ -65,25 +65,25 @@ fn set_gate(gate: &Gate, from: GateState, to: GateState) {
 }
 
 /// Waits until the gate is no longer closed; true when it opened.
-fn wait_gate(gate: &Gate) -> bool {
+fn wait_gate(gate: &HookGate) -> bool {
     let (lock, cond) = &**gate;
     let mut g = lock.lock();
-    while *g == GateState::Closed {
+    while *g == HookGateState::Closed {
         cond.wait(&mut g);
     }
-    *g == GateState::Open
+    *g == HookGateState::Open
 }
 
 /// A plugin adapted to the controller and the informers.
 pub struct PluginReconciler {
     plugin: Plugin,
     notifications: mpsc::Sender<Notification>,
-    gate: Gate,
+    gate: HookGate,
 }
 
 impl Drop for PluginReconciler {
     fn drop(&mut self) {
-        set_gate(&self.gate, GateState::Closed, GateState::Abandoned);
+        set_gate(&self.gate, HookGateState::Closed, HookGateState::Abandoned);
     }
 }
 
@@ -101,7 +101,8 @@ impl PluginReconciler {
     pub fn new_gated(plugin: Plugin) -> Result<Arc<Self>, std::io::Error> {
         let (tx, rx) = mpsc::channel::<Notification>();
         let p = plugin.clone();
-        let gate: Gate = Arc::new((parking_lot::Mutex::new(GateState::Closed), parking_lot::Condvar::new()));
+        let gate: HookGate =
+            Arc::new((parking_lot::Mutex::new(HookGateState::Closed), parking_lot::Condvar::new()));
         let thread_gate = gate.clone();
         std::thread::Builder::new().name(format!("plugin-{}", plugin.name())).spawn(move || {
             if !wait_gate(&thread_gate) {
@@ -149,7 +150,7 @@ impl PluginReconciler {
 
     /// Lets the dispatcher call the hooks (what was queued first, in order).
     pub fn open_hooks(&self) {
-        set_gate(&self.gate, GateState::Closed, GateState::Open);
+        set_gate(&self.gate, HookGateState::Closed, HookGateState::Open);
     }
 
     /// The adapted plugin.

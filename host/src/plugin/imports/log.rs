@@ -26,10 +26,10 @@ use std::sync::Arc;
 
 use wasmtime::component::HasData;
 
-use super::bindings::wasmctrl::controller::log::{Host, Level};
 use super::call::CallInfo;
 use super::callsites::{self, TARGET};
 use super::output_limit::GuestOutputLimit;
+use crate::plugin::bindings::wasmctrl::controller::log::{Host, Level};
 
 /// The `log` import's host context.
 pub(crate) struct LogCtx {

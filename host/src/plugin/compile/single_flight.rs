@@ -24,13 +24,13 @@ struct Slot<T, E> {
     result: OnceLock<Result<T, E>>,
 }
 
-/// A loaded value; the key stays shared while any `Shared` of it is alive.
-pub struct Shared<T, E> {
+/// A loaded value; the key stays shared while any `SharedLoad` of it is alive.
+pub struct SharedLoad<T, E> {
     value: T,
     slot: Arc<Slot<T, E>>,
 }
 
-impl<T, E> Shared<T, E> {
+impl<T, E> SharedLoad<T, E> {
     /// The value.
     pub fn value(&self) -> &T {
         &self.value
@@ -42,24 +42,24 @@ impl<T, E> Shared<T, E> {
     }
 }
 
-impl<T: Clone, E> Clone for Shared<T, E> {
+impl<T: Clone, E> Clone for SharedLoad<T, E> {
     fn clone(&self) -> Self {
-        Shared { value: self.value.clone(), slot: self.slot.clone() }
+        SharedLoad { value: self.value.clone(), slot: self.slot.clone() }
     }
 }
 
 /// Values by key, loaded once while in use.
-pub struct Registry<K, T, E> {
+pub struct SingleFlight<K, T, E> {
     slots: Mutex<HashMap<K, Weak<Slot<T, E>>>>,
 }
 
-impl<K, T, E> Default for Registry<K, T, E> {
+impl<K, T, E> Default for SingleFlight<K, T, E> {
     fn default() -> Self {
-        Registry { slots: Mutex::new(HashMap::new()) }
+        SingleFlight { slots: Mutex::new(HashMap::new()) }
     }
 }
 
-/// What [`Registry::get_or_load`] did for its caller.
+/// What [`SingleFlight::get_or_load`] did for its caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// This caller ran the load.
@@ -68,14 +68,14 @@ pub enum Outcome {
     Shared,
 }
 
-impl<K: Eq + Hash + Clone, T: Clone, E: Clone> Registry<K, T, E> {
+impl<K: Eq + Hash + Clone, T: Clone, E: Clone> SingleFlight<K, T, E> {
     /// The value for `key`: the one in use or being loaded by another caller, else what
     /// `load` returns (run on this thread, outside the lock).
     pub fn get_or_load(
         &self,
         key: &K,
         load: impl FnOnce() -> Result<T, E>,
-    ) -> Result<(Shared<T, E>, Outcome), E> {
+    ) -> Result<(SharedLoad<T, E>, Outcome), E> {
         let slot = {
             let mut slots = self.slots.lock();
             match slots.get(key).and_then(Weak::upgrade) {
@@ -100,7 +100,7 @@ impl<K: Eq + Hash + Clone, T: Clone, E: Clone> Registry<K, T, E> {
             Ok(value) => {
                 let value = value.clone();
                 Ok((
-                    Shared { value, slot: slot.clone() },
+                    SharedLoad { value, slot: slot.clone() },
                     if ran { Outcome::Loaded } else { Outcome::Shared },
                 ))
             }
@@ -132,7 +132,7 @@ mod tests {
 
     #[test]
     fn concurrent_requests_for_one_key_share_one_load() {
-        let registry: Arc<Registry<&str, usize, String>> = Arc::default();
+        let registry: Arc<SingleFlight<&str, usize, String>> = Arc::default();
         let loads = Arc::new(AtomicUsize::new(0));
         let start = Arc::new(Barrier::new(16));
         let threads: Vec<_> = (0..16)
@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn values_are_shared_only_while_in_use() {
-        let registry: Registry<u8, u32, String> = Registry::default();
+        let registry: SingleFlight<u8, u32, String> = SingleFlight::default();
         let loads = AtomicUsize::new(0);
         let load = || {
             loads.fetch_add(1, Ordering::SeqCst);
@@ -183,7 +183,7 @@ mod tests {
 
     #[test]
     fn a_failed_load_is_retried_by_the_next_request() {
-        let registry: Registry<u8, u32, String> = Registry::default();
+        let registry: SingleFlight<u8, u32, String> = SingleFlight::default();
         let err = registry.get_or_load(&1, || Err("broken".to_owned())).err();
         assert_eq!(err.as_deref(), Some("broken"));
         assert_eq!(registry.live(), 0);

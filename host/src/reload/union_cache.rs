@@ -15,8 +15,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::cache::{BoundedCollector, CacheReadError, CacheReader, ListBound};
 use crate::object::Object;
+use crate::plugin::imports::cache::{BoundedCollector, CacheReadError, CacheReader, ListBound};
 
 /// The union of several caches of one kind.
 pub struct UnionCache {

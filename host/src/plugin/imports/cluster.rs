@@ -23,10 +23,10 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::bindings::wasmctrl::controller::types::Error as WitError;
-use super::record::CallLog;
-use super::recorder::EventRecorder;
-use super::spec::Gvk;
+use super::call_log::CallLog;
+use super::event_recorder::EventRecorder;
+use crate::plugin::bindings::wasmctrl::controller::types::Error as WitError;
+use crate::plugin::spec::Gvk;
 use crate::source::{ApiResource, Discovery, DiscoveryError};
 
 /// The host's cluster access shared by every plugin: client, runtime, discovery cache,

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::PluginError;
+use crate::plugin::PluginError;
 
 /// Something holding instances and code it can let go of while idle (a loaded plugin).
 pub(crate) trait IdlePlugin: Send + Sync {

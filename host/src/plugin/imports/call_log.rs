@@ -1,13 +1,13 @@
 //! A log of the writes and Events a plugin asks for, for fixture runs (`wasmctrl test`).
 //!
-//! Invariants: a [`CallLog`] is attached to [`super::KubeServices`] only when one is asked
+//! Invariants: a [`CallLog`] is attached to [`crate::plugin::KubeServices`] only when one is asked
 //! for (the production host never records); each entry is what the plugin sent (the body
 //! as JSON, the target, the options) and how the call ended, in call order.
 
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use super::spec::Gvk;
+use crate::plugin::spec::Gvk;
 
 /// One write through the `client` import.
 #[derive(Clone, Debug, PartialEq)]
