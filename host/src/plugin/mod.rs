@@ -2,8 +2,7 @@
 //! `wasmctrl:controller/plugin` world) in wasmtime sandboxes.
 //!
 //! Three rooms on a floor, each room importing only the floor and the rooms below it (the
-//! `rooms_import_only_downwards` test below reads the sources and fails on an import
-//! against this order):
+//! tests of `rooms_tests.rs` read the sources and fail on an import against this order):
 //!
 //! ```text
 //!            runtime            instances, pool, calls, the engine and its linker
@@ -53,6 +52,9 @@ pub(crate) mod imports;
 pub(crate) mod metrics;
 pub(crate) mod runtime;
 pub mod spec;
+
+#[cfg(test)]
+mod rooms_tests;
 
 pub use compile::child::serve_compile;
 pub use compile::settings::{

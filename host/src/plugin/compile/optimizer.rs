@@ -281,7 +281,7 @@ mod tests {
 
     #[test]
     fn compiles_run_in_an_engine_of_their_own_gone_when_the_last_ends() {
-        let config = crate::plugin::EngineConfig { pooling: None, ..Default::default() };
+        let config = crate::plugin::compile::settings::EngineConfig { pooling: None, ..Default::default() };
         let runtime = Engine::new(&crate::plugin::compile::settings::wasm_config(&config)).unwrap();
         let settings = CompileSettings::of(&config);
         let optimizer = Optimizer::new(

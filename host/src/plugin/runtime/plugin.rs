@@ -374,7 +374,7 @@ impl Plugin {
         let tier = code.tier;
         // One instance per concurrent reconcile plus one for notifications (hooks, map,
         // filter), so those never wait behind a full set of reconciles; each holds one of
-        // the host's instance slots, of which a plugin gets a fair share (see `slots`).
+        // the host's instance slots, of which a plugin gets a fair share (see `instance_slots`).
         let size = spec.concurrency + 1;
         let quota = engine
             .instance_slots()

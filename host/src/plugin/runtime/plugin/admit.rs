@@ -1,5 +1,5 @@
 //! Admission calls into a plugin: the `validator` and `mutator` exports that
-//! `wasmctrl:controller@0.2.1` adds. A child of `runtime`: the calls use its instance
+//! `wasmctrl:controller@0.2.1` adds. A child of `runtime::plugin`: the calls use its instance
 //! pool, limits and trap handling like every other export.
 //!
 //! Invariants:
