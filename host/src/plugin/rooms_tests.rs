@@ -5,9 +5,10 @@
 //!
 //! A reference is a path through `crate::plugin::` or through enough `super::` to reach
 //! `plugin` from the file's module (one more inside an inline module such as `mod tests`,
-//! which comes last in a file); comments are left out. The plugin-level name it reaches must be one the file's room may import. A
-//! re-export of `plugin/mod.rs` counts as its room's, not as the floor's, so a path like
-//! `crate::plugin::Plugin` from `compile` is refused too.
+//! which comes last in a file); comments are left out. The plugin-level name it reaches
+//! must be one the file's room may import. A re-export of `plugin/mod.rs` counts as its
+//! room's, not as the floor's, so a path like `crate::plugin::Plugin` from `compile` is
+//! refused too.
 
 use std::path::{Path, PathBuf};
 

@@ -2,17 +2,18 @@
 //! compile cache; used by loads that wait for it and by background tier-ups alike.
 //!
 //! Invariants:
-//! - Every compile runs holding a [`CompilePermits`] permit, which the caller takes (a load with
-//!   [`CompilePermits::enter`], a tier-up with [`CompilePermits::enter_background`]); the permit is let go as
-//!   soon as the compile is done, before the artifact is written.
+//! - Every compile runs holding a [`CompilePermits`] permit, which the caller takes (a load
+//!   with [`CompilePermits::enter`], a tier-up with [`CompilePermits::enter_background`]);
+//!   the permit is let go as soon as the compile is done, before the artifact is written.
 //! - An artifact is read only from the cache file of the same content hash and engine
 //!   fingerprint, and only once the compile cache checked its file and its MAC (see
 //!   [`super::compile_cache`]); one that fails a check or does not load is removed and
 //!   reported as absent, so it is recompiled and replaced.
 //! - A cache directory that cannot be written never fails a compile: the artifact is then
 //!   used from memory.
-//! - With a compile program configured ([`EngineConfig::compile_process`]), compiles run
-//!   in a child process ([`super::child`]), under its time, memory and output
+//! - With a compile program configured
+//!   ([`EngineConfig::compile_process`](super::settings::EngineConfig::compile_process)),
+//!   compiles run in a child process ([`super::child`]), under its time, memory and output
 //!   limits. When the child cannot be used (not started, another build) the compile runs
 //!   here instead, with a warning; when the component failed the compile there (does not
 //!   compile, over a limit, crashed the child) the load fails and it is never compiled here.
@@ -36,7 +37,8 @@ use super::permits::{CompilePermits, Permit};
 use super::settings::CompileLimits;
 use crate::plugin::PluginError;
 
-/// The optimising compiler of one engine, with its compile cache and compile permits; cheap to clone.
+/// The optimising compiler of one engine, with its compile cache and compile permits;
+/// cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Optimizer {
     /// The runtime engine: every component is loaded into it.

@@ -56,10 +56,10 @@ pub struct EngineConfig {
     /// `wasmctrl` binary passes itself). The host then never runs the optimising compiler:
     /// its code and memory stay out of the host's RSS. A compile the program fails is done
     /// in this process instead, with a warning. `None` (the default here) compiles in this
-    /// process. See [`super::child`].
+    /// process. See `compile::child`.
     pub compile_process: Option<PathBuf>,
     /// What one compile in the compile program may take: time (the host TOML's
-    /// `compile-timeout`), address space and output. See [`super::child`].
+    /// `compile-timeout`), address space and output. See `compile::child`.
     pub compile_limits: CompileLimits,
 }
 

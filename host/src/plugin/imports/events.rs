@@ -3,8 +3,8 @@
 //!
 //! Layering: [`EventsCtx`] (the plugin's grants and cluster access) is this interface's whole
 //! host context, reached through [`EventsCtxView`]; cluster access comes from
-//! [`super::cluster`], the spam filter, rate limits and aggregation from [`super::event_recorder`].
-//! This module imports neither the `client` import nor the store's state.
+//! [`super::cluster`], the spam filter, rate limits and aggregation from
+//! [`super::event_recorder`]. This module imports neither the `client` import nor the store's state.
 //!
 //! Invariants:
 //! - A plugin publishes Events only about objects it may read: the regarding kind must be

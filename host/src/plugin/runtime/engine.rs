@@ -1,42 +1,52 @@
-//! The host's wasmtime [`Engine`]s (Cranelift, and Winch when tier-up is on), their epoch
-//! ticker and the on-disk compile cache.
+//! The host's wasmtime [`Engine`]s (Cranelift, and Winch when tier-up is on), their linker,
+//! their epoch ticker and the loads of components through the compile pipeline
+//! (`plugin::compile`).
+//!
+//! Layering: the engine settings ([`EngineConfig`]) and every compile live in
+//! `plugin::compile`; this module links the host imports (`plugin::imports`) against the
+//! store's data ([`HostState`]) and builds on the compile pipeline, which imports nothing
+//! of it.
 //!
 //! Invariants:
 //! - The optimising engine is configured once (Cranelift, epoch interruption, optional
-//!   pooling allocator) and shared by every plugin; so is the [`Linker`]: the WASI interfaces of
-//!   [`crate::plugin::imports::wasi`] and each `wasmctrl:controller` import, every interface linked on its
-//!   own with a getter that hands out only that interface's view of the store's state.
+//!   pooling allocator) and shared by every plugin; so is the [`Linker`]: the WASI
+//!   interfaces of [`wasi`] and each `wasmctrl:controller` import, every interface linked
+//!   on its own with a getter that hands out only that interface's view of the store's
+//!   state.
 //!   With tier-up on, a baseline engine (Winch, otherwise the same settings) has a linker
 //!   linked the same way; a component runs only in stores of the engine that compiled it.
 //! - A component importing a WASI interface the host does not link is refused before any
 //!   instance of it exists ([`PluginEngine::check_imports`]), naming the interface.
-//! - By default ([`EngineTuning`]) each linear memory gets wasmtime's 4 GiB reservation plus
-//!   its guard region (address space only, also under the pooling allocator), so compiled
-//!   guest code has no explicit bounds check on loads and stores; a plugin's `memory` limit
-//!   is enforced at `memory.grow` either way.
+//! - By default ([`EngineConfig::tuning`]) each linear memory gets wasmtime's 4 GiB
+//!   reservation plus its guard region (address space only, also under the pooling
+//!   allocator), so compiled guest code has no explicit bounds check on loads and stores; a
+//!   plugin's `memory` limit is enforced at `memory.grow` either way.
 //! - While a [`PluginEngine`] lives, a ticker thread bumps every engine's epoch every
 //!   [`EngineConfig::epoch_tick`]; running calls check their deadline (and cancellation)
 //!   at each tick. The thread stops when the last handle is dropped.
-//! - Compiled artifacts live in the on-disk [`crate::plugin::compile::compile_cache`] (a directory of the
-//!   host's uid, artifacts authenticated with the host's key, atomic writes, a byte budget,
-//!   least recently used out first). An artifact that fails a check or does not load is
+//! - Compiled artifacts live in the on-disk compile cache
+//!   ([`crate::plugin::compile::compile_cache`]: a directory of the host's uid, artifacts
+//!   authenticated with the host's key, atomic writes, a byte budget, least recently used
+//!   out first). An artifact that fails a check or does not load is
 //!   removed and recompiled, never loaded. A cache directory that is refused (another
 //!   uid's) leaves the engine without a cache, with an error logged. Only Cranelift
 //!   artifacts are cached.
 //! - [`PluginEngine::shared_component`] compiles (or loads from the cache) once per content
 //!   hash: concurrent loads of the same bytes wait for one compile, and the compiled code is
-//!   shared by every plugin using it for as long as one does (see [`crate::plugin::compile::single_flight`]).
+//!   shared by every plugin using it for as long as one does (see
+//!   [`crate::plugin::compile::single_flight`]).
 //! - Tier-up ([`EngineConfig::tier_up`]): a load that misses the compile cache compiles with
-//!   Winch and returns at once; Cranelift compiles the same bytes in the background
-//!   ([`crate::plugin::compile::tier_up`]) and the plugins switch to its code when ready ([`crate::plugin::compile::tier`]).
+//!   Winch ([`crate::plugin::compile::baseline`]) and returns at once; Cranelift compiles
+//!   the same bytes in the background ([`crate::plugin::compile::tier_up`]) and the plugins
+//!   switch to its code when ready ([`crate::plugin::compile::tier`]).
 //!   A cache hit is used directly (no Winch). A component Winch cannot compile is compiled
 //!   by Cranelift before the load returns, as with tier-up off: Winch's refusal never fails
 //!   a load. With a compile program, Winch compiles run there too, under the same limits
 //!   (a component that breaks them fails its load, as with Cranelift).
 //! - Idle resources ([`super::idle`]): instances idle for [`EngineConfig::idle_instance_timeout`]
-//!   are released; plugins without a call for [`EngineConfig::idle_code_timeout`] drop their
-//!   compiled code ([`super::plugin_code`]), and [`PluginEngine::reload_component`] gives it back
-//!   through the shared registry (the compile cache, normally).
+//!   are released; plugins without a call for [`EngineConfig::idle_code_timeout`] drop
+//!   their compiled code ([`super::plugin_code`]), and [`PluginEngine::reload_component`]
+//!   gives it back through the single-flight registry (the compile cache, normally).
 //! - At most one Cranelift compile per core (and at least two) runs at once (each already uses every core);
 //!   loads beyond that wait, so loading many distinct plugins at once does not hold the
 //!   intermediate state of all their compiles in memory together. Background tier-ups wait
@@ -532,7 +542,7 @@ impl PluginEngine {
     }
 
     /// Refuses `component` when it imports a WASI interface the host does not link (see
-    /// [`crate::plugin::imports::wasi`]); `plugin` names it in the message.
+    /// `plugin::imports::wasi`); `plugin` names it in the message.
     pub fn check_imports(&self, plugin: &str, component: &Component) -> Result<(), PluginError> {
         let ty = component.component_type();
         let imports: Vec<&str> = ty.imports(component.engine()).map(|(name, _)| name).collect();

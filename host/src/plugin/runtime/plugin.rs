@@ -28,12 +28,12 @@
 //! - Plugins loaded from bytes share compiled code by content hash (one compile for any
 //!   number of copies); instances idle past the engine's idle timeout are released and the
 //!   next call instantiates (and `init`s) a new one.
-//! - Tier-up (a plugin loaded on Winch code, see [`crate::plugin::compile::tier`]): when the optimised code is
-//!   ready, new instances come from it; idle baseline instances are dropped, and one in a
-//!   call finishes that call and is then dropped (never reused). The switch changes only
-//!   which code serves a call: the pool's bound on instances (and so on calls at once) holds
-//!   across it, no call is dropped or run twice, and the plugin's queue, handlers and hook
-//!   dispatch are not involved.
+//! - Tier-up (a plugin loaded on Winch code, see [`crate::plugin::compile::tier`]): when
+//!   the optimised code is ready, new instances come from it; idle baseline instances are
+//!   dropped, and one in a call finishes that call and is then dropped (never reused). The
+//!   switch changes only which code serves a call: the pool's bound on instances (and so on
+//!   calls at once) holds across it, no call is dropped or run twice, and the plugin's
+//!   queue, handlers and hook dispatch are not involved.
 //! - Idle code (see [`super::plugin_code`]): a plugin loaded from a file with no call for the
 //!   engine's idle-code timeout releases its idle instances and drops its compiled code, only
 //!   while no instance exists and no call is under way (decided under the pool's lock, so

@@ -2,16 +2,16 @@
 //! call in progress, the store's limits and the WASI context.
 //!
 //! Layering: this module sits above the imports (`cache`, `client`, `events`, `log`,
-//! `config`, [`crate::plugin::imports::wasi`]) and imports each one's context type; none of them imports
-//! this module. The engine links each interface with a getter that hands out only that
-//! interface's view of a [`HostState`] (as wasmtime's WASI host code does), so an import
-//! can reach nothing but its own context and the call in progress.
+//! `config`, [`wasi`](crate::plugin::imports::wasi)) and imports each one's context type;
+//! none of them imports this module. The engine links each interface with a getter that
+//! hands out only that interface's view of a [`HostState`] (as wasmtime's WASI host code
+//! does), so an import can reach nothing but its own context and the call in progress.
 //!
 //! Invariants:
 //! - What every instance of a plugin shares ([`PluginContexts`]) is built once per plugin;
 //!   an instance's own state is its [`CallInfo`], limits, WASI context and stderr lines.
-//! - The WASI context grants nothing beyond what [`crate::plugin::imports::wasi`] documents, and its resource
-//!   table holds at most the plugin's `handles` limit of entries.
+//! - The WASI context grants nothing beyond what [`wasi`](crate::plugin::imports::wasi)
+//!   documents, and its resource table holds at most the plugin's `handles` limit of entries.
 //! - [`CallInfo`] is reset by the runtime before every call.
 
 use std::sync::Arc;
