@@ -1,8 +1,9 @@
 //! The WebAssembly plugin runtime: runs controller plugins (components targeting the
 //! `wasmctrl:controller/plugin` world) in wasmtime sandboxes.
 //!
-//! Three rooms on a floor, each room importing only the floor and the rooms below it (the
-//! tests of `rooms_tests.rs` read the sources and fail on an import against this order):
+//! Three rooms on a floor, each room importing only the floor and the rooms below it, and
+//! within a room each module only those its room's `mod.rs` lists before it (the tests of
+//! `rooms_tests.rs` read the sources and fail on an import against either order):
 //!
 //! ```text
 //!            runtime            instances, pool, calls, the engine and its linker
@@ -66,13 +67,14 @@ pub use compile::tier::Tier;
 pub use imports::cache::{CacheReadError, CacheReader};
 pub use imports::call_log::{CallLog, RecordedEvent, RecordedWrite};
 pub use imports::cluster::KubeServices;
+pub use runtime::admission_exports::AdmissionExports;
 pub use runtime::engine::{
     CodeDrops, ComponentLoads, LoadSlot, LoadedComponent, PluginEngine, SharedComponent, TierUps,
 };
 pub use runtime::inspect::{ComponentReport, inspect_component};
 pub use runtime::plugin::{
-    AdmissionExports, AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, CallError, FilterInput,
-    GuestDenial, GuestMutation, GuestVerdict, Plugin, PluginEnv, PluginHooks, TierCalls,
+    AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, CallError, FilterInput, GuestDenial,
+    GuestMutation, GuestVerdict, Plugin, PluginEnv, PluginHooks, TierCalls,
 };
 pub use runtime::pool::Pool;
 pub use runtime::reconciler::PluginReconciler;

@@ -1,7 +1,7 @@
 //! The host side of a plugin's imports: the `wasmctrl:controller` interfaces and the WASI a
 //! plugin gets.
 //!
-//! Layers, each importing only the ones before it (and the plugin runtime's floor):
+//! Modules, each importing only those listed before it (and the plugin runtime's floor):
 //! 1. `call` (the call in progress and what ends a blocked host call), `callsites` (tracing
 //!    callsites for guest log fields), `call_log` (the writes and Events of fixture runs),
 //!    `event_recorder` (the Event spam filter, rate limits and aggregation), `output_limit`

@@ -7,8 +7,8 @@
 
 use std::fmt;
 
+use super::admission_exports::{AdmissionExports, AdmissionIndices};
 use super::engine::PluginEngine;
-use super::plugin::{AdmissionExports, AdmissionIndices};
 use crate::plugin::PluginError;
 use crate::plugin::bindings::PluginPre;
 

@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 use wasmtime::Store;
 use wasmtime::component::Component;
 
+use super::admission_exports::AdmissionFuncs;
 use super::engine::PluginEngine;
 use super::idle::IdlePlugin;
 use super::plugin_code::{Code, PluginCode};
@@ -916,7 +917,5 @@ mod tier_up_tests;
 // Admission calls (`validator`, `mutator`): their own file, a child of this module.
 mod admit;
 pub use admit::{
-    AdmissionExports, AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, GuestDenial,
-    GuestMutation, GuestVerdict,
+    AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, GuestDenial, GuestMutation, GuestVerdict,
 };
-pub(crate) use admit::{AdmissionFuncs, AdmissionIndices};

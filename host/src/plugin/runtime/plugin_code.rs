@@ -33,8 +33,8 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 
+use super::admission_exports::{AdmissionExports, AdmissionIndices};
 use super::engine::{PluginEngine, SharedComponent};
-use super::plugin::{AdmissionExports, AdmissionIndices};
 use super::store_data::HostState;
 use crate::plugin::PluginError;
 use crate::plugin::bindings::{PluginIndices, PluginPre};

@@ -4,9 +4,7 @@
 //!
 //! Invariants:
 //! - Whether a plugin admits is read from its component's exports, once per compiled code
-//!   ([`AdmissionIndices`]); a component exporting neither (every 0.2.0 component) is a
-//!   plain plugin, and instantiating it looks up nothing more. A component that exports
-//!   `validator` or `mutator` with other functions than the WIT's is refused at load.
+//!   (see [`super::super::admission_exports`]).
 //! - A request reaches the guest only when its kind is one the plugin admits
 //!   ([`crate::plugin::spec::Permissions::can_admit`]: a kind of its `[[admission]]`
 //!   sections, a Secret only with `permissions.read`) and its namespace is one of the
@@ -20,75 +18,13 @@
 
 use std::time::Instant;
 
-use wasmtime::component::{Instance as ComponentInstance, InstancePre};
-
-use super::super::store_data::HostState;
+use super::super::admission_exports::AdmissionExports;
 use super::{CallError, Plugin, check_output};
 use crate::plugin::bindings::admission::{
-    AdmissionRequest as WitRequest, Mutator, MutatorIndices, Operation as WitOperation, UserInfo as WitUser,
-    Validator, ValidatorIndices, Verdict as WitVerdict,
+    AdmissionRequest as WitRequest, Operation as WitOperation, UserInfo as WitUser, Verdict as WitVerdict,
 };
 use crate::plugin::bindings::wasmctrl::controller::types::Gvk as WitGvk;
 use crate::plugin::spec::Gvk;
-
-/// The export names a plugin's admission is looked up by (the host's package version; a
-/// component of any `0.2.x` matches them).
-const VALIDATOR: &str = "wasmctrl:controller/validator@0.2.1";
-const MUTATOR: &str = "wasmctrl:controller/mutator@0.2.1";
-
-/// Which admission exports a component has.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AdmissionExports {
-    /// It exports `validator` (can serve validating webhooks).
-    pub validate: bool,
-    /// It exports `mutator` (can serve mutating webhooks).
-    pub mutate: bool,
-}
-
-impl AdmissionExports {
-    /// Whether the component exports either.
-    pub fn any(self) -> bool {
-        self.validate || self.mutate
-    }
-}
-
-/// The admission exports of one compiled component, looked up before instantiation.
-pub(crate) struct AdmissionIndices {
-    validator: Option<ValidatorIndices>,
-    mutator: Option<MutatorIndices>,
-}
-
-/// The admission exports of one instance.
-pub(crate) struct AdmissionFuncs {
-    validator: Option<Validator>,
-    mutator: Option<Mutator>,
-}
-
-impl AdmissionIndices {
-    /// Looks the exports up: absent ones are `None`; one that is there but lacks a function
-    /// of the WIT is an error.
-    pub fn new(pre: &InstancePre<HostState>) -> wasmtime::Result<Self> {
-        let exported = |name: &str| pre.component().get_export_index(None, name).is_some();
-        let validator = if exported(VALIDATOR) { Some(ValidatorIndices::new(pre)?) } else { None };
-        let mutator = if exported(MUTATOR) { Some(MutatorIndices::new(pre)?) } else { None };
-        Ok(AdmissionIndices { validator, mutator })
-    }
-
-    pub fn exports(&self) -> AdmissionExports {
-        AdmissionExports { validate: self.validator.is_some(), mutate: self.mutator.is_some() }
-    }
-
-    /// The exports of `instance` (type-checked here).
-    pub fn load(
-        &self,
-        store: &mut wasmtime::Store<HostState>,
-        instance: &ComponentInstance,
-    ) -> wasmtime::Result<AdmissionFuncs> {
-        let validator = self.validator.as_ref().map(|v| v.load(&mut *store, instance)).transpose()?;
-        let mutator = self.mutator.as_ref().map(|m| m.load(&mut *store, instance)).transpose()?;
-        Ok(AdmissionFuncs { validator, mutator })
-    }
-}
 
 /// The operation an admission request is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
