@@ -24,7 +24,7 @@
 //!   outside the plugin's namespaces is not handed over at all (the hook is not called,
 //!   `map` maps it to nothing, `filter` drops it), and requests `map` returns outside them
 //!   are dropped.
-//! - Calls block: run them on blocking threads (the adapter does).
+//! - Calls block: run them on blocking threads ([`super::reconciler`] does).
 //! - Plugins loaded from bytes share compiled code by content hash (one compile for any
 //!   number of copies); instances idle past the engine's idle timeout are released and the
 //!   next call instantiates (and `init`s) a new one.

@@ -6,15 +6,15 @@
 //!   instance of the plugin exists and no checkout can start (under its pool's lock): a call
 //!   in flight, or an instance being created, always has the code it started with.
 //! - Only code that can be had again cheaply is dropped ([`PluginCode::droppable`]): the
-//!   optimised (Cranelift) code of a plugin loaded from a file through the engine's shared
-//!   registry, while the compile cache holds its artifact. Baseline (Winch) code is never
-//!   dropped, so a pending tier-up always finds its plugin's code in place; a plugin built
-//!   from a caller's component, or loaded from bytes alone, keeps its code.
+//!   optimised (Cranelift) code of a plugin loaded from a file through the engine's
+//!   single-flight registry, while the compile cache holds its artifact. Baseline (Winch)
+//!   code is never dropped, so a pending tier-up always finds its plugin's code in place; a
+//!   plugin built from a caller's component, or loaded from bytes alone, keeps its code.
 //! - Dropping the code drops this plugin's `InstancePre` and its handle on the shared
 //!   component: the compiled code's memory goes once no other plugin shares it.
 //! - A reload runs once however many calls want the code at once (the others wait for it)
-//!   and goes through the engine's shared registry: code another plugin still shares is
-//!   reused; else the compile cache is read (~1 ms). Only when the cache has lost the
+//!   and goes through the engine's single-flight registry: code another plugin still shares
+//!   is reused; else the compile cache is read (~1 ms). Only when the cache has lost the
 //!   artifact (evicted, deleted, unusable) is the `.wasm` read again from the plugin's
 //!   file, and then used only if its content hash is still the plugin's version.
 //!
