@@ -13,7 +13,7 @@
 //!             floor             spec, bindings, metrics, PluginError (this file)
 //! ```
 //!
-//! - The floor: [`spec`] (what the runtime knows of a plugin), `bindings` (generated from
+//! - The floor: `spec` (what the runtime knows of a plugin), `bindings` (generated from
 //!   `wit/`), `metrics` (the runtime's metric families) and [`PluginError`]; it imports
 //!   nothing of the rooms.
 //! - `compile`: turning a `.wasm` into code. `settings` (the engine settings,
@@ -52,7 +52,7 @@ pub(crate) mod compile;
 pub(crate) mod imports;
 pub(crate) mod metrics;
 pub(crate) mod runtime;
-pub mod spec;
+pub(crate) mod spec;
 
 #[cfg(test)]
 mod rooms_tests;
