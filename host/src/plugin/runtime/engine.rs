@@ -12,9 +12,9 @@
 //!   pooling allocator) and shared by every plugin; so is the [`Linker`]: the WASI
 //!   interfaces of [`wasi`] and each `wasmctrl:controller` import, every interface linked
 //!   on its own with a getter that hands out only that interface's view of the store's
-//!   state.
-//!   With tier-up on, a baseline engine (Winch, otherwise the same settings) has a linker
-//!   linked the same way; a component runs only in stores of the engine that compiled it.
+//!   state. With tier-up on, a baseline engine (Winch, otherwise the same settings) has a
+//!   linker linked the same way; a component runs only in stores of the engine that
+//!   compiled it.
 //! - A component importing a WASI interface the host does not link is refused before any
 //!   instance of it exists ([`PluginEngine::check_imports`]), naming the interface.
 //! - By default ([`EngineConfig::tuning`]) each linear memory gets wasmtime's 4 GiB
@@ -27,10 +27,9 @@
 //! - Compiled artifacts live in the on-disk compile cache
 //!   ([`crate::plugin::compile::compile_cache`]: a directory of the host's uid, artifacts
 //!   authenticated with the host's key, atomic writes, a byte budget, least recently used
-//!   out first). An artifact that fails a check or does not load is
-//!   removed and recompiled, never loaded. A cache directory that is refused (another
-//!   uid's) leaves the engine without a cache, with an error logged. Only Cranelift
-//!   artifacts are cached.
+//!   out first). An artifact that fails a check or does not load is removed and
+//!   recompiled, never loaded. A cache directory that is refused (another uid's) leaves the
+//!   engine without a cache, with an error logged. Only Cranelift artifacts are cached.
 //! - [`PluginEngine::shared_component`] compiles (or loads from the cache) once per content
 //!   hash: concurrent loads of the same bytes wait for one compile, and the compiled code is
 //!   shared by every plugin using it for as long as one does (see
@@ -38,10 +37,9 @@
 //! - Tier-up ([`EngineConfig::tier_up`]): a load that misses the compile cache compiles with
 //!   Winch ([`crate::plugin::compile::baseline`]) and returns at once; Cranelift compiles
 //!   the same bytes in the background ([`crate::plugin::compile::tier_up`]) and the plugins
-//!   switch to its code when ready ([`crate::plugin::compile::tier`]).
-//!   A cache hit is used directly (no Winch). A component Winch cannot compile is compiled
-//!   by Cranelift before the load returns, as with tier-up off: Winch's refusal never fails
-//!   a load. With a compile program, Winch compiles run there too, under the same limits
+//!   switch to its code when ready ([`crate::plugin::compile::tier`]). A cache hit is used
+//!   directly (no Winch). A component Winch cannot compile is compiled by Cranelift before
+//!   the load returns, as with tier-up off: Winch's refusal never fails a load. With a compile program, Winch compiles run there too, under the same limits
 //!   (a component that breaks them fails its load, as with Cranelift).
 //! - Idle resources ([`super::idle`]): instances idle for [`EngineConfig::idle_instance_timeout`]
 //!   are released; plugins without a call for [`EngineConfig::idle_code_timeout`] drop
