@@ -1,5 +1,5 @@
-//! Compiled components shared by content hash: one compile (or cache load) per distinct
-//! `.wasm`, however many plugins use it.
+//! Single-flight loading ([`SingleFlight`]): compiled components shared by content hash, one
+//! compile (or cache load) per distinct `.wasm`, however many plugins use it.
 //!
 //! Invariants:
 //! - For one key, at most one load runs at a time: a caller that finds a load in flight
