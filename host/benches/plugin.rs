@@ -35,7 +35,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use wasmctrl::cache::Writer;
 use wasmctrl::controller::{Action, ReconcileError, Reconciler, Request};
 use wasmctrl::object::Object;
-use wasmctrl::plugin::pool::Pool;
+use wasmctrl::plugin::Pool;
 use wasmctrl::plugin::{
     CacheReader, EngineConfig, EngineTuning, Gvk, Plugin, PluginEngine, PluginEnv, PluginReconciler,
     PluginSpec, PoolingLimits,

@@ -14,7 +14,7 @@ mod config;
 pub use bodies::{list_body, object_meta, watch_stream};
 pub use config::{config_host, config_plugin};
 
-pub use crate::plugin::fuzzing::*;
+pub use crate::plugin::imports::fuzzing::*;
 pub use crate::source::fuzzing::*;
 
 /// The committed seeds of a fuzz target, for the stable tests.

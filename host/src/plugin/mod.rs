@@ -1,104 +1,84 @@
 //! The WebAssembly plugin runtime: runs controller plugins (components targeting the
 //! `wasmctrl:controller/plugin` world) in wasmtime sandboxes.
 //!
-//! Layers, each importing only the ones below it (no cycles among these modules):
+//! Three rooms on a floor, each room importing only the floor and the rooms below it, and
+//! within a room each module only those its room's `mod.rs` lists before it (the tests of
+//! `rooms_tests.rs` read the sources and fail on an import against either order):
 //!
-//! 1. Foundations, importing nothing of the runtime but each other: [`spec`] (what the runtime knows of a plugin), `bindings` (generated from
-//!    `wit/`), [`metrics`] (the runtime's metric families), `call` (the call in progress),
-//!    `callsites` (tracing callsites for guest log fields), [`record`] (the fixture call
-//!    log), `recorder` (the Event spam filter, rate limits and aggregation), `output_limit` (a
-//!    plugin's budget of guest log lines), `stdio` (guest stdout and
-//!    stderr into the log), [`shared`], `slots` (the host's instance slots, shared fairly),
-//!    [`pool`], `gate`, `idle`, [`compile_cache`],
-//!    [`tier`] (a component's code across its tier-up from Winch to Cranelift), then
-//!    `optimizer` (Cranelift through the compile cache) and `tier_up` (the background
-//!    Cranelift compiles), which import only these.
-//! 2. Shared pieces of the imports: `access` (a plugin's permission checks, and what of an
-//!    object a guest may be sent) and
-//!    [`cluster`] ([`KubeServices`], the host's cluster access, owned here so that the
-//!    `client` and `events` imports both use it without importing each other).
-//! 3. One module per WIT interface — [`cache`], [`client`], `events`, `log`, `config` —
-//!    each with its own narrow host context (`CacheCtx`, ...) implementing that interface's
-//!    generated `Host` trait through a view (`CacheCtxView`, ...), as wasmtime's WASI host
-//!    code does per interface; and [`wasi`], the WASI interfaces a plugin gets.
-//! 4. `state`: the store's `T`, a plain holder of those contexts (it imports them; they do
-//!    not import it).
-//! 5. [`engine`]: the shared engine, and the linker that links each interface with its own
-//!    getter returning only that interface's view of the state.
-//! 6. `code` (a loaded plugin's compiled code: resident, dropped while idle, reloaded),
-//!    [`runtime`] (a loaded [`Plugin`]: instance pool, blocking calls into its exports; the
-//!    admission calls of `validator` and `mutator` in its child `admit`) and
-//!    [`inspect`] (`wasmctrl check`); [`adapter`] on top ([`PluginReconciler`], the plugin
-//!    as the controller's `Reconciler` and as an informer event handler).
-//!    [`cache_union`]: one kind's cache when several informers watch it for one plugin.
+//! ```text
+//!            runtime            instances, pool, calls, the engine and its linker
+//!            /     \
+//!      imports     compile      WIT host imports  |  compile pipeline
+//!            \     /
+//!             floor             spec, bindings, metrics, PluginError (this file)
+//! ```
+//!
+//! - The floor: `spec` (what the runtime knows of a plugin), `bindings` (generated from
+//!   `wit/`), `metrics` (the runtime's metric families) and [`PluginError`]; it imports
+//!   nothing of the rooms.
+//! - `compile`: turning a `.wasm` into code. `settings` (the engine settings,
+//!   [`EngineConfig`]: a leaf importing nothing of `plugin`), the compile cache, the compile
+//!   child process, the compile permits, Cranelift through the cache (`optimizer`), Winch
+//!   (`baseline`), a component's code across its tier-up (`tier`), the background tier-ups
+//!   and the single-flight loading of components shared by content hash. It imports neither
+//!   `imports` nor `runtime`.
+//! - `imports`: the host side of the plugin's imports, one module with its own narrow host
+//!   context per WIT interface (`cache`, `client`, `events`, `log`, `config`, as wasmtime's
+//!   WASI host code does per interface) and the WASI a plugin gets (`wasi`, `stdio`), with
+//!   what they share: the call in progress (`call`), permission checks (`access`), cluster
+//!   access ([`KubeServices`]), the Event recorder, the fixture call log and the guest
+//!   output budget. It imports neither `compile` nor `runtime`.
+//! - `runtime`: running plugins. The store's data (holding each import's context), the
+//!   shared engine and its linker ([`PluginEngine`], built on `compile`), instance slots,
+//!   the instance pool, idle release, a loaded [`Plugin`] and its calls (admission calls
+//!   included), [`inspect_component`] (`wasmctrl check`) and [`PluginReconciler`] (the
+//!   plugin as the controller's `Reconciler` and as an informer event handler).
+//!
+//! The rooms are internal (`pub(crate)`); what the binary, tests, benchmarks and fuzz
+//! targets use is re-exported here.
 //!
 //! Invariants kept across the module: a plugin never gets a capability its TOML did not
-//! grant (only the WASI of [`wasi`] is linked, the filesystem and sockets granting nothing,
-//! and a component importing more is refused at check and at load; `cache`, `client` and
-//! `events` check declared kinds and namespaces); every object a guest receives, through an
-//! import or as an export's argument, is of a kind it may read, in its namespaces (else its
-//! metadata only, or nothing: see `access`); what a guest makes the host copy per host call
-//! or return value is bounded (the store's hostcall fuel, see [`runtime`]); an import reaches
-//! nothing but its own context and the call in progress; a trap fails one call and discards
-//! one instance, never the host.
+//! grant (only the WASI of `imports::wasi` is linked, the filesystem and sockets granting
+//! nothing, and a component importing more is refused at check and at load; `cache`,
+//! `client` and `events` check declared kinds and namespaces); every object a guest
+//! receives, through an import or as an export's argument, is of a kind it may read, in its
+//! namespaces (else its metadata only, or nothing: see `imports::access`); what a guest
+//! makes the host copy per host call or return value is bounded (the store's hostcall fuel,
+//! see `runtime::plugin`); an import reaches nothing but its own context and the call in
+//! progress; a trap fails one call and discards one instance, never the host.
 
-mod access;
-pub mod adapter;
 pub(crate) mod bindings;
-pub mod cache;
-pub mod cache_union;
-mod call;
-mod callsites;
-pub mod client;
-pub mod cluster;
-mod code;
-pub mod compile_cache;
-pub mod compile_process;
-mod config;
-pub mod engine;
-mod events;
-#[doc(hidden)]
-pub mod fuzzing;
-mod gate;
-mod idle;
-pub mod inspect;
-mod log;
-pub mod metrics;
-mod optimizer;
-mod output_limit;
-pub mod pool;
-pub mod record;
-mod recorder;
-pub mod runtime;
-pub mod shared;
-mod slots;
-pub mod spec;
-mod state;
-mod stdio;
-pub mod tier;
-mod tier_up;
-pub mod wasi;
+pub(crate) mod compile;
+pub(crate) mod imports;
+pub(crate) mod metrics;
+pub(crate) mod runtime;
+pub(crate) mod spec;
 
-pub use adapter::PluginReconciler;
-pub use cache::{CacheReadError, CacheReader};
-pub use cache_union::UnionCache;
-pub use cluster::KubeServices;
-pub use compile_cache::DEFAULT_CACHE_MAX_BYTES;
-pub use compile_process::{CompileLimits, DEFAULT_COMPILE_TIMEOUT};
-pub use engine::{
-    CodeDrops, ComponentLoads, DEFAULT_IDLE_CODE_TIMEOUT, DEFAULT_IDLE_INSTANCE_TIMEOUT,
-    DEFAULT_INSTANCE_SLOTS, DEFAULT_INSTANCES_PER_PLUGIN, EngineConfig, EngineTuning, LoadSlot,
-    LoadedComponent, PluginEngine, PoolingLimits, SharedComponent, TierUps,
+#[cfg(test)]
+mod rooms_tests;
+
+pub use compile::child::serve_compile;
+pub use compile::settings::{
+    CompileLimits, DEFAULT_CACHE_MAX_BYTES, DEFAULT_COMPILE_TIMEOUT, DEFAULT_IDLE_CODE_TIMEOUT,
+    DEFAULT_IDLE_INSTANCE_TIMEOUT, DEFAULT_INSTANCE_SLOTS, DEFAULT_INSTANCES_PER_PLUGIN, EngineConfig,
+    EngineTuning, PoolingLimits,
 };
-pub use inspect::{ComponentReport, inspect_component};
-pub use output_limit::DEFAULT_LOG_LINES_PER_SECOND;
-pub use record::{CallLog, RecordedEvent, RecordedWrite};
-pub use runtime::{
-    AdmissionExports, AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, CallError, FilterInput,
-    GuestDenial, GuestMutation, GuestVerdict, Plugin, PluginEnv, PluginHooks, TierCalls,
+pub use compile::tier::Tier;
+pub use imports::cache::{CacheReadError, CacheReader};
+pub use imports::call_log::{CallLog, RecordedEvent, RecordedWrite};
+pub use imports::cluster::KubeServices;
+pub use runtime::admission_exports::AdmissionExports;
+pub use runtime::engine::{
+    CodeDrops, ComponentLoads, LoadSlot, LoadedComponent, PluginEngine, SharedComponent, TierUps,
 };
-pub use spec::{Gvk, Permissions, PluginSpec, SandboxLimits};
-pub use tier::Tier;
+pub use runtime::inspect::{ComponentReport, inspect_component};
+pub use runtime::plugin::{
+    AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, CallError, FilterInput, GuestDenial,
+    GuestMutation, GuestVerdict, Plugin, PluginEnv, PluginHooks, TierCalls,
+};
+pub use runtime::pool::Pool;
+pub use runtime::reconciler::PluginReconciler;
+pub use spec::{DEFAULT_LOG_LINES_PER_SECOND, Gvk, Permissions, PluginSpec, SandboxLimits};
 
 /// Why a plugin could not be loaded.
 #[derive(Debug, Clone, thiserror::Error)]

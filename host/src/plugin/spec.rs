@@ -188,13 +188,17 @@ pub struct SandboxLimits {
     pub handles: usize,
 }
 
+/// Guest log lines a second a plugin may log, sustained, unless its TOML (or the host's
+/// `[defaults]`) says `log-lines-per-second`.
+pub const DEFAULT_LOG_LINES_PER_SECOND: u32 = 1_000;
+
 impl Default for SandboxLimits {
     fn default() -> Self {
         SandboxLimits {
             deadline: Duration::from_secs(5),
             memory: 64 << 20,
             max_output: 4 << 20,
-            log_lines_per_second: super::output_limit::DEFAULT_LOG_LINES_PER_SECOND,
+            log_lines_per_second: DEFAULT_LOG_LINES_PER_SECOND,
             table_elements: 100_000,
             instances: 64,
             tables: 16,

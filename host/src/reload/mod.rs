@@ -7,6 +7,7 @@
 //!   read of the directory), [`code_source`] (a TOML's code: bytes and version), `handoff`
 //!   (swap, restart, first start, stop), `wiring` (one version's leases and handlers),
 //!   `slot` (the version `map`/`filter` go to), `scope` (a narrowed scope is not a delete),
+//!   `union_cache` (one kind's cache when several informers watch it for one plugin),
 //!   `parked` (queues of stopped plugins).
 //! - [`check_paths`] ([`check`]): `wasmctrl check`, the loader's validation, offline.
 //! - [`rbac_for`] ([`rbac`]): `wasmctrl rbac`, the RBAC the plugins need.
@@ -26,6 +27,7 @@ mod scope;
 mod slot;
 pub mod snapshot;
 pub mod status;
+mod union_cache;
 pub mod watcher;
 pub mod webhook_config;
 mod wiring;

@@ -37,11 +37,12 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 
+use super::union_cache::UnionCache;
 use super::wiring::{InformerLeases, Leases, WatchKey};
 use crate::cache::LabelSelector;
 use crate::controller::{Action, ReconcileError, Reconciler, Request};
 use crate::object::Object;
-use crate::plugin::{CacheReader, Gvk, PluginReconciler, UnionCache};
+use crate::plugin::{CacheReader, Gvk, PluginReconciler};
 
 /// The scope of a plugin's informers of one kind: an object is in it when any of them
 /// would list it.

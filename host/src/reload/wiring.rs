@@ -36,6 +36,7 @@ use kube::core::GroupVersionKind;
 use parking_lot::Mutex;
 
 use super::slot::VersionSlot;
+use super::union_cache::UnionCache;
 use crate::cache::{IndexSpec, LabelSelector};
 use crate::config::{KindLookupError, PluginConfig, Predicates, ResolvedKind, WatchSource};
 use crate::controller::handler::{EnqueueForObject, EnqueueForOwner, EnqueueMapped, Mapper};
@@ -48,7 +49,7 @@ use crate::controller::{HotSwap, Request};
 use crate::fifo::SourceProgress;
 use crate::informer::ResourceEventHandler;
 use crate::object::{Object, Transform, compare_resource_versions};
-use crate::plugin::{CacheReader, FilterInput, Gvk, PluginReconciler, UnionCache};
+use crate::plugin::{CacheReader, FilterInput, Gvk, PluginReconciler};
 use crate::queue::RateLimitingQueue;
 
 /// One informer: a kind, the scope it is watched in and what its cache strips (informers

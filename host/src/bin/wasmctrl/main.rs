@@ -85,7 +85,7 @@ enum Command {
     /// for it and serve until interrupted.
     DevCluster(cli::DevClusterArgs),
     /// Compile a component read from stdin and write the artifact to stdout: what the host
-    /// runs in a child process for each compile (`wasmctrl::plugin::compile_process`).
+    /// runs in a child process for each compile (`wasmctrl::plugin::serve_compile`).
     #[command(name = "compile-component", hide = true)]
     CompileComponent {
         /// The host's compile settings, as JSON.
@@ -98,7 +98,7 @@ fn main() -> std::process::ExitCode {
     if let Command::CompileComponent { settings } = &cli.command {
         // No logging set up: the host reads this process's stdout as the artifact, and
         // its stderr only when it fails.
-        return match wasmctrl::plugin::compile_process::serve_compile(
+        return match wasmctrl::plugin::serve_compile(
             settings,
             std::io::stdin().lock(),
             std::io::stdout().lock(),
