@@ -3,12 +3,10 @@
 //! compiled artifact from its stdout.
 //!
 //! Why: a compile in the host leaves memory behind. The optimising compiler's code in the
-//! host binary (~6 MB) stays resident once it has run, and the compile's heap fragments
-//! the host's. With 100 distinct plugins compiled at start-up that was 150.4 MB of RSS
-//! against 143.2 MB from a warm compile cache (`cargo bench --bench many_plugins`); with
-//! each compile in a child, 146.5 MB, and the load's peak 150.3 MB instead of 190.7 MB. A
-//! child takes what it used with it when it exits, and a compiler crash cannot take the
-//! host down.
+//! host binary stays resident once it has run, and the compile's heap fragments the
+//! host's; the `many_plugins` benchmark's cold and warm rows (100 distinct plugins compiled
+//! at start-up, or loaded from a warm compile cache) measure what is left. A child takes
+//! what it used with it when it exits, and a compiler crash cannot take the host down.
 //!
 //! The component is a plugin author's: hostile input to the compiler. The child is where
 //! what that input can make a compile do is bounded.

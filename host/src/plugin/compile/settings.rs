@@ -37,7 +37,7 @@ pub struct EngineConfig {
     /// or zero keeps them until their plugin is dropped.
     pub idle_instance_timeout: Option<Duration>,
     /// A plugin with no call for this long drops its compiled code (its idle instances
-    /// go too); the next call loads it again from the compile cache (~1 ms). Only plugins
+    /// go too); the next call loads it again from the compile cache. Only plugins
     /// loaded from a file (`Plugin::load_file`) running optimised code whose
     /// artifact is in the compile cache drop it. `None` or zero keeps the code: the default
     /// here; the host TOML's `idle-code-timeout` turns it on by default.

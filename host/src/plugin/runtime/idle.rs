@@ -1,7 +1,8 @@
 //! Releasing what idle plugins hold: instances idle past the idle-instance timeout (their
-//! memory goes back to the host, and the next call instantiates afresh, ~30 µs plus the
-//! guest's `init`), and the compiled code of plugins unused past the idle-code timeout (the
-//! next call loads it again from the compile cache, ~1 ms).
+//! memory goes back to the host, and the next call instantiates afresh and runs the guest's
+//! `init`), and the compiled code of plugins unused past the idle-code timeout (the next
+//! call loads it again from the compile cache). The `many_plugins` benchmark measures both
+//! first calls.
 //!
 //! Invariants:
 //! - An instance is released only while idle (never during a call), once it has been idle

@@ -14,12 +14,13 @@
 //!   component: the compiled code's memory goes once no other plugin shares it.
 //! - A reload runs once however many calls want the code at once (the others wait for it)
 //!   and goes through the engine's single-flight registry: code another plugin still shares
-//!   is reused; else the compile cache is read (~1 ms). Only when the cache has lost the
+//!   is reused; else the compile cache is read (a cached load, as the `plugin` benchmark
+//!   measures it). Only when the cache has lost the
 //!   artifact (evicted, deleted, unusable) is the `.wasm` read again from the plugin's
 //!   file, and then used only if its content hash is still the plugin's version.
 //!
 //! Why the file and not the bytes: keeping each plugin's `.wasm` in memory would cost its
-//! size (0.5–1 MB for a Rust plugin, several MB for an interpreted one) for as long as the
+//! size (the `languages` benchmark lists the sizes per guest language) for as long as the
 //! plugin lives, which is what dropping the code is meant to save; the file costs a path.
 //! Its failure case is narrow: the cache lost the artifact *and* the file changed or went
 //! away since the load. The host's reload manager is then about to replace or remove this

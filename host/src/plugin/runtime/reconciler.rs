@@ -251,7 +251,8 @@ impl Reconciler for PluginReconciler {
         let work = async move {
             match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
                 // The worker runs the call itself and hands its other tasks to another
-                // thread: ~2x cheaper per call than a round trip through spawn_blocking.
+                // thread: cheaper per call than a round trip through spawn_blocking (the
+                // `plugin` benchmark's "via adapter" row measures this path).
                 // (Other futures of this same task wait meanwhile; controller workers are
                 // tasks of their own.)
                 Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
