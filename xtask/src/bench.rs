@@ -96,6 +96,7 @@ pub fn bench(root: &Path, rest: &[String]) -> Result<()> {
 fn all(root: &Path, quick: bool) -> Result<()> {
     let started = Instant::now();
     let started_unix = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let tree = bench_report::tree_state(root);
     build_guests(root)?;
     let summary = std::env::temp_dir().join(format!("wasmctrl-bench-summary-{}.jsonl", std::process::id()));
     // A stale file from an earlier run with the same pid must not add rows.
@@ -145,7 +146,7 @@ fn all(root: &Path, quick: bool) -> Result<()> {
     );
     println!();
     print!("{}", bench_summary::render(&figures));
-    let run_info = RunInfo { quick, started: started_unix, seconds: started.elapsed().as_secs_f64() };
+    let run_info = RunInfo { quick, started: started_unix, seconds: started.elapsed().as_secs_f64(), tree };
     bench_report::write(root, &records, &outputs, &run_info)?;
     let failures: Vec<&str> =
         outputs.iter().filter(|o| o.failure.is_some()).map(|o| o.name.as_str()).collect();

@@ -38,6 +38,29 @@ pub struct RunInfo {
     /// Unix seconds at the start of the run.
     pub started: u64,
     pub seconds: f64,
+    /// The tree measured, as [`tree_state`] saw it when the run started (the report's own
+    /// files, written at the end, would make any tree look dirty).
+    pub tree: String,
+}
+
+/// The commit checked out and whether the tree differs from it (tracked files only).
+pub fn tree_state(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let tree = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = match git(&["status", "--porcelain", "--untracked-files=no"]) {
+        Some(s) if s.is_empty() => "clean",
+        Some(_) => "dirty (uncommitted changes)",
+        None => "unknown",
+    };
+    format!("`{tree}`, {dirty}")
 }
 
 /// A plot as recorded.
@@ -223,29 +246,14 @@ fn utc(secs: u64) -> String {
 }
 
 /// The run's header: when, which tree, which machine and toolchains.
-fn header(root: &Path, run: &RunInfo) -> String {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .current_dir(root)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    let tree = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty = match git(&["status", "--porcelain", "--untracked-files=no"]) {
-        Some(s) if s.is_empty() => "clean",
-        Some(_) => "dirty (uncommitted changes)",
-        None => "unknown",
-    };
+fn header(run: &RunInfo) -> String {
     let cores_online = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mem_kib: f64 = proc_field("/proc/meminfo", "MemTotal")
         .and_then(|v| v.trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(f64::NAN);
     let rows = [
         ("date", format!("{} (took {:.0} min)", utc(run.started), run.seconds / 60.0)),
-        ("tree", format!("`{tree}`, {dirty}")),
+        ("tree", format!("{} at the start", run.tree)),
         ("CPU", proc_field("/proc/cpuinfo", "model name").unwrap_or_else(|| "unknown".into())),
         ("cores", cores_online.to_string()),
         ("memory", format!("{:.1} GiB", mem_kib / 1024.0 / 1024.0)),
@@ -328,7 +336,7 @@ pub fn write(root: &Path, records: &str, outputs: &[BenchOutput], run: &RunInfo)
              machine replaces this page.**\n\n",
         );
     }
-    out.push_str(&header(root, run));
+    out.push_str(&header(run));
     out.push_str(
         "\nEach benchmark also runs alone, `cargo bench -p <package> --bench <name>`; sizes are \
          environment variables named in each file's header. Tables give the median of the rounds \
@@ -440,7 +448,13 @@ mod tests {
                 failure: Some("exit 1".into()),
             },
         ];
-        write(&root, records, &outputs, &RunInfo { quick: true, started: 0, seconds: 60.0 }).expect("report");
+        write(
+            &root,
+            records,
+            &outputs,
+            &RunInfo { quick: true, started: 0, seconds: 60.0, tree: "`0123456789ab`, clean".into() },
+        )
+        .expect("report");
         let md = std::fs::read_to_string(root.join("docs/benchmarks.md")).expect("report");
         let stale_left = plots.join("old-1.svg").exists();
         let _ = std::fs::remove_dir_all(&root);
