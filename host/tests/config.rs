@@ -119,7 +119,7 @@ kind = "ConfigMap"
 1 | frobnicate = 1
   | ^^^^^^^^^^
   |
-  = hint: allowed keys: name, wasm, verify-key, concurrency, resync, deadline, memory, max-output, field-manager, for, owns, watches, permissions, transform, admission, settings"#
+  = hint: allowed keys: name, wasm, verify-key, concurrency, resync, deadline, memory, max-output, log-lines-per-second, field-manager, for, owns, watches, permissions, transform, admission, settings"#
     );
 }
 
