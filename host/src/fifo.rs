@@ -179,6 +179,8 @@ fn dedup_deltas(deltas: &mut Deltas) {
 /// Invariant: every change the source pushed before it noted `delivered` has been popped and
 /// processed (`delivered` is the `received` of the last moment the queue was empty after a
 /// batch, or when progress was noted on an empty queue). Resource versions are the source's.
+/// Every change of it moves [`DeltaFifo::progress_seq`] and wakes
+/// [`DeltaFifo::progress_after`], so a wait for progress is a wait on a signal.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SourceProgress {
     /// The newest resourceVersion the source has pushed everything up to (a list's, an

@@ -3,9 +3,10 @@
 //!
 //! Invariants:
 //! - A token bucket refilled at the plugin's `log-lines-per-second` (default
-//!   [`DEFAULT_LOG_LINES_PER_SECOND`](crate::plugin::DEFAULT_LOG_LINES_PER_SECOND)) holding [`BURST_SECONDS`] seconds' worth, shared by
-//!   the plugin's `log` import and its stdout and stderr: a plugin logging in a loop fills
-//!   the host's log at that rate at most, and another plugin's lines are not affected.
+//!   [`crate::plugin::DEFAULT_LOG_LINES_PER_SECOND`]) holding [`BURST_SECONDS`] seconds'
+//!   worth, shared by the plugin's `log` import and its stdout and stderr: a plugin logging
+//!   in a loop fills the host's log at that rate at most, and another plugin's lines are not
+//!   affected.
 //! - Every line dropped is counted in `wasmctrl_plugin_guest_lines_dropped{plugin, stream}`;
 //!   the host logs one warning when a plugin starts losing lines and one line with the count
 //!   when its lines get through again, never one per dropped line.
