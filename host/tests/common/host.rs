@@ -29,8 +29,10 @@ use wasmctrl::metrics::Metrics;
 use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
 use wasmctrl::reload::{FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, PluginStatus};
 
-/// How often a wait looks at the state it waits on again.
-const POLL: Duration = Duration::from_millis(20);
+/// How often [`eventually`] runs its check again (a check usually asks the API server).
+const POLL_CHECK: Duration = Duration::from_millis(50);
+/// How often a wait on the host's own state (statuses, metrics) looks again.
+const POLL_STATE: Duration = Duration::from_millis(10);
 
 /// Polls `check` until it passes (returns `Ok`), for at most `patience`; fails with its last
 /// complaint when it never does.
@@ -48,7 +50,7 @@ where
         if tokio::time::Instant::now() >= deadline {
             panic!("{what}: never happened; last: {last}");
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(POLL_CHECK).await;
     }
 }
 
@@ -208,7 +210,7 @@ impl TestHost {
     pub async fn until(&self, what: &str, mut cond: impl FnMut(&TestHost) -> bool) {
         tokio::time::timeout(self.patience, async {
             while !cond(self) {
-                tokio::time::sleep(POLL).await;
+                tokio::time::sleep(POLL_STATE).await;
             }
         })
         .await
