@@ -33,11 +33,14 @@ use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use wasmctrl::admission::{Admission, AdmissionSettings, CertFiles};
-use wasmctrl::informer::{FactoryOptions, InformerFactory};
-use wasmctrl::metrics::Metrics;
-use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
-use wasmctrl::reload::{FactoryLeases, ManagerDeps, ManagerOptions, PluginManager};
+use wasmctrl::plugin::{EngineConfig, PluginEngine};
 use wasmctrl_testkit::{Backend, TestCluster};
+
+#[allow(dead_code)]
+#[path = "common/host.rs"]
+mod host;
+
+use host::{HostSetup, PluginsDir, TestHost};
 
 /// Bound on every wait for something to happen (not a timing assertion).
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -94,16 +97,18 @@ namespace-selector = "kubernetes.io/metadata.name={ns}"
 /// A host running the test plugin: cluster, admission server, plugins manager.
 struct Host {
     cluster: TestCluster,
-    client: kube::Client,
     ns: String,
     /// The plugin's name (unique to the test on the shared real server).
     plugin: String,
-    plugins: tempfile::TempDir,
-    admission: Option<Admission>,
-    manager: Option<PluginManager>,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-    _cache: tempfile::TempDir,
+    host: TestHost,
+}
+
+/// The admission suite's host is the shared test host, running the test's plugin.
+impl std::ops::Deref for Host {
+    type Target = TestHost;
+    fn deref(&self) -> &TestHost {
+        &self.host
+    }
 }
 
 impl Host {
@@ -125,66 +130,22 @@ impl Host {
     ) -> Host {
         let cluster = TestCluster::start().await.expect("test cluster");
         let ns = cluster.namespace().await.expect("namespace");
-        let client = cluster.client();
         let plugin = cluster.unique("admit");
-        let plugins = tempfile::tempdir().expect("tempdir");
-        std::fs::write(plugins.path().join(format!("{plugin}.wasm")), wasm).expect("wasm");
-        std::fs::write(plugins.path().join(format!("{plugin}.toml")), toml(&ns)).expect("toml");
-        let cache = tempfile::tempdir().expect("tempdir");
-        let metrics = Metrics::new();
-        let engine = PluginEngine::new(
-            EngineConfig { cache_dir: Some(cache.path().to_owned()), ..EngineConfig::default() },
-            Some(&metrics),
-        )
-        .expect("engine");
-        let shutdown = CancellationToken::new();
-        let settings = AdmissionSettings {
-            address: "127.0.0.1:0".parse().expect("address"),
-            certificate,
-            manage_configurations: calls_webhooks(&cluster),
-            configuration_prefix: cluster.unique("wasmctrl-test"),
-            ..AdmissionSettings::default()
+        let plugins = PluginsDir::new();
+        plugins.install(&plugin, &wasm, &toml(&ns));
+        let setup = HostSetup {
+            admission: Some(AdmissionSettings {
+                address: "127.0.0.1:0".parse().expect("address"),
+                certificate,
+                manage_configurations: calls_webhooks(&cluster),
+                configuration_prefix: cluster.unique("wasmctrl-test"),
+                ..AdmissionSettings::default()
+            }),
+            ..HostSetup::new("wasmctrl-admission", PATIENCE)
         };
-        let admission =
-            wasmctrl::admission::start(&settings, Some(client.clone()), Some(&metrics), shutdown.clone())
-                .await
-                .expect("admission server");
-        let deps = ManagerDeps {
-            engine,
-            informers: Arc::new(FactoryLeases(InformerFactory::new(
-                client.clone(),
-                FactoryOptions::default(),
-            ))),
-            kube: Some(KubeServices::new(
-                client.clone(),
-                tokio::runtime::Handle::current(),
-                "wasmctrl-admission",
-            )),
-            metrics: metrics.clone(),
-        };
-        let options = ManagerOptions {
-            admission: Some(admission.router.clone()),
-            ..ManagerOptions::new(plugins.path())
-        };
-        let manager = PluginManager::start(options, deps, shutdown.clone()).await.expect("manager");
-        let status = manager.status().get(&plugin).expect("plugin status");
-        assert!(status.last_error.is_none(), "the plugin did not load: {status:?}");
-        Host {
-            cluster,
-            client,
-            ns,
-            plugin,
-            plugins,
-            admission: Some(admission),
-            manager: Some(manager),
-            metrics,
-            shutdown,
-            _cache: cache,
-        }
-    }
-
-    fn admission(&self) -> &Admission {
-        self.admission.as_ref().expect("running")
+        let host = TestHost::start(cluster.client(), plugins, setup).await;
+        host.assert_loaded(&plugin);
+        Host { cluster, ns, plugin, host }
     }
 
     /// The webhook path of section `rule`.
@@ -213,37 +174,19 @@ impl Host {
     /// Rewrites the plugin's TOML (a hidden file renamed into place) and waits until the
     /// manager reloaded it.
     async fn rewrite_toml(&self, text: &str) {
-        let before = self.reloads();
-        let tmp = self.plugins.path().join(format!(".{}.toml.tmp", self.plugin));
-        std::fs::write(&tmp, text).expect("write");
-        std::fs::rename(&tmp, self.plugins.path().join(format!("{}.toml", self.plugin))).expect("rename");
-        eventually("the plugin reloaded", || async {
-            if self.reloads() > before { Ok(()) } else { Err("no reload yet".to_owned()) }
-        })
-        .await;
-    }
-
-    fn reloads(&self) -> u64 {
-        let status = self.manager.as_ref().and_then(|m| m.status().get(&self.plugin));
-        status.map_or(0, |s| s.reloads)
+        let before = self.reloads(&self.plugin);
+        self.plugins.write(&format!("{}.toml", self.plugin), text.as_bytes());
+        self.until_reloaded(&self.plugin, before).await;
     }
 
     fn configmaps(&self) -> Api<ConfigMap> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    async fn stop(mut self) {
+    async fn stop(self) {
         // The configurations go with the test (the real server is shared).
-        if let Some(a) = &self.admission {
-            a.router.remove(&self.plugin).await;
-        }
-        self.shutdown.cancel();
-        if let Some(m) = self.manager.take() {
-            tokio::time::timeout(PATIENCE, m.stopped()).await.expect("manager stops");
-        }
-        if let Some(a) = self.admission.take() {
-            tokio::time::timeout(PATIENCE, a.server.stopped()).await.expect("admission server stops");
-        }
+        self.admission().router.remove(&self.plugin).await;
+        self.host.stop().await;
         drop(self.cluster);
     }
 }
@@ -365,23 +308,12 @@ fn patch_of(response: &Value) -> Option<Value> {
 }
 
 /// Polls `check` until it passes, or fails with its last complaint.
-async fn eventually<F, Fut>(what: &str, mut check: F)
+async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
-    let mut last: String;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match check().await {
-            Ok(()) => return,
-            Err(e) => last = e,
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!("{what}: never happened; last: {last}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    host::eventually(what, PATIENCE, check).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -741,31 +673,20 @@ async fn a_component_built_against_0_2_0_loads_and_reconciles_unchanged() {
     let cluster = TestCluster::start().await.expect("test cluster");
     let ns = cluster.namespace().await.expect("namespace");
     let client = cluster.client();
-    let plugins = tempfile::tempdir().expect("tempdir");
     let wasm = guest("test-plugin-compat-0-2-0");
     let engine = PluginEngine::new(EngineConfig::default(), None).expect("engine");
     let report = wasmctrl::plugin::inspect_component(&engine, &wasm).expect("inspect");
     assert_eq!(report.world.as_deref(), Some("wasmctrl:controller/plugin@0.2.0"), "{report}");
     assert!(report.imports.iter().any(|i| i == "wasmctrl:controller/client@0.2.0"), "{report}");
     assert!(report.fits.is_ok(), "{report}");
-    std::fs::write(plugins.path().join("compat.wasm"), wasm).expect("wasm");
-    std::fs::write(
-        plugins.path().join("compat.toml"),
-        format!("[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[permissions]\nwrite = [\"v1/ConfigMap\"]\n"),
-    )
-    .expect("toml");
-    let deps = ManagerDeps {
-        engine,
-        informers: Arc::new(FactoryLeases(InformerFactory::new(client.clone(), FactoryOptions::default()))),
-        kube: Some(KubeServices::new(client.clone(), tokio::runtime::Handle::current(), "wasmctrl-compat")),
-        metrics: Metrics::new(),
-    };
-    let shutdown = CancellationToken::new();
-    let manager = PluginManager::start(ManagerOptions::new(plugins.path()), deps, shutdown.clone())
-        .await
-        .expect("manager");
-    let status = manager.status().get("compat").expect("status");
-    assert!(status.last_error.is_none(), "{status:?}");
+    let plugins = PluginsDir::new();
+    plugins.install(
+        "compat",
+        &wasm,
+        &format!("[for]\napi-version = \"v1\"\nkind = \"ConfigMap\"\nnamespace = \"{ns}\"\n[permissions]\nwrite = [\"v1/ConfigMap\"]\n"),
+    );
+    let host = TestHost::start(client.clone(), plugins, HostSetup::new("wasmctrl-compat", PATIENCE)).await;
+    host.assert_loaded("compat");
     let api: Api<ConfigMap> = Api::namespaced(client, &ns);
     let cm: ConfigMap =
         serde_json::from_value(configmap(&ns, "old-world", json!({"k": "v"}), json!({}))).unwrap();
@@ -778,8 +699,7 @@ async fn a_component_built_against_0_2_0_loads_and_reconciles_unchanged() {
         }
     })
     .await;
-    shutdown.cancel();
-    tokio::time::timeout(PATIENCE, manager.stopped()).await.expect("manager stops");
+    host.stop().await;
 }
 
 // ---- The API server calling the host (real kube-apiserver) ----
@@ -1117,24 +1037,13 @@ async fn a_host_without_an_admission_server_rejects_an_admitting_plugin() {
     let cluster = TestCluster::start().await.expect("test cluster");
     let ns = cluster.namespace().await.expect("namespace");
     let client = cluster.client();
-    let plugins = tempfile::tempdir().expect("tempdir");
-    std::fs::write(plugins.path().join("admit.wasm"), guest("test-plugin-admission")).expect("wasm");
-    std::fs::write(plugins.path().join("admit.toml"), admission_toml(&ns, "a")).expect("toml");
-    let deps = ManagerDeps {
-        engine: PluginEngine::new(EngineConfig::default(), None).expect("engine"),
-        informers: Arc::new(FactoryLeases(InformerFactory::new(client.clone(), FactoryOptions::default()))),
-        kube: Some(KubeServices::new(client, tokio::runtime::Handle::current(), "wasmctrl-admission")),
-        metrics: Metrics::new(),
-    };
-    let shutdown = CancellationToken::new();
-    let manager = PluginManager::start(ManagerOptions::new(plugins.path()), deps, shutdown.clone())
-        .await
-        .expect("manager");
-    let status = manager.status().get("admit").expect("status");
+    let plugins = PluginsDir::new();
+    plugins.install("admit", &guest("test-plugin-admission"), &admission_toml(&ns, "a"));
+    let host = TestHost::start(client, plugins, HostSetup::new("wasmctrl-admission", PATIENCE)).await;
+    let status = host.status("admit").expect("status");
     let error = status.last_error.clone().unwrap_or_default();
     assert!(error.contains("this host serves none") && error.contains("[admission]"), "{status:?}");
-    shutdown.cancel();
-    tokio::time::timeout(PATIENCE, manager.stopped()).await.expect("manager stops");
+    host.stop().await;
 }
 
 // ---- TypeScript and Python plugins ----

@@ -1165,6 +1165,31 @@ mod live {
         Replica { elector, controller, calls, shutdown, task, factory }
     }
 
+    /// Waits until the lease of [`replica`]s was renewed `times` more times (its
+    /// resourceVersion changed as often).
+    async fn until_renewed(client: &kube::Client, ns: &str, times: usize) {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+        let version = || async {
+            let lease = leases.get("wasmctrl-test").await.expect("the lease");
+            lease.metadata.resource_version.expect("resourceVersion")
+        };
+        let mut last = version().await;
+        tokio::time::timeout(WAIT, async {
+            for _ in 0..times {
+                loop {
+                    let now = version().await;
+                    if now != last {
+                        last = now;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        })
+        .await
+        .expect("the leader renews its lease");
+    }
+
     async fn until_leader(r: &Replica) {
         tokio::time::timeout(WAIT, async {
             while !r.elector.is_leader() || !r.controller.readiness().is_ready() {
@@ -1278,9 +1303,18 @@ mod live {
         until_seen(&mut a.calls, &req(ns, "seen-by-leader")).await;
         cms.create(&PostParams::default(), &cm(ns, "second")).await.unwrap();
         until_seen(&mut a.calls, &req(ns, "second")).await;
-        // b campaigns (and fails) several times meanwhile.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // b campaigns and fails (it saw a holding the lease), and keeps campaigning while a
+        // renews the lease four more times: neither makes b lead or reconcile.
+        tokio::time::timeout(WAIT, async {
+            while b.elector.observed_holder().as_deref() != Some("replica-a") {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("b never saw a holding the lease");
+        until_renewed(&client, ns, 4).await;
         assert!(!b.elector.is_leader());
+        assert_eq!(b.controller.readiness().workers, 0, "a standby runs no workers");
         assert!(b.calls.try_recv().is_err(), "a standby must not reconcile");
         assert_eq!(b.elector.observed_holder().as_deref(), Some("replica-a"));
 

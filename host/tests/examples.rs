@@ -11,20 +11,20 @@
 //! Needs the example plugins built next to their TOMLs: `cargo xtask build-guests`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use kube::Api;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use tokio_util::sync::CancellationToken;
-use wasmctrl::admission::{Admission, AdmissionSettings};
-use wasmctrl::informer::{FactoryOptions, InformerFactory};
-use wasmctrl::metrics::Metrics;
-use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
-use wasmctrl::reload::{FactoryLeases, ManagerDeps, ManagerOptions, PluginManager};
+use wasmctrl::admission::AdmissionSettings;
 use wasmctrl_testkit::TestCluster;
+
+#[allow(dead_code)]
+#[path = "common/host.rs"]
+mod host;
+
+use host::{HostSetup, PluginsDir, TestHost};
 
 /// Bound on every wait for the plugins to get somewhere (not a timing assertion).
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -51,12 +51,7 @@ struct Demo {
     client: kube::Client,
     /// The test's name for `default` (the source namespace of configmap-mirror).
     default_ns: String,
-    manager: Option<PluginManager>,
-    /// The admission server (website-operator admits Websites).
-    admission: Option<Admission>,
-    shutdown: CancellationToken,
-    _plugins: tempfile::TempDir,
-    _cache: tempfile::TempDir,
+    host: TestHost,
 }
 
 impl Demo {
@@ -77,7 +72,6 @@ impl Demo {
             cluster.apply_yaml(&rename(&yaml)).await.unwrap_or_else(|e| panic!("{}: {e}", seed.display()));
         }
         let client = cluster.client();
-        let plugins = tempfile::tempdir().expect("tempdir");
         // Webhooks are cluster-wide: on the shared real server they select the test's
         // namespaces only.
         let selector = format!(
@@ -85,67 +79,23 @@ impl Demo {
             cluster.unique("team-a"),
             cluster.unique("team-b")
         );
-        for ext in ["toml", "wasm"] {
-            let from = examples().join("plugins").join(format!("{plugin}.{ext}"));
-            let to = plugins.path().join(format!("{plugin}.{ext}"));
-            let copied = if ext == "toml" {
-                std::fs::read_to_string(&from)
-                    .and_then(|toml| std::fs::write(&to, rename(&toml).replace("[[admission]]\n", &selector)))
-            } else {
-                std::fs::copy(&from, &to).map(drop)
-            };
-            copied.unwrap_or_else(|e| {
-                panic!("{}: {e}; run `cargo xtask build-guests` to build the example plugins", from.display())
-            });
-        }
-        let cache = tempfile::tempdir().expect("tempdir");
-        let metrics = Metrics::new();
-        let engine = PluginEngine::new(
-            EngineConfig { cache_dir: Some(cache.path().to_owned()), ..EngineConfig::default() },
-            Some(&metrics),
-        )
-        .expect("engine");
-        let deps = ManagerDeps {
-            engine,
-            informers: Arc::new(FactoryLeases(InformerFactory::new(
-                client.clone(),
-                FactoryOptions::default(),
-            ))),
-            kube: Some(KubeServices::new(
-                client.clone(),
-                tokio::runtime::Handle::current(),
-                "wasmctrl-examples",
-            )),
-            metrics,
-        };
-        let shutdown = CancellationToken::new();
+        let plugins = PluginsDir::new();
+        plugins.install_from(&examples().join("plugins"), plugin, |toml| {
+            rename(&toml).replace("[[admission]]\n", &selector)
+        });
         // The real API server calls webhooks: the host writes their configurations there.
-        let settings = AdmissionSettings {
-            address: "127.0.0.1:0".parse().expect("address"),
-            manage_configurations: cluster.backend() == wasmctrl_testkit::Backend::Real,
-            configuration_prefix: cluster.unique("wasmctrl-examples"),
-            ..AdmissionSettings::default()
+        let setup = HostSetup {
+            admission: Some(AdmissionSettings {
+                address: "127.0.0.1:0".parse().expect("address"),
+                manage_configurations: cluster.backend() == wasmctrl_testkit::Backend::Real,
+                configuration_prefix: cluster.unique("wasmctrl-examples"),
+                ..AdmissionSettings::default()
+            }),
+            ..HostSetup::new("wasmctrl-examples", PATIENCE)
         };
-        let admission = wasmctrl::admission::start(&settings, Some(client.clone()), None, shutdown.clone())
-            .await
-            .expect("admission server");
-        let options = ManagerOptions {
-            admission: Some(admission.router.clone()),
-            ..ManagerOptions::new(plugins.path())
-        };
-        let manager = PluginManager::start(options, deps, shutdown.clone()).await.expect("manager");
-        let status = manager.status().get(plugin).expect("plugin status");
-        assert!(status.last_error.is_none(), "{plugin} did not load: {status:?}");
-        Demo {
-            cluster,
-            client,
-            default_ns,
-            manager: Some(manager),
-            admission: Some(admission),
-            shutdown,
-            _plugins: plugins,
-            _cache: cache,
-        }
+        let host = TestHost::start(client.clone(), plugins, setup).await;
+        host.assert_loaded(plugin);
+        Demo { cluster, client, default_ns, host }
     }
 
     /// The test's name for a namespace or Node the seed names.
@@ -157,42 +107,23 @@ impl Demo {
         }
     }
 
-    async fn stop(mut self) {
+    async fn stop(self) {
         // The webhook configurations go with the test (the real server is shared).
-        if let Some(a) = &self.admission {
-            for plugin in ["website-operator", "configmap-mirror", "pod-node-policy"] {
-                a.router.remove(plugin).await;
-            }
+        for plugin in ["website-operator", "configmap-mirror", "pod-node-policy"] {
+            self.host.admission().router.remove(plugin).await;
         }
-        self.shutdown.cancel();
-        if let Some(a) = self.admission.take() {
-            tokio::time::timeout(PATIENCE, a.server.stopped()).await.expect("admission server stops");
-        }
-        if let Some(m) = self.manager.take() {
-            tokio::time::timeout(PATIENCE, m.stopped()).await.expect("manager stops");
-        }
+        self.host.stop().await;
         drop(self.cluster);
     }
 }
 
 /// Polls `check` until it passes (returns `Ok`), or fails with its last complaint.
-async fn eventually<F, Fut>(what: &str, mut check: F)
+async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
-    let mut last: String;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match check().await {
-            Ok(()) => return,
-            Err(e) => last = e,
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!("{what}: never happened; last: {last}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    host::eventually(what, PATIENCE, check).await;
 }
 
 async fn get<K>(api: &Api<K>, name: &str) -> Result<Option<K>, String>

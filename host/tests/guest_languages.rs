@@ -19,17 +19,19 @@ use bytes::Bytes;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
-use tokio_util::sync::CancellationToken;
 use wasmctrl::cache::Indexer;
 use wasmctrl::controller::{Action, ReconcileError, Request};
-use wasmctrl::informer::{FactoryOptions, InformerFactory};
-use wasmctrl::metrics::Metrics;
 use wasmctrl::object::Object;
 use wasmctrl::plugin::{
-    CacheReader, CallError, EngineConfig, Gvk, KubeServices, Plugin, PluginEngine, PluginEnv, PluginSpec,
+    CacheReader, CallError, EngineConfig, Gvk, Plugin, PluginEngine, PluginEnv, PluginSpec,
 };
-use wasmctrl::reload::{FactoryLeases, ManagerDeps, ManagerOptions, PluginManager};
 use wasmctrl_devcluster::{DevCluster, DevClusterConfig};
+
+#[allow(dead_code)]
+#[path = "common/host.rs"]
+mod host;
+
+use host::{HostSetup, PluginsDir, TestHost};
 
 /// Bound on every wait for a plugin to get somewhere (not a timing assertion).
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -95,10 +97,7 @@ fn repo() -> PathBuf {
 struct Demo {
     cluster: DevCluster,
     client: kube::Client,
-    manager: Option<PluginManager>,
-    shutdown: CancellationToken,
-    _plugins: tempfile::TempDir,
-    _cache: tempfile::TempDir,
+    host: TestHost,
 }
 
 impl Demo {
@@ -117,69 +116,27 @@ impl Demo {
             cluster.apply_yaml(&yaml).unwrap_or_else(|e| panic!("{}: {e}", seed.display()));
         }
         let client = cluster.client().expect("client");
-        let plugins = tempfile::tempdir().expect("tempdir");
-        for ext in ["toml", "wasm"] {
-            let from = repo().join("examples/plugins/languages").join(format!("{plugin}.{ext}"));
-            std::fs::copy(&from, plugins.path().join(format!("{plugin}.{ext}"))).unwrap_or_else(|e| {
-                panic!("{}: {e}; run `cargo xtask build-guests` to build the example plugins", from.display())
-            });
-        }
-        let cache = tempfile::tempdir().expect("tempdir");
-        let metrics = Metrics::new();
-        let engine = PluginEngine::new(
-            EngineConfig { cache_dir: Some(cache.path().to_owned()), ..EngineConfig::default() },
-            Some(&metrics),
-        )
-        .expect("engine");
-        let deps = ManagerDeps {
-            engine,
-            informers: Arc::new(FactoryLeases(InformerFactory::new(
-                client.clone(),
-                FactoryOptions::default(),
-            ))),
-            kube: Some(KubeServices::new(
-                client.clone(),
-                tokio::runtime::Handle::current(),
-                "wasmctrl-languages",
-            )),
-            metrics,
-        };
-        let shutdown = CancellationToken::new();
-        let manager = PluginManager::start(ManagerOptions::new(plugins.path()), deps, shutdown.clone())
-            .await
-            .expect("manager");
-        let status = manager.status().get(plugin).expect("plugin status");
-        assert!(status.last_error.is_none(), "{plugin} did not load: {status:?}");
-        Demo { cluster, client, manager: Some(manager), shutdown, _plugins: plugins, _cache: cache }
+        let plugins = PluginsDir::new();
+        plugins.install_from(&repo().join("examples/plugins/languages"), plugin, |toml| toml);
+        let host =
+            TestHost::start(client.clone(), plugins, HostSetup::new("wasmctrl-languages", PATIENCE)).await;
+        host.assert_loaded(plugin);
+        Demo { cluster, client, host }
     }
 
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(m) = self.manager.take() {
-            tokio::time::timeout(PATIENCE, m.stopped()).await.expect("manager stops");
-        }
+    async fn stop(self) {
+        self.host.stop().await;
         self.cluster.shutdown().await;
     }
 }
 
 /// Polls `check` until it passes, or fails with its last complaint.
-async fn eventually<F, Fut>(what: &str, mut check: F)
+async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
-    let mut last: String;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match check().await {
-            Ok(()) => return,
-            Err(e) => last = e,
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!("{what}: never happened; last: {last}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    host::eventually(what, PATIENCE, check).await;
 }
 
 async fn get(api: &Api<ConfigMap>, name: &str) -> Result<Option<ConfigMap>, String> {

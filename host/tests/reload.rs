@@ -1025,8 +1025,14 @@ async fn hook_calls_of_two_versions_never_overlap_and_each_event_goes_to_one() {
         })
         .await;
     }
-    // Let anything still queued come out before judging.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Anything still queued comes out before judging: a marker object created after every
+    // event above is hooked by b only once each event queued to it before is through.
+    apply_cm(&api, "marker", "0").await;
+    let marker = format!("{ns}/marker");
+    until_line("hooks", "hook-end", "b's hook of the marker, after everything queued", |l| {
+        l.field("key").as_deref() == Some(&marker) && l.field("stamp").as_deref() == Some("b")
+    })
+    .await;
     let log: Vec<GuestLog> = guest_logs()
         .lock()
         .iter()

@@ -20,7 +20,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::{DynamicObject, PostParams};
 use parking_lot::Mutex;
-use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use wasmctrl::cache::Writer;
 use wasmctrl::controller::{Action, Request};
@@ -28,10 +27,10 @@ use wasmctrl::informer::{FactoryOptions, InformerFactory, InformerSpec};
 use wasmctrl::metrics::Metrics;
 use wasmctrl::object::Object;
 use wasmctrl::plugin::{
-    CacheReader, EngineConfig, FilterInput, Gvk, KubeServices, Permissions, Plugin, PluginEngine, PluginEnv,
+    CacheReader, EngineConfig, FilterInput, Gvk, Permissions, Plugin, PluginEngine, PluginEnv,
     PluginReconciler, PluginSpec,
 };
-use wasmctrl::reload::{FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, PluginStatus};
+use wasmctrl::reload::ManagerOptions;
 use wasmctrl_testkit::TestCluster;
 use wasmctrl_testkit::guests::wasm;
 
@@ -39,6 +38,11 @@ use wasmctrl_testkit::guests::wasm;
 #[allow(dead_code)]
 #[path = "common/guest_log.rs"]
 mod guest_log;
+#[allow(dead_code)]
+#[path = "common/host.rs"]
+mod host;
+
+use host::{HostSetup, PluginsDir, TestHost};
 
 /// Bound on every wait for the system to get somewhere (not a timing assertion).
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -122,15 +126,20 @@ fn compile_cache() -> &'static std::path::Path {
     DIR.get_or_init(|| tempfile::tempdir().expect("tempdir")).path()
 }
 
+/// A host on a test namespace, running the bystander there.
 struct Host {
     cluster: TestCluster,
     /// The test's namespace.
     ns: String,
-    client: kube::Client,
-    metrics: Arc<Metrics>,
-    dir: tempfile::TempDir,
-    manager: Option<PluginManager>,
-    shutdown: CancellationToken,
+    host: TestHost,
+}
+
+/// The sandbox's host is the shared test host, plus the bystander and the attacks.
+impl std::ops::Deref for Host {
+    type Target = TestHost;
+    fn deref(&self) -> &TestHost {
+        &self.host
+    }
 }
 
 impl Host {
@@ -139,94 +148,32 @@ impl Host {
         record_logs();
         let cluster = TestCluster::start().await.expect("test cluster starts");
         let ns = cluster.namespace_named(name).await.expect("namespace");
-        let client = cluster.client();
-        let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
-        let metrics = Metrics::new();
-        let config = EngineConfig { cache_dir: Some(compile_cache().to_owned()), ..EngineConfig::default() };
-        let engine = PluginEngine::new(config, Some(&metrics)).unwrap_or_else(|e| panic!("engine: {e}"));
-        let dir = tempfile::tempdir().expect("tempdir");
-        let deps = ManagerDeps {
-            engine,
-            informers: Arc::new(FactoryLeases(factory)),
-            kube: Some(KubeServices::new(client.clone(), tokio::runtime::Handle::current(), "sandbox-test")),
-            metrics: metrics.clone(),
+        let setup = HostSetup {
+            compile_cache: Some(compile_cache().to_owned()),
+            options: |o| ManagerOptions {
+                debounce: Duration::from_millis(50),
+                cache_sync_timeout: Duration::from_secs(60),
+                watch: true,
+                ..o
+            },
+            ..HostSetup::new("sandbox-test", PATIENCE)
         };
-        let shutdown = CancellationToken::new();
-        let options = ManagerOptions {
-            debounce: Duration::from_millis(50),
-            cache_sync_timeout: Duration::from_secs(60),
-            watch: true,
-            ..ManagerOptions::new(dir.path())
-        };
-        let manager = PluginManager::start(options, deps, shutdown.clone()).await.expect("manager starts");
-        let host = Host { cluster, ns, client, metrics, dir, manager: Some(manager), shutdown };
+        let host = TestHost::start(cluster.client(), PluginsDir::new(), setup).await;
+        let host = Host { cluster, ns, host };
         host.install(BYSTANDER, &bystander_toml(&host.ns), BYSTANDER);
         host.until_running(BYSTANDER).await;
         host
     }
 
-    fn manager(&self) -> &PluginManager {
-        self.manager.as_ref().expect("manager running")
-    }
-
-    /// Installs `<stem>.wasm` (the build of `crate_name`) and `<stem>.toml` the safe way
-    /// (a hidden temporary file renamed into place), the component first.
+    /// Installs `<stem>.wasm` (the build of `crate_name`) and `<stem>.toml`.
     fn install(&self, stem: &str, toml: &str, crate_name: &str) {
-        for (file, bytes) in
-            [(format!("{stem}.wasm"), wasm(crate_name)), (format!("{stem}.toml"), toml.as_bytes().to_vec())]
-        {
-            let tmp = self.dir.path().join(format!(".{file}.tmp"));
-            std::fs::write(&tmp, bytes).expect("write");
-            std::fs::rename(&tmp, self.dir.path().join(file)).expect("rename");
-        }
-    }
-
-    fn status(&self, stem: &str) -> Option<PluginStatus> {
-        self.manager().status().get(stem)
-    }
-
-    async fn until(&self, what: &str, mut cond: impl FnMut(&Host) -> bool) {
-        tokio::time::timeout(PATIENCE, async {
-            while !cond(self) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| {
-            panic!("timed out waiting for {what}; status: {:?}", self.manager().status().snapshot())
-        });
-    }
-
-    async fn until_running(&self, stem: &str) {
-        self.until(&format!("{stem} to run"), |h| {
-            h.status(stem).is_some_and(|s| s.ready && s.version.is_some())
-        })
-        .await;
-    }
-
-    /// Waits until the manager rejected `stem`'s files; returns the error it gives.
-    async fn until_rejected(&self, stem: &str) -> String {
-        self.until(&format!("{stem} to be rejected"), |h| {
-            h.status(stem).is_some_and(|s| s.last_error.is_some())
-        })
-        .await;
-        self.status(stem).and_then(|s| s.last_error).unwrap_or_default()
+        self.plugins.install(stem, &wasm(crate_name), toml);
     }
 
     /// Waits for `plugin`'s `outcome` line of `step`; returns its result.
     async fn outcome(&self, plugin: &str, step: &str) -> String {
         self.until(&format!("{plugin} to report {step}"), |_| outcome(plugin, step).is_some()).await;
         outcome(plugin, step).unwrap_or_default()
-    }
-
-    /// The sum of every sample of the metric whose line starts with `prefix`.
-    fn metric(&self, prefix: &str) -> f64 {
-        self.metrics
-            .encode()
-            .lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
     }
 
     fn config_maps(&self, ns: &str) -> Api<ConfigMap> {
@@ -326,11 +273,8 @@ impl Host {
         assert_eq!(traps, 0.0, "the bystander trapped");
     }
 
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(m) = self.manager.take() {
-            tokio::time::timeout(PATIENCE, m.stopped()).await.expect("manager stops");
-        }
+    async fn stop(self) {
+        self.host.stop().await;
         drop(self.cluster);
     }
 }

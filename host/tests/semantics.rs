@@ -658,8 +658,14 @@ async fn revoked_access_interrupts_running_calls_and_refuses_writes() {
             spinner.reconcile_blocking(&Request { namespace: Some(ns.to_owned()), name: "misbehave".into() })
         }
     });
-    // Let the guest spin for a while (its deadline is minutes away).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The call runs: it holds the pool's one instance (its deadline is minutes away).
+    tokio::time::timeout(PATIENCE, async {
+        while spinner.pool_counts() != (0, 1) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the call never took an instance: {:?}", spinner.pool_counts()));
     assert!(!call.is_finished());
     kube.revoke();
     let result =
