@@ -28,6 +28,7 @@ const TOP_LEVEL: &[&str] = &[
     "fuzz/",
     "guests/",
     "host/",
+    "json-subset/",
     "realcluster/",
     "selectors/",
     "testkit/",

@@ -19,23 +19,11 @@ use crate::{Error, Kind};
 /// - arrays: same length, and each element contains the desired one at the same index
 ///   (lists are ordered in Kubernetes: containers, ports, env);
 /// - numbers compare by value (`1` equals `1.0`), other scalars by equality.
+///
+/// This is the `wasmctrl-json-subset` crate's check, the one `wasmctrl test` matches a
+/// fixture's expectations with.
 pub fn contains(actual: &Value, desired: &Value) -> bool {
-    match (actual, desired) {
-        (Value::Object(actual), Value::Object(desired)) => {
-            desired.iter().all(|(key, want)| match actual.get(key) {
-                Some(have) => contains(have, want),
-                None => want.is_null(),
-            })
-        }
-        (Value::Array(actual), Value::Array(desired)) => {
-            actual.len() == desired.len()
-                && actual.iter().zip(desired).all(|(have, want)| contains(have, want))
-        }
-        (Value::Number(a), Value::Number(b)) => {
-            a == b || a.as_f64().zip(b.as_f64()).is_some_and(|(a, b)| a == b)
-        }
-        (actual, desired) => actual == desired,
-    }
+    wasmctrl_json_subset::is_subset(desired, actual)
 }
 
 /// Whether `actual` lacks something `desired` sets, i.e. whether a write is needed.

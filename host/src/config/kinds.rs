@@ -188,7 +188,7 @@ pub(crate) fn check_api_version(api_version: &str) -> Result<(), String> {
         ));
     }
     if let Some(g) = group
-        && (g.is_empty() || !super::names::is_dns_subdomain(g))
+        && (g.is_empty() || !wasmctrl_selectors::is_dns_subdomain(g))
     {
         return Err(format!("`{g}` in `{api_version}` is not a valid API group"));
     }

@@ -25,7 +25,6 @@ mod decode;
 mod error;
 mod host;
 mod kinds;
-pub mod names;
 mod plugin;
 mod source;
 mod units;

@@ -8,7 +8,8 @@
 //!   (swap, restart, first start, stop), `wiring` (one version's leases and handlers),
 //!   `slot` (the version `map`/`filter` go to), `scope` (a narrowed scope is not a delete),
 //!   `union_cache` (one kind's cache when several informers watch it for one plugin),
-//!   `parked` (queues of stopped plugins).
+//!   `parked` (queues of stopped plugins), `predicates` (a source's event predicates, as
+//!   `wasmctrl test` builds them too).
 //! - [`check_paths`] ([`check`]): `wasmctrl check`, the loader's validation, offline.
 //! - [`rbac_for`] ([`rbac`]): `wasmctrl rbac`, the RBAC the plugins need.
 //! - [`StatusBoard`] ([`status`]): per-plugin status for `/plugins` and `/readyz`.
@@ -21,6 +22,7 @@ mod factory;
 mod handoff;
 pub mod manager;
 mod parked;
+pub(crate) mod predicates;
 pub mod rbac;
 pub mod scan;
 mod scope;

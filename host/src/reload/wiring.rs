@@ -35,15 +35,13 @@ use futures::future::BoxFuture;
 use kube::core::GroupVersionKind;
 use parking_lot::Mutex;
 
+use super::predicates::builtin_predicates;
 use super::slot::VersionSlot;
 use super::union_cache::UnionCache;
-use crate::cache::{IndexSpec, LabelSelector};
+use crate::cache::IndexSpec;
 use crate::config::{KindLookupError, PluginConfig, Predicates, ResolvedKind, WatchSource};
 use crate::controller::handler::{EnqueueForObject, EnqueueForOwner, EnqueueMapped, Mapper};
-use crate::controller::predicate::{
-    AnnotationPresent, AnnotationsChanged, Filter, FilterEvent, FilterPredicate, GenerationChanged,
-    LabelSelectorPredicate, LabelsChanged, Predicate, ResourceVersionChanged,
-};
+use crate::controller::predicate::{Filter, FilterEvent, FilterPredicate, Predicate};
 use crate::controller::source::EventRegistration;
 use crate::controller::{HotSwap, Request};
 use crate::fifo::SourceProgress;
@@ -331,26 +329,9 @@ impl Filter for PluginFilter {
     }
 }
 
+/// A source's predicates: the built-in ones its TOML turns on, then the plugin's `filter`.
 fn predicates(p: &Predicates, kind: &Gvk, plugin: &PluginSlot) -> Result<Vec<Arc<dyn Predicate>>, String> {
-    let mut out: Vec<Arc<dyn Predicate>> = Vec::new();
-    if p.generation_changed {
-        out.push(Arc::new(GenerationChanged));
-    }
-    if p.resource_version_changed {
-        out.push(Arc::new(ResourceVersionChanged));
-    }
-    if p.labels_changed {
-        out.push(Arc::new(LabelsChanged));
-    }
-    if p.annotations_changed {
-        out.push(Arc::new(AnnotationsChanged));
-    }
-    if let Some(sel) = &p.label_selector {
-        out.push(Arc::new(LabelSelectorPredicate(LabelSelector::parse(sel).map_err(|e| e.to_string())?)));
-    }
-    if let Some(key) = &p.annotation_present {
-        out.push(Arc::new(AnnotationPresent(key.clone())));
-    }
+    let mut out = builtin_predicates(p).map_err(|e| e.to_string())?;
     if p.filter {
         let slot: HotSwap<dyn Filter> = HotSwap::new(Arc::new(PluginFilter(plugin.clone())));
         out.push(Arc::new(FilterPredicate::new(kube_gvk(kind), slot)));

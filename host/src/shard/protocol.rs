@@ -52,7 +52,7 @@ pub const MAX_SHARD_NAME: usize = 63;
 /// Checks a shard name: a DNS subdomain of at most 63 characters (so it is also a valid
 /// label value and fits a Lease name).
 pub fn check_shard_name(name: &str) -> Result<(), String> {
-    if name.len() > MAX_SHARD_NAME || !crate::config::names::is_dns_subdomain(name) {
+    if name.len() > MAX_SHARD_NAME || !wasmctrl_selectors::is_dns_subdomain(name) {
         return Err(format!(
             "shard name `{name}` must be at most {MAX_SHARD_NAME} lowercase letters, digits, `-` and `.`, \
              starting and ending with a letter or digit"

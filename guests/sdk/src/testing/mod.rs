@@ -47,7 +47,6 @@
 //! (server-side apply field ownership, strategic merge patch, garbage collection);
 //! `wasmctrl test` runs the real component against a real API server for those.
 
-mod selector;
 mod store;
 
 use std::cell::RefCell;
@@ -56,6 +55,7 @@ use std::marker::PhantomData;
 use std::rc::Rc;
 
 use serde_json::Value;
+use wasmctrl_selectors::LabelSelector;
 
 use crate::bindings::wasmctrl::controller::client as wit_client;
 use crate::bindings::wasmctrl::controller::events as wit_events;
@@ -67,7 +67,6 @@ use crate::export::{Exported, HookTable};
 use crate::log::Level;
 use crate::{Action, Error, FilterEvent, Gvk, Hooks, InitError, Kind, RawObject, ReconcileError, Request};
 
-use selector::Selector;
 use store::{ObjectKey, PatchKind, Server, Store};
 
 /// An index function: the index values of an object (its JSON).
@@ -392,7 +391,8 @@ impl FakeHost {
     ) -> Result<Vec<Vec<u8>>, wit::Error> {
         let kind = gvk(kind);
         self.injected(Op::CacheList, Some(&kind), None)?;
-        let selector = Selector::parse(selector.unwrap_or_default()).map_err(wit::Error::Invalid)?;
+        let selector = LabelSelector::parse(selector.unwrap_or_default())
+            .map_err(|e| wit::Error::Invalid(e.to_string()))?;
         Ok(self.cache.of_kind(&kind, ns).filter(|o| selector.matches(&labels_of(o))).map(encode).collect())
     }
 
@@ -873,6 +873,38 @@ impl<P: Exported> TestPlugin<P> {
                 true
             }
             _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    use super::TestHost;
+    use crate::{Error, cache};
+
+    /// `cache::list` selects with the host's own parser: the API server's operators, and
+    /// what the host refuses is refused here too.
+    #[test]
+    fn cache_list_selects_as_the_host_does() {
+        let host = TestHost::new();
+        host.add_yaml(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a, namespace: ns, labels: {app: web, tier: \"5\"}}\n\
+             ---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: b, namespace: ns, labels: {app: db}}\n",
+        )
+        .unwrap();
+        let names = |selector: &str| {
+            cache::list::<ConfigMap>(None, Some(selector))
+                .map(|list| list.into_iter().filter_map(|c| c.metadata.name).collect::<Vec<_>>())
+        };
+        assert_eq!(names("").unwrap(), ["a", "b"]);
+        assert_eq!(names("app=web").unwrap(), ["a"]);
+        assert_eq!(names("app in (web, db),!legacy").unwrap(), ["a", "b"]);
+        assert_eq!(names("app notin (web),tier").unwrap(), Vec::<String>::new());
+        assert_eq!(names("tier>3").unwrap(), ["a"]);
+        for bad in ["a b c", "=x", "app=web,", "-app=x", "tier>high"] {
+            assert!(matches!(names(bad), Err(Error::Invalid(_))), "{bad}: {:?}", names(bad));
         }
     }
 }

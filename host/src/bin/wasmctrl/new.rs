@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use wasmctrl::config::{BuiltinKinds, KindResolver};
 use wasmctrl::plugin::Gvk;
+use wasmctrl_selectors::is_dns1035_label;
 
 /// `wasmctrl new`.
 #[derive(Args, Debug)]
@@ -37,15 +38,6 @@ pub struct NewArgs {
     /// (`Validate`, `Mutate`, `[[admission]]` sections; see docs/admission.md).
     #[arg(long)]
     pub admission: bool,
-}
-
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-        && s.as_bytes()[0].is_ascii_lowercase()
 }
 
 /// `my-plugin` → `MyPlugin`.
@@ -183,7 +175,7 @@ fn default_sdk() -> PathBuf {
 }
 
 pub fn new(args: NewArgs) -> Result<ExitCode> {
-    if !is_dns_label(&args.name) {
+    if !is_dns1035_label(&args.name) {
         bail!(
             "plugin name {:?}: use lowercase letters, digits and `-` (at most 63, starting with a letter)",
             args.name
@@ -562,7 +554,6 @@ mod tests {
         assert!(kind_info("ConfigMap").is_err());
         assert!(kind_info("widgets/v1/Widget").is_err());
         assert_eq!(camel("my-first-plugin"), "MyFirstPlugin");
-        assert!(is_dns_label("stamp-2") && !is_dns_label("Stamp") && !is_dns_label("-a"));
     }
 
     /// `target.wasm32-wasip2.rustflags` of a Cargo config.

@@ -10,12 +10,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use wasmctrl_selectors::is_dns_label;
 
 use crate::admission::{
     AdmissionSettings, CertFiles, DEFAULT_ADDRESS, DEFAULT_CONFIGURATION_PREFIX, Endpoint,
 };
 use crate::config::error::ConfigErrors;
-use crate::config::names::is_dns_label;
 use crate::config::source::{PathSeg, SourceMap};
 
 /// `[admission]` as written.

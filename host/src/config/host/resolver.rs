@@ -10,10 +10,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use wasmctrl_selectors::{is_dns_label, is_dns_subdomain};
+
 use super::schema::{ClusterMode, HostToml, ServerAuthMode};
 use super::{ClusterConfig, HostConfig, LeaderElectionConfig, OciConfig, ServerAuth, TlsFiles};
 use crate::config::error::ConfigErrors;
-use crate::config::names::{is_dns_label, is_dns_subdomain};
 use crate::config::plugin::PluginDefaults;
 use crate::config::source::{PathSeg, SourceMap};
 use crate::config::units::{ByteSize, DurationValue};

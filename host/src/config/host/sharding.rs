@@ -9,8 +9,9 @@
 
 use std::time::Duration;
 
+use wasmctrl_selectors::is_dns_label;
+
 use super::schema::{ShardingMode, ShardingToml};
-use crate::config::names::is_dns_label;
 use crate::config::source::PathSeg;
 
 /// Points each replica has on the ring unless `virtual-nodes` says otherwise. A replica's

@@ -12,13 +12,13 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use wasmctrl_selectors::is_dns_label;
 
 use crate::admission::rules::{
     self, AdmissionRule, FailurePolicy, Operation, Reinvocation, SideEffects, WebhookType,
 };
 use crate::config::error::{ConfigError, ConfigErrors};
 use crate::config::kinds::{check_api_version, check_kind_name};
-use crate::config::names::is_dns_label;
 use crate::config::source::{PathSeg, SourceMap};
 use crate::config::units::DurationValue;
 use crate::plugin::spec::Gvk;

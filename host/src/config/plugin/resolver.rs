@@ -10,12 +10,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use wasmctrl_selectors::{FieldSelector, is_dns_label, validate_key};
+
 use super::schema::{IndexToml, OwnerIndex, PluginToml, SourceToml};
 use super::{PluginConfig, PluginDefaults, Predicates, RegistryWasm, WatchSource};
 use crate::cache::{IndexFunc, IndexSpec, LabelSelector, OwnerIndex as CacheOwnerIndex};
 use crate::config::error::{ConfigError, ConfigErrors};
 use crate::config::kinds::{BuiltinKinds, check_api_version, check_kind_name};
-use crate::config::names::{check_field_selector, check_label_key, is_dns_label};
 use crate::config::source::{PathSeg, SourceMap};
 use crate::object::Transform;
 use crate::oci::OciReference;
@@ -289,9 +290,9 @@ impl Resolver<'_, '_> {
             self.err(&at("label-selector"), e.to_string(), None);
         }
         if let Some(sel) = &s.field_selector
-            && let Err(e) = check_field_selector(sel)
+            && let Err(e) = FieldSelector::parse(sel)
         {
-            self.err(&at("field-selector"), e, None);
+            self.err(&at("field-selector"), e.to_string(), None);
         }
         let mut indexes = BTreeMap::new();
         for (name, ix) in &s.indexes {
@@ -311,7 +312,7 @@ impl Resolver<'_, '_> {
             pp.pop();
         }
         if let Some(k) = &pr.annotation_present
-            && let Err(e) = check_label_key(k)
+            && let Err(e) = validate_key(k)
         {
             pp.push(key("annotation-present"));
             self.err(&pp, e, None);
@@ -387,7 +388,7 @@ impl Resolver<'_, '_> {
             return Some(spec);
         }
         if let Some(l) = &ix.label {
-            if let Err(e) = check_label_key(l) {
+            if let Err(e) = validate_key(l) {
                 sub.push(key("label"));
                 self.err(&sub, e, None);
                 return None;
@@ -395,7 +396,7 @@ impl Resolver<'_, '_> {
             return Some(IndexSpec::Label(l.clone()));
         }
         if let Some(a) = &ix.annotation {
-            if let Err(e) = check_label_key(a) {
+            if let Err(e) = validate_key(a) {
                 sub.push(key("annotation"));
                 self.err(&sub, e, None);
                 return None;

@@ -66,16 +66,6 @@ impl HasData for HasEvents {
     type Data<'a> = EventsCtxView<'a>;
 }
 
-/// Whether `s` is a DNS label (a namespace name): 1 to 63 lowercase letters, digits and
-/// `-`, starting and ending with a letter or digit.
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 /// Checks an event's fields as the API server would, before anything is kept of it.
 fn validate(event: &WitEvent) -> Result<(), WitError> {
     let invalid = |m: String| Err(WitError::Invalid(m));
@@ -111,7 +101,7 @@ fn validate(event: &WitEvent) -> Result<(), WitError> {
         ));
     }
     if let Some(ns) = r.namespace.as_deref().filter(|ns| !ns.is_empty())
-        && !is_dns_label(ns)
+        && !wasmctrl_selectors::is_dns_label(ns)
     {
         return invalid(format!("the regarded namespace {ns:?} is not a namespace name"));
     }
