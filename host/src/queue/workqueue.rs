@@ -1,5 +1,6 @@
-//! The work queue: client-go's `workqueue.Type` and `DelayingQueue` in one structure, with
-//! controller-runtime's low priority for initial-list events.
+//! The plain work queue: client-go's `workqueue.Type`, with controller-runtime's low priority
+//! for initial-list events. Delayed adds live in [`super::delaying`], the hand-over between
+//! queues in [`super::handover`]; all three share this queue's one mutex.
 //!
 //! Invariants (all under one mutex):
 //! - A key is *dirty* while it waits to be processed, and *processing* between `get` and
@@ -10,11 +11,8 @@
 //! - A key is in a ready deque (with the sequence number its dirty entry records) if and only
 //!   if it is dirty and not processing. Deque entries whose sequence number no longer matches
 //!   are stale (left behind by a priority raise) and are skipped.
-//! - `add_after` keeps, per key, only the earliest ready time. Waiting keys become ready (are
-//!   `add`ed) at that time; readiness is checked by every queue operation, and every waiting
-//!   `get` sleeps until the earliest deadline, so no background task is needed.
-//! - After `shut_down`, adds are ignored, waiting (delayed) keys are dropped, and `get` hands
-//!   out what is still ready, then returns `None`.
+//! - After `shut_down`, adds are ignored and `get` hands out what is still ready, then returns
+//!   `None`.
 //! - With an admission filter ([`WorkQueue::set_admission`]), an add (immediate or delayed)
 //!   of a key the filter refuses is dropped before it touches the queue; keys moved in by a
 //!   hand-over are not filtered (whoever takes them out decides).
@@ -26,7 +24,6 @@
 //! Time is tokio's (`tokio::time::Instant`), so tests can pause and advance the clock.
 
 use std::cmp::Reverse;
-use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Weak};
@@ -36,6 +33,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::delaying::Waiting;
 use super::metrics::QueueMetrics;
 use crate::metrics::Metrics;
 use crate::telemetry::TraceOrigin;
@@ -61,7 +59,7 @@ pub enum Priority {
 }
 
 impl Priority {
-    fn index(self) -> usize {
+    pub(super) fn index(self) -> usize {
         match self {
             Priority::Normal => 0,
             Priority::Low => 1,
@@ -70,75 +68,51 @@ impl Priority {
 }
 
 /// A key waiting to be processed.
-struct Dirty {
+pub(super) struct Dirty {
     /// When the key was first added since it was last handed out (for queue latency).
-    added_at: Instant,
-    priority: Priority,
+    pub(super) added_at: Instant,
+    pub(super) priority: Priority,
     /// The sequence number of its live ready-deque entry; `None` while it is processing.
-    queued: Option<u64>,
+    pub(super) queued: Option<u64>,
 }
 
-/// A delayed add, ordered by ready time then insertion order.
-struct Waiting<K> {
-    ready_at: Instant,
-    seq: u64,
-    key: K,
-}
-
-impl<K> PartialEq for Waiting<K> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.ready_at, self.seq) == (other.ready_at, other.seq)
-    }
-}
-impl<K> Eq for Waiting<K> {}
-impl<K> PartialOrd for Waiting<K> {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<K> Ord for Waiting<K> {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.ready_at, self.seq).cmp(&(other.ready_at, other.seq))
-    }
-}
-
-struct State<K: QueueKey> {
-    dirty: HashMap<K, Dirty>,
+pub(super) struct State<K: QueueKey> {
+    pub(super) dirty: HashMap<K, Dirty>,
     /// Key → when its current processing started.
-    processing: HashMap<K, Instant>,
+    pub(super) processing: HashMap<K, Instant>,
     /// Ready deques by [`Priority::index`]; entries carry the sequence number of the add.
-    ready: [VecDeque<(K, u64)>; 2],
+    pub(super) ready: [VecDeque<(K, u64)>; 2],
     /// Number of live (non-stale) ready entries: the queue depth.
-    ready_len: usize,
+    pub(super) ready_len: usize,
     /// Delayed adds (min-heap; stale entries are skipped by sequence number).
-    waiting: BinaryHeap<Reverse<Waiting<K>>>,
+    pub(super) waiting: BinaryHeap<Reverse<Waiting<K>>>,
     /// Key → (ready time, sequence number) of its live delayed add.
-    waiting_keys: HashMap<K, (Instant, u64)>,
-    next_seq: u64,
-    shutting_down: bool,
-    draining: bool,
+    pub(super) waiting_keys: HashMap<K, (Instant, u64)>,
+    pub(super) next_seq: u64,
+    pub(super) shutting_down: bool,
+    pub(super) draining: bool,
     /// The successor this queue was handed over to.
-    forward: Option<WorkQueue<K>>,
+    pub(super) forward: Option<WorkQueue<K>>,
     /// Keys processing here on behalf of a predecessor (see the module doc).
-    borrowed: std::collections::HashSet<K>,
+    pub(super) borrowed: std::collections::HashSet<K>,
     /// Trace origins of dirty keys (empty unless tracing is on).
-    origins: HashMap<K, Box<TraceOrigin>>,
+    pub(super) origins: HashMap<K, Box<TraceOrigin>>,
     /// Trace origins of waiting keys (empty unless tracing is on).
-    waiting_origins: HashMap<K, Box<TraceOrigin>>,
+    pub(super) waiting_origins: HashMap<K, Box<TraceOrigin>>,
 }
 
 /// Decides whether an add is kept (see [`WorkQueue::set_admission`]).
 pub type Admission<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 
 pub(super) struct Inner<K: QueueKey> {
-    state: Mutex<State<K>>,
+    pub(super) state: Mutex<State<K>>,
     /// Set once; consulted outside the state lock.
-    admission: std::sync::OnceLock<Admission<K>>,
+    pub(super) admission: std::sync::OnceLock<Admission<K>>,
     /// Wakes getters when a key becomes ready, the earliest deadline moves, or on shut down.
-    ready_notify: Notify,
+    pub(super) ready_notify: Notify,
     /// Wakes `shut_down_with_drain` when the processing set empties.
-    drained_notify: Notify,
-    metrics: Option<QueueMetrics>,
+    pub(super) drained_notify: Notify,
+    pub(super) metrics: Option<QueueMetrics>,
 }
 
 /// A FIFO work queue of keys with dirty/processing sets, delayed adds and two priorities.
@@ -162,7 +136,7 @@ pub(super) struct Inner<K: QueueKey> {
 /// # }
 /// ```
 pub struct WorkQueue<K: QueueKey> {
-    inner: Arc<Inner<K>>,
+    pub(super) inner: Arc<Inner<K>>,
 }
 
 impl<K: QueueKey> Clone for WorkQueue<K> {
@@ -245,7 +219,7 @@ impl<K: QueueKey> WorkQueue<K> {
         self.inner.admission.set(admission).is_ok()
     }
 
-    fn admitted(&self, key: &K) -> bool {
+    pub(super) fn admitted(&self, key: &K) -> bool {
         self.inner.admission.get().is_none_or(|a| a(key))
     }
 
@@ -277,69 +251,6 @@ impl<K: QueueKey> WorkQueue<K> {
         drop(s);
         if woke {
             self.inner.ready_notify.notify_one();
-        }
-    }
-
-    /// Adds `key` once `delay` has passed. If the key is already waiting, the earlier of the
-    /// two ready times wins. A zero delay adds at once. Ignored after shut down.
-    pub fn add_after(&self, key: K, delay: Duration) {
-        self.add_after_traced(key, delay, None);
-    }
-
-    /// As [`add_after`](Self::add_after), with what caused the add.
-    pub fn add_after_traced(&self, key: K, delay: Duration, origin: Origin) {
-        if delay.is_zero() {
-            self.add_traced(key, Priority::Normal, origin);
-            return;
-        }
-        self.add_at_traced(key, Instant::now() + delay, origin);
-    }
-
-    /// Adds `key` at `ready_at` (at once if that has passed); as [`add_after`](Self::add_after).
-    pub fn add_at(&self, key: K, ready_at: Instant) {
-        self.add_at_traced(key, ready_at, None);
-    }
-
-    fn add_at_traced(&self, key: K, ready_at: Instant, origin: Origin) {
-        let now = Instant::now();
-        if ready_at <= now {
-            self.add_traced(key, Priority::Normal, origin);
-            return;
-        }
-        if !self.admitted(&key) {
-            return;
-        }
-        let mut s = self.inner.state.lock();
-        if let Some(next) = s.forward.clone() {
-            drop(s);
-            next.add_at_traced(key, ready_at, origin);
-            return;
-        }
-        if s.shutting_down {
-            return;
-        }
-        if let Some(o) = origin {
-            s.waiting_origins.entry(key.clone()).or_insert(o);
-        }
-        let earliest_before = s.waiting.peek().map(|Reverse(w)| w.ready_at);
-        let seq = s.next_seq;
-        match s.waiting_keys.entry(key.clone()) {
-            Entry::Occupied(mut e) => {
-                if e.get().0 <= ready_at {
-                    return;
-                }
-                e.insert((ready_at, seq));
-            }
-            Entry::Vacant(e) => {
-                e.insert((ready_at, seq));
-            }
-        }
-        s.next_seq += 1;
-        s.waiting.push(Reverse(Waiting { ready_at, seq, key }));
-        drop(s);
-        // A getter may be sleeping until a later deadline: let every getter recompute it.
-        if earliest_before.is_none_or(|t| ready_at < t) {
-            self.inner.ready_notify.notify_waiters();
         }
     }
 
@@ -453,11 +364,6 @@ impl<K: QueueKey> WorkQueue<K> {
         self.inner.state.lock().processing.len()
     }
 
-    /// Number of keys waiting for a delayed add.
-    pub fn waiting_len(&self) -> usize {
-        self.inner.state.lock().waiting_keys.len()
-    }
-
     /// Whether some key that is waiting to be handed out (ready, or added again while
     /// processing) or is processing satisfies `f` (one consistent look; delayed adds are not
     /// looked at). `f` runs under the queue's lock: it must not use the queue.
@@ -518,166 +424,15 @@ impl<K: QueueKey> WorkQueue<K> {
         self.inner.state.lock().shutting_down
     }
 
-    /// Whether an add now would be kept (here or by a successor).
-    pub fn accepts_adds(&self) -> bool {
-        let s = self.inner.state.lock();
-        s.forward.is_some() || !s.shutting_down
-    }
-
-    /// Whether this queue was handed over to a successor.
-    pub fn is_handed_over(&self) -> bool {
-        self.inner.state.lock().forward.is_some()
-    }
-
-    /// Hands this queue's work to `to` (see the module doc): ready keys with their
-    /// priority, delayed keys with their ready time, keys in processing borrowed until their
-    /// `done`. Returns how many keys moved (ready, delayed, processing). A queue already
-    /// handed over forwards the call; handing a queue to itself does nothing.
-    pub fn hand_over_to(&self, to: &WorkQueue<K>) -> (usize, usize, usize) {
-        if Arc::ptr_eq(&self.inner, &to.inner) {
-            return (0, 0, 0);
-        }
-        let mut s = self.inner.state.lock();
-        if let Some(next) = s.forward.clone() {
-            drop(s);
-            return next.hand_over_to(to);
-        }
-        let now = Instant::now();
-        self.promote_due(&mut s, now);
-        let mut ready = Vec::with_capacity(s.ready_len);
-        for idx in 0..s.ready.len() {
-            let deque = std::mem::take(&mut s.ready[idx]);
-            for (key, seq) in deque {
-                let live = s.dirty.get(&key).is_some_and(|d| d.queued == Some(seq));
-                if live && let Some(d) = s.dirty.remove(&key) {
-                    let origin = if s.origins.is_empty() { None } else { s.origins.remove(&key) };
-                    ready.push((key, d.priority, origin));
-                }
-            }
-        }
-        // Dirty keys left are processing: their `done` adds them to `to` anyway.
-        s.dirty.clear();
-        s.ready_len = 0;
-        self.set_depth(&s);
-        let mut waiting_origins = std::mem::take(&mut s.waiting_origins);
-        let waiting: Vec<(K, Instant, Origin)> = s
-            .waiting_keys
-            .drain()
-            .map(|(k, (at, _))| {
-                let origin = if waiting_origins.is_empty() { None } else { waiting_origins.remove(&k) };
-                (k, at, origin)
-            })
-            .collect();
-        s.waiting.clear();
-        let processing: Vec<K> = s.processing.keys().cloned().collect();
-        s.forward = Some(to.clone());
-        let moved = (ready.len(), waiting.len(), processing.len());
-        // Lock order: a queue before its successor (never the other way round).
-        let mut t = to.inner.state.lock();
-        for key in processing {
-            if !t.processing.contains_key(&key) {
-                t.processing.insert(key.clone(), now);
-                t.borrowed.insert(key);
-            }
-        }
-        for (key, priority, origin) in ready {
-            to.add_locked(&mut t, key, priority, now, origin);
-        }
-        for (key, at, origin) in waiting {
-            to.wait_locked(&mut t, key, at, origin);
-        }
-        drop(t);
-        drop(s);
-        to.inner.ready_notify.notify_waiters();
-        self.inner.ready_notify.notify_waiters();
-        moved
-    }
-
-    /// The predecessor finished a key it held when it handed over: it is this queue's to
-    /// hand out again, and is added once more.
-    fn finish_borrowed(&self, key: &K) {
-        let mut s = self.inner.state.lock();
-        let was_borrowed = s.borrowed.remove(key);
-        if was_borrowed {
-            s.processing.remove(key);
-        }
-        if let Some(next) = s.forward.clone() {
-            drop(s);
-            next.finish_borrowed(key);
-            return;
-        }
-        let now = Instant::now();
-        let mut woke = false;
-        let seq = s.next_seq;
-        match s.dirty.get_mut(key) {
-            // Added while borrowed: it becomes ready now, as `done` would do.
-            Some(d) if was_borrowed && d.queued.is_none() => {
-                d.queued = Some(seq);
-                let idx = d.priority.index();
-                s.next_seq += 1;
-                s.ready[idx].push_back((key.clone(), seq));
-                s.ready_len += 1;
-                self.set_depth(&s);
-                woke = true;
-            }
-            Some(_) => {}
-            None => woke = self.add_locked(&mut s, key.clone(), Priority::Normal, now, None),
-        }
-        let drained = s.processing.is_empty() && s.draining;
-        drop(s);
-        if woke {
-            self.inner.ready_notify.notify_one();
-        }
-        if drained {
-            self.inner.drained_notify.notify_waiters();
-        }
-    }
-
-    /// Records a delayed add (under the lock); the earliest ready time per key wins.
-    fn wait_locked(&self, s: &mut State<K>, key: K, ready_at: Instant, origin: Origin) {
-        if s.shutting_down {
-            return;
-        }
-        if let Some(o) = origin {
-            s.waiting_origins.entry(key.clone()).or_insert(o);
-        }
-        let seq = s.next_seq;
-        match s.waiting_keys.entry(key.clone()) {
-            Entry::Occupied(mut e) => {
-                if e.get().0 <= ready_at {
-                    return;
-                }
-                e.insert((ready_at, seq));
-            }
-            Entry::Vacant(e) => {
-                e.insert((ready_at, seq));
-            }
-        }
-        s.next_seq += 1;
-        s.waiting.push(Reverse(Waiting { ready_at, seq, key }));
-    }
-
-    /// Moves delayed keys whose time has come into the ready queue. Returns whether any key
-    /// became ready.
-    fn promote_due(&self, s: &mut State<K>, now: Instant) -> bool {
-        let mut any = false;
-        while let Some(Reverse(w)) = s.waiting.peek() {
-            if w.ready_at > now {
-                break;
-            }
-            let Some(Reverse(w)) = s.waiting.pop() else { break };
-            if s.waiting_keys.get(&w.key).is_some_and(|&(_, seq)| seq == w.seq) {
-                s.waiting_keys.remove(&w.key);
-                let origin =
-                    if s.waiting_origins.is_empty() { None } else { s.waiting_origins.remove(&w.key) };
-                any |= self.add_locked(s, w.key, Priority::Normal, now, origin);
-            }
-        }
-        any
-    }
-
     /// Returns whether the key became ready (so a getter should be woken).
-    fn add_locked(&self, s: &mut State<K>, key: K, priority: Priority, now: Instant, origin: Origin) -> bool {
+    pub(super) fn add_locked(
+        &self,
+        s: &mut State<K>,
+        key: K,
+        priority: Priority,
+        now: Instant,
+        origin: Origin,
+    ) -> bool {
         if s.shutting_down {
             return false;
         }
@@ -734,7 +489,7 @@ impl<K: QueueKey> WorkQueue<K> {
         None
     }
 
-    fn set_depth(&self, s: &State<K>) {
+    pub(super) fn set_depth(&self, s: &State<K>) {
         if let Some(m) = &self.inner.metrics {
             m.depth.set(i64::try_from(s.ready_len).unwrap_or(i64::MAX));
         }
@@ -802,30 +557,6 @@ mod tests {
         q.add("k");
         assert!(q.get_traced().await.unwrap().1.is_none());
         assert!(q.inner.state.lock().origins.is_empty());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn delayed_and_handed_over_keys_keep_their_trace_origin() {
-        let q = WorkQueue::new();
-        q.add_after_traced("late", Duration::from_secs(5), Some(TraceOrigin::for_test("retry")));
-        q.add_traced("now", Priority::Low, Some(TraceOrigin::for_test("event")));
-        let next = WorkQueue::new();
-        assert_eq!(q.hand_over_to(&next), (1, 1, 0));
-        let (k, o) = next.get_traced().await.unwrap();
-        assert_eq!((k, origin_of(&o)), ("now", Some("event")));
-        tokio::time::advance(Duration::from_secs(6)).await;
-        let (k, o) = next.get_traced().await.unwrap();
-        assert_eq!((k, origin_of(&o)), ("late", Some("retry")));
-        let s = next.inner.state.lock();
-        assert!(s.origins.is_empty() && s.waiting_origins.is_empty());
-    }
-
-    #[tokio::test]
-    async fn shutting_down_drops_waiting_trace_origins() {
-        let q: WorkQueue<&str> = WorkQueue::new();
-        q.add_after_traced("late", Duration::from_secs(60), Some(TraceOrigin::for_test("retry")));
-        q.shut_down();
-        assert!(q.inner.state.lock().waiting_origins.is_empty());
     }
 
     #[tokio::test]
@@ -929,63 +660,6 @@ mod tests {
         assert_eq!(q.get().await, Some("b"));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn add_after_keeps_earliest_time() {
-        let q = WorkQueue::new();
-        q.add_after("a", Duration::from_secs(10));
-        q.add_after("a", Duration::from_secs(5));
-        q.add_after("a", Duration::from_secs(20));
-        assert_eq!(q.waiting_len(), 1);
-        let start = Instant::now();
-        assert_eq!(q.get().await, Some("a"));
-        assert_eq!(start.elapsed(), Duration::from_secs(5));
-        q.done(&"a");
-        // The later ready times were superseded: nothing else comes.
-        tokio::time::advance(Duration::from_secs(30)).await;
-        assert_eq!(q.len(), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn add_after_orders_by_ready_time() {
-        let q = WorkQueue::new();
-        q.add_after("late", Duration::from_millis(300));
-        q.add_after("early", Duration::from_millis(100));
-        q.add_after("now", Duration::ZERO);
-        assert_eq!(q.get().await, Some("now"));
-        assert_eq!(q.get().await, Some("early"));
-        assert_eq!(q.get().await, Some("late"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn earlier_add_after_wakes_sleeping_getter() {
-        let q = WorkQueue::new();
-        q.add_after("a", Duration::from_secs(60));
-        let getter = tokio::spawn({
-            let q = q.clone();
-            async move {
-                let start = Instant::now();
-                let k = q.get().await;
-                (k, start.elapsed())
-            }
-        });
-        tokio::task::yield_now().await;
-        q.add_after("b", Duration::from_secs(1));
-        let (k, waited) = getter.await.unwrap();
-        assert_eq!(k, Some("b"));
-        assert_eq!(waited, Duration::from_secs(1));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn delayed_key_already_dirty_is_not_duplicated() {
-        let q = WorkQueue::new();
-        q.add("a");
-        q.add_after("a", Duration::from_millis(10));
-        tokio::time::advance(Duration::from_millis(20)).await;
-        assert_eq!(q.len(), 1);
-        assert_eq!(q.get().await, Some("a"));
-        assert_eq!(q.len(), 0);
-    }
-
     #[tokio::test]
     async fn shut_down_hands_out_ready_keys_then_none() {
         let q = WorkQueue::new();
@@ -1067,77 +741,5 @@ mod tests {
         q.add(7);
         let r = tokio::time::timeout(Duration::from_millis(0), q.get()).await;
         assert_eq!(r.ok().flatten(), Some(7));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn hand_over_moves_ready_delayed_and_in_flight_keys() {
-        let old = WorkQueue::new();
-        old.add_with_priority("low", Priority::Low);
-        old.add("busy");
-        let busy = old.get().await.unwrap();
-        assert_eq!(busy, "busy");
-        old.add("ready");
-        let t0 = Instant::now();
-        old.add_after("later", Duration::from_secs(5));
-        let new = WorkQueue::new();
-        assert_eq!(old.hand_over_to(&new), (2, 1, 1));
-        assert!(old.is_handed_over());
-        assert_eq!(old.len(), 0);
-        assert_eq!(new.len(), 2);
-        assert_eq!(new.waiting_len(), 1);
-        // Priorities kept; the borrowed key is not handed out by the new queue.
-        assert_eq!(new.get().await, Some("ready"));
-        assert_eq!(new.get().await, Some("low"));
-        new.add("busy");
-        assert!(tokio::time::timeout(Duration::from_millis(1), new.get()).await.is_err(), "still borrowed");
-        // Its reconcile ends on the old queue: it is the new queue's again.
-        old.done(&busy);
-        assert_eq!(old.processing_len(), 0);
-        assert_eq!(new.get().await, Some("busy"));
-        // The delayed key keeps its ready time.
-        assert_eq!(new.get().await, Some("later"));
-        assert!(t0.elapsed() >= Duration::from_secs(5));
-    }
-
-    #[tokio::test]
-    async fn a_key_in_flight_at_the_hand_over_is_added_again_when_it_ends() {
-        let old = WorkQueue::new();
-        old.add("k");
-        let k = old.get().await.unwrap();
-        let new = WorkQueue::new();
-        old.hand_over_to(&new);
-        old.done(&k);
-        assert_eq!(new.get().await, Some("k"), "the reconcile that ended may have missed a change");
-    }
-
-    #[tokio::test]
-    async fn a_handed_over_queue_forwards_adds_even_after_shut_down() {
-        let old = WorkQueue::new();
-        let new = WorkQueue::new();
-        old.hand_over_to(&new);
-        old.shut_down();
-        assert!(old.accepts_adds());
-        old.add("x");
-        old.add_after("y", Duration::from_millis(1));
-        assert_eq!(old.get().await, None, "a handed-over queue hands out nothing");
-        assert_eq!(new.get().await, Some("x"));
-        assert_eq!(new.get().await, Some("y"));
-    }
-
-    #[tokio::test]
-    async fn in_flight_key_finished_after_a_second_hand_over_lands_at_the_end_of_the_chain() {
-        let first = WorkQueue::new();
-        first.add("k");
-        let k = first.get().await.unwrap();
-        let second = WorkQueue::new();
-        let third = WorkQueue::new();
-        first.hand_over_to(&second);
-        assert_eq!(second.processing_len(), 1);
-        second.hand_over_to(&third);
-        assert_eq!((second.processing_len(), third.processing_len()), (1, 1));
-        first.done(&k);
-        assert_eq!((second.processing_len(), third.processing_len()), (0, 0));
-        assert_eq!(third.get().await, Some("k"));
-        assert!(first.hand_over_to(&first) == (0, 0, 0));
     }
 }
