@@ -1,6 +1,10 @@
 //! DeltaFIFO (client-go `tools/cache/delta_fifo.go`): a queue of keys, each with the ordered
 //! list of changes ("deltas") that happened to its object since it was last popped.
 //!
+//! The queue itself lives here; the deltas it holds in `delta.rs`, what it asks of the store it
+//! feeds and the relist and resync built on that in `relist.rs`, and the source's progress it
+//! tracks in `progress.rs`.
+//!
 //! Invariants (kept under one mutex):
 //! - a key is in `queue` if and only if it is in `items`, and at most once; `items[k]` is
 //!   never empty;
@@ -14,83 +18,25 @@
 //!
 //! `pop` runs the caller's `process` while holding the lock, as client-go does, so a key's
 //! deltas are fully applied before anyone can observe `has_synced` flip.
-//!
-//! What the FIFO needs from the store it feeds is stated here, as [`KnownObjects`] (client-go's
-//! `KeyListerGetter`); the cache implements it, so this stage never imports a later one.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+mod delta;
+mod progress;
+mod relist;
+#[cfg(test)]
+mod test_support;
+
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use delta::dedup_deltas;
+pub use delta::{Delta, DeltaType, Deltas};
+pub use progress::SourceProgress;
+pub use relist::KnownObjects;
+
 use crate::object::{DeletedObject, Object};
-
-/// What a [`DeltaFifo`] needs from the store it feeds: which keys exist (for delete
-/// detection on `Replace`, resync, and ignoring unknown deletes).
-pub trait KnownObjects: Send + Sync {
-    /// Every key the store holds.
-    fn known_keys(&self) -> Vec<String>;
-    /// The stored object for `key`.
-    fn known_object(&self, key: &str) -> Option<Arc<Object>>;
-}
-
-/// One change to one object.
-#[derive(Debug, Clone)]
-pub enum Delta {
-    /// Created (watch ADDED).
-    Added(Arc<Object>),
-    /// Changed (watch MODIFIED).
-    Updated(Arc<Object>),
-    /// Deleted (watch DELETED), or found missing on relist (a tombstone).
-    Deleted(DeletedObject),
-    /// Listed by a relist (`replace`).
-    Replaced(Arc<Object>),
-    /// Re-delivered by a periodic resync.
-    Sync(Arc<Object>),
-}
-
-/// The kind of a [`Delta`], without its object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum DeltaType {
-    Added,
-    Updated,
-    Deleted,
-    Replaced,
-    Sync,
-}
-
-impl Delta {
-    /// The delta's kind.
-    pub fn delta_type(&self) -> DeltaType {
-        match self {
-            Delta::Added(_) => DeltaType::Added,
-            Delta::Updated(_) => DeltaType::Updated,
-            Delta::Deleted(_) => DeltaType::Deleted,
-            Delta::Replaced(_) => DeltaType::Replaced,
-            Delta::Sync(_) => DeltaType::Sync,
-        }
-    }
-
-    /// The object the delta carries (a tombstone's last known state for relist deletes).
-    pub fn object(&self) -> &Arc<Object> {
-        match self {
-            Delta::Added(o) | Delta::Updated(o) | Delta::Replaced(o) | Delta::Sync(o) => o,
-            Delta::Deleted(d) => d.object(),
-        }
-    }
-
-    /// The key the delta is for (a tombstone carries its own key).
-    pub fn key(&self) -> &str {
-        match self {
-            Delta::Deleted(d) => d.key(),
-            other => other.object().key(),
-        }
-    }
-}
-
-/// A key's pending deltas, oldest first.
-pub type Deltas = Vec<Delta>;
 
 /// The capacity (keys) a drained FIFO keeps: what a watch's bursts need, so steady streaming
 /// never reallocates, while a large list's table is given back once it has been popped.
@@ -157,41 +103,6 @@ impl State {
             }
         }
     }
-}
-
-/// Collapses two trailing `Deleted` deltas into one, keeping the more informative: the older
-/// one unless it is a `FinalStateUnknown` tombstone (client-go `dedupDeltas`/`isDeletionDup`).
-fn dedup_deltas(deltas: &mut Deltas) {
-    let n = deltas.len();
-    if n < 2 {
-        return;
-    }
-    let (Delta::Deleted(older), Delta::Deleted(_)) = (&deltas[n - 2], &deltas[n - 1]) else { return };
-    if older.is_final_state_unknown() {
-        deltas.remove(n - 2);
-    } else {
-        deltas.pop();
-    }
-}
-
-/// How far the source feeding a FIFO has got, and how much of it the consumer has processed.
-///
-/// Invariant: every change the source pushed before it noted `delivered` has been popped and
-/// processed (`delivered` is the `received` of the last moment the queue was empty after a
-/// batch, or when progress was noted on an empty queue). Resource versions are the source's.
-/// Every change of it moves [`DeltaFifo::progress_seq`] and wakes
-/// [`DeltaFifo::progress_after`], so a wait for progress is a wait on a signal.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SourceProgress {
-    /// The newest resourceVersion the source has pushed everything up to (a list's, an
-    /// event's or a bookmark's).
-    pub received: Option<Arc<str>>,
-    /// The newest resourceVersion up to which everything has been processed.
-    pub delivered: Option<Arc<str>>,
-    /// Whether the source's watch is open now.
-    pub streaming: bool,
-    /// Since when the source has pushed no change (nor reopened its watch).
-    pub quiet_since: Option<tokio::time::Instant>,
 }
 
 /// The DeltaFIFO between a reflector and an informer's processing loop.
@@ -297,88 +208,6 @@ impl DeltaFifo {
         self.publish_synced(&s);
         drop(s);
         self.notify.notify_waiters();
-    }
-
-    /// The object the store holds for `obj`'s key when it has `obj`'s resourceVersion (so
-    /// the same content: every write of an object changes its resourceVersion). A relist
-    /// hands this to [`replace`](Self::replace) instead of its freshly decoded copy, so
-    /// objects that did not change are not held twice while the list is applied.
-    pub fn stored_unchanged(&self, obj: &Object) -> Option<Arc<Object>> {
-        let rv = obj.resource_version();
-        if rv.is_empty() {
-            return None;
-        }
-        let stored = self.known.as_ref()?.known_object(obj.key())?;
-        (stored.resource_version() == rv).then_some(stored)
-    }
-
-    /// Replaces the content with a fresh list (a relist): a `Replaced` delta per object, then
-    /// a `Deleted` tombstone for every queued or known key the list lacks.
-    pub fn replace(&self, list: Vec<Arc<Object>>) {
-        let mut s = self.state.lock();
-        let mut listed: HashSet<Arc<str>, foldhash::fast::RandomState> = HashSet::default();
-        listed.reserve(list.len());
-        for obj in list {
-            let key = obj.key().to_owned();
-            s.queue_delta(&key, Delta::Replaced(obj));
-            if let Some(k) = s.items.get_key_value(key.as_str()).map(|(k, _)| k.clone()) {
-                listed.insert(k);
-            }
-        }
-        // Deletions among queued keys: tombstone with the newest object we have.
-        let vanished_queued: Vec<(Arc<str>, Arc<Object>)> = s
-            .queue
-            .iter()
-            .filter(|k| !listed.contains(&**k))
-            .filter_map(|k| s.items.get(k).and_then(|d| d.last()).map(|d| (k.clone(), d.object().clone())))
-            .collect();
-        for (key, last_known) in vanished_queued {
-            s.queue_delta(
-                &key,
-                Delta::Deleted(DeletedObject::FinalStateUnknown { key: key.clone(), last_known }),
-            );
-        }
-        // Deletions among keys only the store knows.
-        if let Some(known) = &self.known {
-            for key in known.known_keys() {
-                if listed.contains(key.as_str()) || s.items.contains_key(key.as_str()) {
-                    continue;
-                }
-                let Some(last_known) = known.known_object(&key) else { continue };
-                let key: Arc<str> = Arc::from(key);
-                s.queue_delta(
-                    &key,
-                    Delta::Deleted(DeletedObject::FinalStateUnknown { key: key.clone(), last_known }),
-                );
-            }
-        }
-        if !s.populated {
-            s.populated = true;
-            s.initial_population = s.queue.len();
-        }
-        self.publish_synced(&s);
-        drop(s);
-        self.notify.notify_waiters();
-    }
-
-    /// Queues a `Sync` delta for every key the store knows that has no pending deltas.
-    pub fn resync(&self) {
-        let Some(known) = &self.known else { return };
-        let mut s = self.state.lock();
-        let mut queued_any = false;
-        for key in known.known_keys() {
-            if s.items.contains_key(key.as_str()) {
-                continue;
-            }
-            if let Some(obj) = known.known_object(&key) {
-                s.queue_delta(&key, Delta::Sync(obj));
-                queued_any = true;
-            }
-        }
-        drop(s);
-        if queued_any {
-            self.notify.notify_waiters();
-        }
     }
 
     /// Waits for a key, removes it with its deltas, and calls `process(key, &deltas,
@@ -495,72 +324,6 @@ impl DeltaFifo {
         self.notify.notify_waiters();
     }
 
-    /// Records that the source has pushed every change up to `resource_version`
-    /// (`changed`: this step pushed some). Call after the push.
-    pub fn note_progress(&self, resource_version: &str, changed: bool) {
-        let mut s = self.state.lock();
-        if s.received.as_deref() != Some(resource_version) {
-            s.received = Some(Arc::from(resource_version));
-        }
-        if changed {
-            s.quiet_since = Some(tokio::time::Instant::now());
-        }
-        if s.queue.is_empty() {
-            s.delivered = s.received.clone();
-        }
-        drop(s);
-        self.progressed();
-    }
-
-    /// Records whether the source's watch is open.
-    pub fn note_streaming(&self, open: bool) {
-        let mut s = self.state.lock();
-        s.streaming = open;
-        if open {
-            s.quiet_since = Some(tokio::time::Instant::now());
-        }
-        drop(s);
-        self.progressed();
-    }
-
-    /// Wakes the waiters of [`progress_after`](Self::progress_after).
-    fn progressed(&self) {
-        self.progress_seq.fetch_add(1, std::sync::atomic::Ordering::Release);
-        self.progress_changed.notify_waiters();
-    }
-
-    /// A number that changes whenever [`progress`](Self::progress) may have: read it before
-    /// the progress, then [`progress_after`](Self::progress_after) it to wait for the next
-    /// change.
-    pub fn progress_seq(&self) -> u64 {
-        self.progress_seq.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Resolves once [`progress_seq`](Self::progress_seq) is no longer `seq` (at once if it
-    /// already moved on).
-    pub async fn progress_after(&self, seq: u64) {
-        loop {
-            let changed = self.progress_changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.progress_seq() != seq {
-                return;
-            }
-            changed.await;
-        }
-    }
-
-    /// The source's progress and how much of it has been processed.
-    pub fn progress(&self) -> SourceProgress {
-        let s = self.state.lock();
-        SourceProgress {
-            received: s.received.clone(),
-            delivered: s.delivered.clone(),
-            streaming: s.streaming,
-            quiet_since: s.quiet_since,
-        }
-    }
-
     /// Wakes every waiting `pop` with [`Closed`] (after the queue drains).
     pub fn close(&self) {
         self.state.lock().closed = true;
@@ -600,86 +363,10 @@ impl DeltaFifo {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, HashSet};
 
+    use super::test_support::*;
     use super::*;
-
-    /// The store a FIFO feeds, as the FIFO sees it: a key → object map.
-    #[derive(Default)]
-    struct MapStore(Mutex<BTreeMap<String, Arc<Object>>>);
-
-    impl MapStore {
-        fn upsert(&self, obj: Arc<Object>) {
-            self.0.lock().insert(obj.key().to_owned(), obj);
-        }
-        fn delete(&self, key: &str) {
-            self.0.lock().remove(key);
-        }
-    }
-
-    impl KnownObjects for MapStore {
-        fn known_keys(&self) -> Vec<String> {
-            self.0.lock().keys().cloned().collect()
-        }
-        fn known_object(&self, key: &str) -> Option<Arc<Object>> {
-            self.0.lock().get(key).cloned()
-        }
-    }
-
-    fn obj(name: &str, rv: u64) -> Arc<Object> {
-        let json = format!(r#"{{"metadata":{{"name":"{name}","resourceVersion":"{rv}"}}}}"#);
-        Arc::new(Object::from_json(json.into()).unwrap())
-    }
-
-    fn store(objs: &[Arc<Object>]) -> (Arc<MapStore>, Arc<dyn KnownObjects>) {
-        let s = Arc::new(MapStore::default());
-        for o in objs {
-            s.upsert(o.clone());
-        }
-        let known: Arc<dyn KnownObjects> = s.clone();
-        (s, known)
-    }
-
-    /// Pops one key, returning it and a compact description of its deltas.
-    async fn pop(f: &DeltaFifo) -> (String, Vec<(DeltaType, String, bool)>) {
-        let mut out = None;
-        f.pop(|k, d, _| {
-            let desc = d
-                .iter()
-                .map(|d| {
-                    let tomb = matches!(d, Delta::Deleted(x) if x.is_final_state_unknown());
-                    (d.delta_type(), d.object().resource_version().to_owned(), tomb)
-                })
-                .collect();
-            out = Some((k.to_owned(), desc));
-            PopOutcome::Processed
-        })
-        .await
-        .unwrap();
-        out.unwrap()
-    }
-
-    fn known(o: &Arc<Object>) -> DeletedObject {
-        DeletedObject::Known(o.clone())
-    }
-
-    #[test]
-    fn a_relisted_object_with_the_stored_resource_version_is_the_stored_one() {
-        let cached = obj("a", 5);
-        let (_s, known) = store(std::slice::from_ref(&cached));
-        let f = DeltaFifo::new(Some(known));
-        let same = f.stored_unchanged(&obj("a", 5)).expect("unchanged");
-        assert!(Arc::ptr_eq(&same, &cached));
-        assert!(f.stored_unchanged(&obj("a", 6)).is_none(), "a changed object is its new copy");
-        assert!(f.stored_unchanged(&obj("b", 5)).is_none(), "an object the store lacks");
-        assert!(DeltaFifo::new(None).stored_unchanged(&obj("a", 5)).is_none(), "no store");
-        let no_rv = Arc::new(Object::from_json(r#"{"metadata":{"name":"a"}}"#.into()).unwrap());
-        let (_s, known) = store(std::slice::from_ref(&no_rv));
-        assert!(
-            DeltaFifo::new(Some(known)).stored_unchanged(&no_rv).is_none(),
-            "no resourceVersion to compare"
-        );
-    }
 
     // TestDeltaFIFO_basic
     #[tokio::test]
@@ -707,62 +394,6 @@ mod tests {
             }
         }
         assert!(f.is_empty());
-    }
-
-    #[tokio::test]
-    async fn delivered_progress_waits_until_everything_pushed_before_it_is_processed() {
-        let f = DeltaFifo::new(None);
-        assert_eq!(f.progress(), SourceProgress::default());
-        f.add(obj("a", 5));
-        f.add(obj("b", 6));
-        f.note_progress("6", true);
-        let p = f.progress();
-        assert_eq!((p.received.as_deref(), p.delivered), (Some("6"), None), "nothing processed yet");
-        assert!(p.quiet_since.is_some());
-        f.pop(|_, _, _| PopOutcome::Processed).await.unwrap();
-        assert_eq!(f.progress().delivered, None, "b is still queued");
-        // A bookmark while b is queued moves what was received, not what was delivered.
-        f.note_progress("9", false);
-        f.pop(|_, _, _| PopOutcome::Processed).await.unwrap();
-        assert_eq!(f.progress().delivered.as_deref(), Some("9"), "the queue emptied after the bookmark");
-        // Progress noted on an empty queue is delivered at once.
-        f.note_progress("12", false);
-        assert_eq!(f.progress().delivered.as_deref(), Some("12"));
-        // A requeued key keeps the queue non-empty: nothing more is delivered.
-        f.add(obj("c", 13));
-        f.note_progress("13", true);
-        f.pop(|_, _, _| PopOutcome::Requeue).await.unwrap();
-        assert_eq!(f.progress().delivered.as_deref(), Some("12"));
-        f.note_streaming(true);
-        assert!(f.progress().streaming);
-        f.note_streaming(false);
-        assert!(!f.progress().streaming);
-    }
-
-    /// A waiter for the next change of progress is woken by the delivery that empties the
-    /// queue (not before), and one asking after a change already made returns at once.
-    #[tokio::test]
-    async fn progress_waiters_wake_at_the_next_change() {
-        let f = Arc::new(DeltaFifo::new(None));
-        f.add(obj("a", 5));
-        f.note_progress("5", true);
-        let seq = f.progress_seq();
-        let waiter = tokio::spawn({
-            let f = f.clone();
-            async move { f.progress_after(seq).await }
-        });
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished(), "nothing changed yet");
-        f.pop(|_, _, _| PopOutcome::Processed).await.unwrap();
-        waiter.await.unwrap();
-        assert_eq!(f.progress().delivered.as_deref(), Some("5"));
-        // Already moved on: no wait.
-        f.progress_after(seq).await;
-        // A pop that delivers nothing new is no change.
-        let seq = f.progress_seq();
-        f.add(obj("b", 6));
-        f.pop(|_, _, _| PopOutcome::Processed).await.unwrap();
-        assert_eq!(f.progress_seq(), seq, "delivered stayed at 5: no progress");
     }
 
     // TestDeltaFIFO_requeueOnPop
@@ -815,98 +446,6 @@ mod tests {
         assert!(f.is_empty());
         f.delete(known(&obj("known", 2)));
         assert_eq!(f.queued_keys(), ["known"], "delete of a key the store knows is queued");
-    }
-
-    // TestDeltaFIFO_DeleteDedup (dedupDeltas / isDeletionDup)
-    #[tokio::test]
-    async fn delta_fifo_dedups_consecutive_deletes() {
-        let f = DeltaFifo::new(None);
-        let a = obj("foo", 1);
-        f.add(a.clone());
-        f.delete(known(&obj("foo", 2)));
-        f.delete(known(&obj("foo", 3)));
-        let d = f.deltas_of("foo").unwrap();
-        assert_eq!(d.len(), 2);
-        assert_eq!(d[1].object().resource_version(), "2", "older delete kept when it is not a tombstone");
-
-        // Older is a tombstone, newer is a real delete: keep the newer.
-        let f = DeltaFifo::new(None);
-        f.add(a.clone());
-        f.delete(DeletedObject::FinalStateUnknown { key: "foo".into(), last_known: obj("foo", 4) });
-        f.delete(known(&obj("foo", 5)));
-        let d = f.deltas_of("foo").unwrap();
-        assert_eq!(d.len(), 2);
-        assert!(matches!(&d[1], Delta::Deleted(DeletedObject::Known(o)) if o.resource_version() == "5"));
-
-        // A non-delete in between prevents collapsing.
-        let f = DeltaFifo::new(None);
-        f.add(a.clone());
-        f.delete(known(&obj("foo", 6)));
-        f.add(obj("foo", 7));
-        f.delete(known(&obj("foo", 8)));
-        assert_eq!(f.deltas_of("foo").unwrap().len(), 4);
-    }
-
-    // TestDeltaFIFO_ReplaceMakesDeletions / ReplaceMakesDeletionsReplaced
-    #[tokio::test]
-    async fn delta_fifo_replace_makes_deletions() {
-        // "baz" is only in the store, "foo" is queued; neither is in the new list.
-        let (_, k) = store(&[obj("foo", 5), obj("bar", 6), obj("baz", 7)]);
-        let f = DeltaFifo::new(Some(k));
-        f.delete(known(&obj("baz", 10)));
-        f.add(obj("qux", 3));
-        f.replace(vec![obj("foo", 5)]);
-
-        let mut got = Vec::new();
-        while !f.is_empty() {
-            got.push(pop(&f).await);
-        }
-        got.sort();
-        assert_eq!(
-            got,
-            [
-                ("bar".into(), vec![(DeltaType::Deleted, "6".into(), true)]),
-                ("baz".into(), vec![(DeltaType::Deleted, "10".into(), false)]),
-                ("foo".into(), vec![(DeltaType::Replaced, "5".into(), false)]),
-                (
-                    "qux".into(),
-                    vec![(DeltaType::Added, "3".into(), false), (DeltaType::Deleted, "3".into(), true)]
-                ),
-            ],
-            "baz: the queued real delete wins over the tombstone (dedup); qux: queued then vanished \
-             gets a tombstone with its newest object; bar: known only, tombstone from the store"
-        );
-    }
-
-    // TestDeltaFIFO_ReplaceDeltaType / addReplace
-    #[tokio::test]
-    async fn delta_fifo_add_then_replace_keeps_order() {
-        let f = DeltaFifo::new(None);
-        f.add(obj("foo", 10));
-        f.replace(vec![obj("foo", 15)]);
-        let (_, d) = pop(&f).await;
-        assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), [DeltaType::Added, DeltaType::Replaced]);
-    }
-
-    // TestDeltaFIFO_Resync / ResyncNonExisting / UpdateResyncRace
-    #[tokio::test]
-    async fn delta_fifo_resync_skips_pending_keys() {
-        let (s, k) = store(&[obj("foo", 5), obj("bar", 6)]);
-        let f = DeltaFifo::new(Some(k));
-        f.update(obj("foo", 7));
-        f.resync();
-        let foo = f.deltas_of("foo").unwrap();
-        assert_eq!(foo.len(), 1, "no Sync behind a pending real change");
-        assert_eq!(foo[0].delta_type(), DeltaType::Updated);
-        let bar = f.deltas_of("bar").unwrap();
-        assert!(matches!(&bar[..], [Delta::Sync(o)] if o.resource_version() == "6"));
-
-        // A key deleted from the store meanwhile is not resynced (ResyncNonExisting).
-        s.delete("bar");
-        pop(&f).await;
-        pop(&f).await;
-        f.resync();
-        assert_eq!(f.queued_keys(), ["foo"]);
     }
 
     // TestDeltaFIFO_HasSynced / HasSyncedCorrectOnDeletion
