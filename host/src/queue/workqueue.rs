@@ -93,7 +93,7 @@ pub(super) struct State<K: QueueKey> {
     pub(super) draining: bool,
     /// The successor this queue was handed over to.
     pub(super) forward: Option<WorkQueue<K>>,
-    /// Keys processing here on behalf of a predecessor (see the module doc).
+    /// Keys processing here on behalf of a predecessor (see `handover.rs`).
     pub(super) borrowed: std::collections::HashSet<K>,
     /// Trace origins of dirty keys (empty unless tracing is on).
     pub(super) origins: HashMap<K, Box<TraceOrigin>>,
