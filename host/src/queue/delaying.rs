@@ -78,30 +78,12 @@ impl<K: QueueKey> WorkQueue<K> {
             next.add_at_traced(key, ready_at, origin);
             return;
         }
-        if s.shutting_down {
-            return;
-        }
-        if let Some(o) = origin {
-            s.waiting_origins.entry(key.clone()).or_insert(o);
-        }
         let earliest_before = s.waiting.peek().map(|Reverse(w)| w.ready_at);
-        let seq = s.next_seq;
-        match s.waiting_keys.entry(key.clone()) {
-            Entry::Occupied(mut e) => {
-                if e.get().0 <= ready_at {
-                    return;
-                }
-                e.insert((ready_at, seq));
-            }
-            Entry::Vacant(e) => {
-                e.insert((ready_at, seq));
-            }
-        }
-        s.next_seq += 1;
-        s.waiting.push(Reverse(Waiting { ready_at, seq, key }));
+        self.wait_locked(&mut s, key, ready_at, origin);
+        let earliest_after = s.waiting.peek().map(|Reverse(w)| w.ready_at);
         drop(s);
         // A getter may be sleeping until a later deadline: let every getter recompute it.
-        if earliest_before.is_none_or(|t| ready_at < t) {
+        if earliest_after != earliest_before {
             self.inner.ready_notify.notify_waiters();
         }
     }
