@@ -340,6 +340,15 @@ async fn factory_shares_informers_merges_indexes_and_stops_on_last_release() {
     assert!(!a.same_informer(&other));
     assert_eq!(factory.informer_count(), 2);
     synced(&a).await;
+    // A list may come from the API server's watch cache a moment behind the seeding writes
+    // (client-go lists at resourceVersion "0" too); the rest arrive through the watch.
+    tokio::time::timeout(PATIENCE, async {
+        while a.indexer().len() < 10 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every seeded object cached");
     // Both users' indexes exist on the one cache.
     assert_eq!(a.indexer().by_index("by-app", "app-1").expect("by-app").len(), 3);
     assert_eq!(b.indexer().index_keys("by-k", "v4").expect("by-k"), [format!("{}/cm-4", ns[0])]);
