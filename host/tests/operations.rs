@@ -103,6 +103,11 @@ name = "{lease}"
             .args(["--log-format", "json", "run", "--config"])
             .arg(&config)
             .env("RUST_LOG", "info")
+            // The cluster may hold thousands of ConfigMaps of other tests, each reconciled at
+            // start-up with several spans: a queue that holds them all (the default 2,048
+            // drops the rest, possibly the spans a test waits for), exported often.
+            .env("OTEL_BSP_MAX_QUEUE_SIZE", "1000000")
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -665,59 +670,68 @@ async fn a_reconcile_is_one_trace_from_the_watch_event_to_the_plugins_writes() {
     let object = format!("{}/traced", host.namespace);
     let rv = host.create_source(&cluster.client(), "traced").await;
 
-    // Spans arrive in batches as they end; keep them all until the reconcile's tree is in.
-    let mut all = Vec::new();
+    // Spans arrive in batches as they end, in any order. Only the spans a reconcile's tree is
+    // made of are kept, grouped by trace (a host on a busy cluster exports thousands of other
+    // reconciles' spans: looking through them all at each arrival would make this loop
+    // quadratic); once the root is in, only its trace is looked through. A `map` hook call
+    // is only noted.
+    type Span = opentelemetry_proto::tonic::trace::v1::Span;
+    let mut traces: std::collections::HashMap<Vec<u8>, Vec<Span>> = std::collections::HashMap::new();
+    let mut root_trace: Option<Vec<u8>> = None;
+    let mut received = 0usize;
     let deadline = Instant::now() + PATIENCE;
-    let find = |all: &Vec<opentelemetry_proto::tonic::trace::v1::Span>| {
-        let root = all.iter().find(|s| {
-            s.name == "reconcile"
-                && s.parent_span_id.is_empty()
-                && attribute(s, "event.object").as_deref() == Some(object.as_str())
-                && attribute(s, "event.resource_version").as_deref() == Some(rv.as_str())
-        })?;
-        let child = |parent: &[u8], name: &str| {
-            all.iter().find(|s| s.parent_span_id == parent && s.name == name && s.trace_id == root.trace_id)
-        };
+    let is_root = |s: &Span| {
+        s.name == "reconcile"
+            && s.parent_span_id.is_empty()
+            && attribute(s, "event.object").as_deref() == Some(object.as_str())
+            && attribute(s, "event.resource_version").as_deref() == Some(rv.as_str())
+    };
+    let find = |trace: &[Span]| {
+        let root = trace.iter().find(|s| is_root(s))?;
+        let child = |parent: &[u8], name: &str| trace.iter().find(|s| s.parent_span_id == parent && s.name == name);
         let wait = child(&root.span_id, "queue.wait")?;
         let worker = child(&root.span_id, "reconcile")?;
         let call = child(&worker.span_id, "plugin_reconcile")?;
         let cache_read = child(&call.span_id, "cache.get")?;
-        let write = all.iter().find(|s| {
-            s.parent_span_id == call.span_id && s.name.starts_with("client.") && s.trace_id == root.trace_id
-        })?;
+        let write = trace.iter().find(|s| s.parent_span_id == call.span_id && s.name.starts_with("client."))?;
         let request = child(&write.span_id, "api.request")?;
         Some((root.clone(), wait.clone(), cache_read.clone(), write.clone(), request.clone()))
     };
-    // Only the spans a reconcile's tree is made of are kept and looked through (a host on a
-    // busy cluster exports many hook spans: looking through them all at each arrival would
-    // make this loop quadratic); a `map` hook call is only noted.
-    let in_tree = |s: &opentelemetry_proto::tonic::trace::v1::Span| {
+    let in_tree = |s: &Span| {
         ["reconcile", "queue.wait", "plugin_reconcile", "cache.get", "api.request"].contains(&s.name.as_str())
             || s.name.starts_with("client.")
     };
-    let is_map_hook = |s: &opentelemetry_proto::tonic::trace::v1::Span| {
-        s.name == "hook" && attribute(s, "event").as_deref() == Some("map")
-    };
+    let is_map_hook = |s: &Span| s.name == "hook" && attribute(s, "event").as_deref() == Some("map");
     let mut saw_map_hook = false;
-    let mut changed = true;
     let (root, wait, cache_read, write, request) = loop {
-        if changed && let Some(tree) = find(&all) {
-            break tree;
-        }
-        changed = false;
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, spans.recv()).await {
             Ok(Some(span)) if in_tree(&span) => {
-                all.push(span);
-                changed = true;
+                received += 1;
+                if root_trace.is_none() && is_root(&span) {
+                    root_trace = Some(span.trace_id.clone());
+                }
+                let trace_id = span.trace_id.clone();
+                traces.entry(trace_id.clone()).or_default().push(span);
+                if root_trace.as_ref() == Some(&trace_id)
+                    && let Some(tree) = find(&traces[&trace_id])
+                {
+                    break tree;
+                }
             }
             Ok(Some(span)) => saw_map_hook |= is_map_hook(&span),
             _ => {
-                let names: Vec<String> =
-                    all.iter().map(|s| format!("{} {:?}", s.name, s.attributes)).collect();
+                let ours: Vec<String> = root_trace
+                    .iter()
+                    .flat_map(|t| &traces[t])
+                    .map(|s| format!("{} {:?}", s.name, s.attributes))
+                    .collect();
                 panic!(
-                    "no complete reconcile trace of {object} (rv {rv}); spans received:\n{}\nthe host's log:\n{}",
-                    names.join("\n"),
+                    "no complete reconcile trace of {object} (rv {rv}) among {received} spans of {} traces; \
+                     the root {}; its trace's spans:\n{}\nthe host's log:\n{}",
+                    traces.len(),
+                    if root_trace.is_some() { "arrived" } else { "never arrived" },
+                    ours.join("\n"),
                     host.log.lock().join("\n")
                 );
             }
