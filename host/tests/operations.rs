@@ -688,12 +688,14 @@ async fn a_reconcile_is_one_trace_from_the_watch_event_to_the_plugins_writes() {
     };
     let find = |trace: &[Span]| {
         let root = trace.iter().find(|s| is_root(s))?;
-        let child = |parent: &[u8], name: &str| trace.iter().find(|s| s.parent_span_id == parent && s.name == name);
+        let child =
+            |parent: &[u8], name: &str| trace.iter().find(|s| s.parent_span_id == parent && s.name == name);
         let wait = child(&root.span_id, "queue.wait")?;
         let worker = child(&root.span_id, "reconcile")?;
         let call = child(&worker.span_id, "plugin_reconcile")?;
         let cache_read = child(&call.span_id, "cache.get")?;
-        let write = trace.iter().find(|s| s.parent_span_id == call.span_id && s.name.starts_with("client."))?;
+        let write =
+            trace.iter().find(|s| s.parent_span_id == call.span_id && s.name.starts_with("client."))?;
         let request = child(&write.span_id, "api.request")?;
         Some((root.clone(), wait.clone(), cache_read.clone(), write.clone(), request.clone()))
     };
