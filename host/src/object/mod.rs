@@ -201,7 +201,28 @@ struct RawEnvelope<'a> {
     #[serde(default)]
     kind: Option<serde::de::IgnoredAny>,
     #[serde(borrow, default)]
-    metadata: Option<RawMetadata<'a>>,
+    metadata: Option<FromMap<RawMetadata<'a>>>,
+}
+
+/// A derived struct decoded from a JSON object only. serde's derive also accepts an array
+/// of the fields in declaration order (`"metadata": ["n"]` would read as the name `n`);
+/// the API server never sends one and Go's decoder refuses it, so this does too.
+struct FromMap<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for FromMap<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct MapOnly<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for MapOnly<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(MapOnly(std::marker::PhantomData)).map(FromMap)
+    }
 }
 
 #[derive(Deserialize)]
@@ -224,7 +245,7 @@ struct RawMetadata<'a> {
     #[serde(borrow, default)]
     annotations: Option<Pairs<'a>>,
     #[serde(default)]
-    owner_references: Option<Vec<OwnerRef>>,
+    owner_references: Option<Vec<FromMap<OwnerRef>>>,
     #[serde(borrow, default)]
     managed_fields: Option<&'a RawValue>,
 }
@@ -248,14 +269,14 @@ struct TypeMetaPresent {
 /// UTF-8 in a skipped string is no error).
 fn parse_envelope(raw: &[u8]) -> Result<(TypeMetaPresent, RawMetadata<'_>), ObjectError> {
     let parsed = match std::str::from_utf8(raw) {
-        Ok(text) => serde_json::from_str::<RawEnvelope<'_>>(text),
-        Err(_) => serde_json::from_slice::<RawEnvelope<'_>>(raw),
+        Ok(text) => serde_json::from_str::<FromMap<RawEnvelope<'_>>>(text),
+        Err(_) => serde_json::from_slice::<FromMap<RawEnvelope<'_>>>(raw),
     };
     match parsed {
-        Ok(env) => {
+        Ok(FromMap(env)) => {
             let present =
                 TypeMetaPresent { api_version: env.api_version.is_some(), kind: env.kind.is_some() };
-            Ok((present, env.metadata.ok_or(ObjectError::MissingName)?))
+            Ok((present, env.metadata.ok_or(ObjectError::MissingName)?.0))
         }
         Err(e) if e.is_data() => match serde_json::from_slice::<serde::de::IgnoredAny>(raw) {
             Err(syntax) if !syntax.is_data() => Err(syntax.into()),
@@ -312,7 +333,7 @@ impl MetaFields {
             namespace_len,
             generation: m.generation,
             meta,
-            owner_references: m.owner_references.unwrap_or_default().into_boxed_slice(),
+            owner_references: m.owner_references.unwrap_or_default().into_iter().map(|r| r.0).collect(),
         })
     }
 
@@ -733,6 +754,30 @@ mod tests {
         let v: serde_json::Value = o.parse().unwrap();
         assert!(v["metadata"].get("managedFields").is_none());
         assert_eq!(v["data"]["a"], "b");
+    }
+
+    #[test]
+    fn metadata_and_objects_must_be_json_objects_not_arrays() {
+        // serde's derive reads an array as a struct's fields in order; Go's decoder refuses
+        // it, and so must the host (found by the `object_meta` fuzz target).
+        for input in [
+            r#"{ "metadata" : [ "n"   ]}"#,
+            r#"[null, null, {"name":"n"}]"#,
+            r#"{"metadata":{"name":"n","ownerReferences":[["v1","K","o","u",true]]}}"#,
+        ] {
+            let bytes = Bytes::copy_from_slice(input.as_bytes());
+            let error = Object::from_json(bytes).expect_err(input).to_string();
+            assert!(error.contains("expected a JSON object"), "{input}: {error}");
+            let error = Object::from_api_json(input.as_bytes(), None, Transform::default())
+                .expect_err(input)
+                .to_string();
+            assert!(error.contains("expected a JSON object"), "{input}: {error}");
+        }
+        let ok = Object::from_json(Bytes::from_static(
+            br#"{"metadata":{"name":"n","ownerReferences":[{"apiVersion":"v1","kind":"K","name":"o","uid":"u"}]}}"#,
+        ))
+        .expect("an object");
+        assert_eq!(&*ok.owner_references()[0].name, "o");
     }
 
     #[test]
