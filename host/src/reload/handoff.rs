@@ -29,23 +29,19 @@
 //! next load restarts it and hands that queue on. Keys of objects that left the plugin's
 //! scope are not reconciled as gone (see `scope`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use kube::core::GroupVersionKind;
 use parking_lot::Mutex;
 
+use super::current_generation::{CurrentGenerationSource, ForKeys};
 use super::generation::Generation;
-use super::leases::{InformerLeases, Leases};
+use super::leases::Leases;
 use super::manager_core::{ManagerCore, Rejection, Running, Slot};
 use super::map_filter::kube_gvk;
 use super::scope::ScopedReconciler;
 use super::slot::VersionSlot;
 use crate::config::PluginConfig;
-use crate::controller::{
-    Controller, EventRegistration, EventSource, Reconciler, Request, source::SourceError,
-};
-use crate::informer::ResourceEventHandler;
+use crate::controller::{Controller, EventSource, Reconciler, Request};
 use crate::plugin::PluginReconciler;
 use crate::queue::{Priority, RateLimiter, RateLimitingQueue};
 
@@ -242,7 +238,7 @@ impl ManagerCore {
     ) -> Result<Running, String> {
         let Candidate { config, version, reconciler, leases } = next;
         let current: Arc<Mutex<Weak<Generation>>> = Arc::new(Mutex::new(Weak::new()));
-        let source = Arc::new(GateSource {
+        let source = Arc::new(CurrentGenerationSource {
             kind: kube_gvk(&config.for_source.kind),
             namespaced: leases.for_namespaced(&config),
             current: current.clone(),
@@ -360,84 +356,4 @@ impl ManagerCore {
         }
         while set.join_next().await.is_some() {}
     }
-}
-
-/// The `for` cache of a controller's current generation, for sharding.
-struct ForKeys {
-    current: Arc<Mutex<Weak<Generation>>>,
-    informers: Arc<dyn InformerLeases>,
-}
-
-impl crate::shard::KeySource for ForKeys {
-    fn keys(&self) -> Vec<String> {
-        self.current.lock().upgrade().map(|g| g.for_keys()).unwrap_or_default()
-    }
-
-    fn cached(&self, key: &str) -> bool {
-        self.current.lock().upgrade().is_some_and(|g| g.for_cached(key))
-    }
-
-    fn source(&self) -> Option<crate::config::WatchSource> {
-        self.current.lock().upgrade().map(|g| g.config.for_source.clone())
-    }
-
-    fn catch_up(&self) -> futures::future::BoxFuture<'static, ()> {
-        let generation = self.current.lock().upgrade();
-        let informers = self.informers.clone();
-        Box::pin(async move {
-            if let Some(g) = generation {
-                g.catch_up_with_server(&*informers).await;
-            }
-        })
-    }
-}
-
-/// The controller's `for` source: events come from the plugin's generations (wired by the
-/// manager, so they can change while the controller runs); this source only tells the
-/// controller when the generation it runs has synced (the latest one, also when a reload
-/// came before the first one synced).
-struct GateSource {
-    kind: GroupVersionKind,
-    namespaced: bool,
-    current: Arc<Mutex<Weak<Generation>>>,
-}
-
-struct GateRegistration {
-    current: Arc<Mutex<Weak<Generation>>>,
-    /// Latched: once synced, the controller runs on.
-    synced: AtomicBool,
-}
-
-impl EventSource for GateSource {
-    fn gvk(&self) -> GroupVersionKind {
-        self.kind.clone()
-    }
-
-    fn namespaced(&self) -> bool {
-        self.namespaced
-    }
-
-    fn register(
-        &self,
-        _handler: Arc<dyn ResourceEventHandler>,
-    ) -> Result<Box<dyn EventRegistration>, SourceError> {
-        // The controller's own handler is not needed: generations enqueue into its queue.
-        Ok(Box::new(GateRegistration { current: self.current.clone(), synced: AtomicBool::new(false) }))
-    }
-}
-
-impl EventRegistration for GateRegistration {
-    fn has_synced(&self) -> bool {
-        if self.synced.load(Ordering::Acquire) {
-            return true;
-        }
-        let current = self.current.lock().upgrade();
-        let synced = current.is_some_and(|g| g.has_synced());
-        if synced {
-            self.synced.store(true, Ordering::Release);
-        }
-        synced
-    }
-
-    fn remove(&self) {}
 }

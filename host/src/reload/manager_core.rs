@@ -40,7 +40,7 @@ pub(super) struct Running {
     pub stop: CancellationToken,
     pub task: JoinHandle<Result<(), ControllerError>>,
     pub generation: Arc<Generation>,
-    /// The generation the controller's start gate waits for.
+    /// The generation the controller's `for` source follows (see `current_generation`).
     pub current: Arc<Mutex<Weak<Generation>>>,
     /// Earlier controllers of this plugin still finishing their in-flight reconciles.
     pub retiring: Vec<JoinHandle<()>>,

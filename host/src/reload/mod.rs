@@ -25,7 +25,9 @@
 //!    host's informer factory as those leases), `map_filter` (the plugin's `map` and
 //!    `filter` exports as the controller's mapper and filter), `generation` (one version's
 //!    handlers, wired from its predecessor's), `retire` (a generation taken out of service
-//!    without losing what it was sent), `scope` (a narrowed scope is not a delete).
+//!    without losing what it was sent), `current_generation` (what a plugin's controller
+//!    sees of its current generation: its `for` source, its keys for sharding), `scope` (a
+//!    narrowed scope is not a delete).
 //! 4. The manager: `options` (what it is started with), `manager_core` (its state: what runs
 //!    under each name), `plan` (which file each name runs from), `handoff` (swap, restart,
 //!    first start, stop), `candidate` (a new version built and checked, then handed the
@@ -43,6 +45,7 @@ pub mod watcher;
 mod parked;
 pub mod status;
 
+mod current_generation;
 mod factory;
 mod generation;
 mod leases;
