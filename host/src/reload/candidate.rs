@@ -66,7 +66,7 @@ impl CodeInput {
     }
 }
 
-/// Step 6: checks a compiled component against its TOML (the hooks it exports, the
+/// Checks a compiled component against its TOML (the hooks it exports, the
 /// informers and predicates its handlers need) and wraps it in a dispatcher whose hooks stay
 /// closed until they are opened by the hand-off.
 fn check_component(

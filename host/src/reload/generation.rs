@@ -48,7 +48,7 @@ pub(super) struct HandlerId {
 }
 
 /// One live version of a plugin: its leases and its handler registrations.
-pub(crate) struct Generation {
+pub(super) struct Generation {
     pub config: PluginConfig,
     /// Short content hash of the `.wasm`.
     pub version: String,

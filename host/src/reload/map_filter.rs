@@ -20,10 +20,11 @@ use crate::object::Object;
 use crate::plugin::{FilterInput, Gvk};
 
 /// `apps/v1` + `Deployment` as kube's type.
-pub(crate) fn kube_gvk(kind: &Gvk) -> GroupVersionKind {
+pub(super) fn kube_gvk(kind: &Gvk) -> GroupVersionKind {
     GroupVersionKind::gvk(kind.group(), kind.version(), &kind.kind)
 }
 
+/// Kube's type as `apps/v1` + `Deployment`.
 fn gvk_of(kind: &GroupVersionKind) -> Gvk {
     let api_version =
         if kind.group.is_empty() { kind.version.clone() } else { format!("{}/{}", kind.group, kind.version) };
