@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::wiring::{InformerLeases, LeasedInformer, LeasedRegistration, WatchKey};
+use super::leases::{InformerLeases, LeasedInformer, LeasedRegistration, WatchKey};
 use crate::cache::IndexSpec;
 use crate::config::{KindLookupError, ResolvedKind};
 use crate::controller::source::EventRegistration;

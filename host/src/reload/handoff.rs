@@ -6,7 +6,7 @@
 //!   the controller's reconciler is replaced (calls in flight finish on the old version,
 //!   every later call — queued keys included — goes to the new one; the queue's processing
 //!   set keeps a key from being reconciled by both at once); the new version's handlers are
-//!   wired from the old ones (see `wiring`) and every cached object of the `for` kind is
+//!   wired from the old ones (see `generation`) and every cached object of the `for` kind is
 //!   enqueued; `map`/`filter` switch to the new version (once the old one's calls
 //!   returned) before its handlers are registered, so its synthetic adds are its own;
 //!   once the new handlers have synced, the old generation retires (its remaining handlers
@@ -29,53 +29,21 @@
 //! next load restarts it and hands that queue on. Keys of objects that left the plugin's
 //! scope are not reconciled as gone (see `scope`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use kube::core::GroupVersionKind;
 use parking_lot::Mutex;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
-use super::manager::{Rejection, Shared};
+use super::current_generation::{CurrentGenerationSource, ForKeys};
+use super::generation::Generation;
+use super::leases::Leases;
+use super::manager_core::{ManagerCore, Rejection, Running, Slot};
+use super::map_filter::kube_gvk;
 use super::scope::ScopedReconciler;
 use super::slot::VersionSlot;
-use super::wiring::{Generation, InformerLeases, Leases, kube_gvk};
 use crate::config::PluginConfig;
-use crate::controller::{
-    Controller, ControllerError, EventRegistration, EventSource, Reconciler, Request, source::SourceError,
-};
-use crate::informer::ResourceEventHandler;
+use crate::controller::{Controller, EventSource, Reconciler, Request};
 use crate::plugin::PluginReconciler;
 use crate::queue::{Priority, RateLimiter, RateLimitingQueue};
-
-/// A running plugin: its controller and current generation.
-pub(super) struct Running {
-    pub controller: Controller,
-    /// The running version, as the handlers' `map` / `filter` see it (kept across restarts).
-    pub slot: VersionSlot,
-    /// The controller's reconciler (the plugin behind its scope check).
-    pub scoped: Arc<ScopedReconciler>,
-    pub stop: CancellationToken,
-    pub task: JoinHandle<Result<(), ControllerError>>,
-    pub generation: Arc<Generation>,
-    /// The generation the controller's start gate waits for.
-    pub current: Arc<Mutex<Weak<Generation>>>,
-    /// Earlier controllers of this plugin still finishing their in-flight reconciles.
-    pub retiring: Vec<JoinHandle<()>>,
-}
-
-impl Running {
-    pub fn name(&self) -> &str {
-        &self.generation.config.name
-    }
-
-    /// Whether the controller is still running (it ends only when stopped, or when its
-    /// sources never synced).
-    pub fn alive(&self) -> bool {
-        !self.task.is_finished()
-    }
-}
 
 /// A new version that passed every check, ready to be handed the plugin.
 pub(super) struct Candidate {
@@ -92,7 +60,7 @@ pub(super) fn needs_restart(old: &PluginConfig, new: &PluginConfig) -> bool {
     old.for_source.kind != new.for_source.kind || old.concurrency != new.concurrency || old.name != new.name
 }
 
-impl Shared {
+impl ManagerCore {
     fn scoped(&self, candidate: &Candidate) -> Arc<ScopedReconciler> {
         ScopedReconciler::new(
             candidate.reconciler.clone(),
@@ -270,7 +238,7 @@ impl Shared {
     ) -> Result<Running, String> {
         let Candidate { config, version, reconciler, leases } = next;
         let current: Arc<Mutex<Weak<Generation>>> = Arc::new(Mutex::new(Weak::new()));
-        let source = Arc::new(GateSource {
+        let source = Arc::new(CurrentGenerationSource {
             kind: kube_gvk(&config.for_source.kind),
             namespaced: leases.for_namespaced(&config),
             current: current.clone(),
@@ -366,84 +334,26 @@ impl Shared {
         tracing::info!(plugin = %name, pending, "plugin stopped; no version of it runs; its pending keys are kept for its return");
         self.parked.lock().park(&name, &kind, parked);
     }
-}
 
-/// The `for` cache of a controller's current generation, for sharding.
-struct ForKeys {
-    current: Arc<Mutex<Weak<Generation>>>,
-    informers: Arc<dyn InformerLeases>,
-}
-
-impl crate::shard::KeySource for ForKeys {
-    fn keys(&self) -> Vec<String> {
-        self.current.lock().upgrade().map(|g| g.for_keys()).unwrap_or_default()
-    }
-
-    fn cached(&self, key: &str) -> bool {
-        self.current.lock().upgrade().is_some_and(|g| g.for_cached(key))
-    }
-
-    fn source(&self) -> Option<crate::config::WatchSource> {
-        self.current.lock().upgrade().map(|g| g.config.for_source.clone())
-    }
-
-    fn catch_up(&self) -> futures::future::BoxFuture<'static, ()> {
-        let generation = self.current.lock().upgrade();
-        let informers = self.informers.clone();
-        Box::pin(async move {
-            if let Some(g) = generation {
-                g.catch_up_with_server(&*informers).await;
-            }
-        })
-    }
-}
-
-/// The controller's `for` source: events come from the plugin's generations (wired by the
-/// manager, so they can change while the controller runs); this source only tells the
-/// controller when the generation it runs has synced (the latest one, also when a reload
-/// came before the first one synced).
-struct GateSource {
-    kind: GroupVersionKind,
-    namespaced: bool,
-    current: Arc<Mutex<Weak<Generation>>>,
-}
-
-struct GateRegistration {
-    current: Arc<Mutex<Weak<Generation>>>,
-    /// Latched: once synced, the controller runs on.
-    synced: AtomicBool,
-}
-
-impl EventSource for GateSource {
-    fn gvk(&self) -> GroupVersionKind {
-        self.kind.clone()
-    }
-
-    fn namespaced(&self) -> bool {
-        self.namespaced
-    }
-
-    fn register(
-        &self,
-        _handler: Arc<dyn ResourceEventHandler>,
-    ) -> Result<Box<dyn EventRegistration>, SourceError> {
-        // The controller's own handler is not needed: generations enqueue into its queue.
-        Ok(Box::new(GateRegistration { current: self.current.clone(), synced: AtomicBool::new(false) }))
-    }
-}
-
-impl EventRegistration for GateRegistration {
-    fn has_synced(&self) -> bool {
-        if self.synced.load(Ordering::Acquire) {
-            return true;
+    /// Stops every plugin (at shutdown), concurrently: each drains its own in-flight
+    /// reconciles.
+    pub(super) async fn stop_all(&self) {
+        let slots: Vec<(String, Slot)> =
+            self.slots.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut set = tokio::task::JoinSet::new();
+        for (name, slot) in slots {
+            let Some(r) = slot.lock().await.take() else { continue };
+            // Stop concurrently: each drains its own in-flight reconciles.
+            r.stop.cancel();
+            set.spawn(async move {
+                let _ = r.task.await;
+                for t in r.retiring {
+                    let _ = t.await;
+                }
+                drop(r.generation);
+                tracing::info!(plugin = %name, "plugin stopped");
+            });
         }
-        let current = self.current.lock().upgrade();
-        let synced = current.is_some_and(|g| g.has_synced());
-        if synced {
-            self.synced.store(true, Ordering::Release);
-        }
-        synced
+        while set.join_next().await.is_some() {}
     }
-
-    fn remove(&self) {}
 }

@@ -5,7 +5,7 @@
 //! narrower label or field selector, a `[[watches]]` entry dropped). Keys of objects that
 //! were in the old scope reach the new version anyway: keys still queued, keys the old
 //! version's handlers deliver while they drain, retries, and the deletes the retiring
-//! version sends for objects its successor's informers no longer have (see `wiring`). The
+//! version sends for objects its successor's informers no longer have (see `retire`). The
 //! new version's cache does not hold those objects, so a reconcile would see them gone.
 //!
 //! Like controller-runtime (a manager restarted with a narrower cache starts empty and tells
@@ -37,8 +37,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 
+use super::leases::{InformerLeases, Leases, WatchKey};
 use super::union_cache::UnionCache;
-use super::wiring::{InformerLeases, Leases, WatchKey};
 use crate::cache::LabelSelector;
 use crate::controller::{Action, ReconcileError, Reconciler, Request};
 use crate::object::Object;
