@@ -114,7 +114,7 @@ for (const p of plugins) {
     "--format=esm",
     "--platform=neutral",
     "--target=es2022",
-    `--alias:wasmctrl-guest=${join(here, "sdk", "src", "index.ts")}`,
+    `--alias:@wasmctrl/guest=${join(here, "sdk", "src", "index.ts")}`,
     "--external:wasmctrl:*",
     `--outfile=${bundle}`,
     `--metafile=${metafile}`,

@@ -3,7 +3,7 @@ class, set ``for_kind``, and write ``reconcile``. This one stamps every ConfigMa
 given with ``data.stamped = "yes"``.
 """
 
-from wasmctrl_guest import CONFIG_MAP, Action, Request, cache, client, export_plugin, log
+from wasmctrl_guest import CONFIG_MAP, Action, Target, client, export_plugin, log
 
 
 class Stamp:
@@ -14,8 +14,9 @@ class Stamp:
         # Raising here rejects the plugin version with the message.
         self.value = settings.get("value", "yes")
 
-    def reconcile(self, request: Request) -> Action:
-        cm = cache.get(CONFIG_MAP, request.namespace, request.name)
+    def reconcile(self, target: Target) -> Action:
+        # target.object is the cached ConfigMap, or None once it is deleted.
+        request, cm = target.request, target.object
         if cm is None or cm.get("data", {}).get("stamped") == self.value:
             return Action.DONE  # deleted since it was queued, or already stamped
         client.patch(CONFIG_MAP, request.namespace, request.name, {"data": {"stamped": self.value}})

@@ -18,7 +18,7 @@ class Policy:
     def __init__(self, settings):
         pass
 
-    def reconcile(self, request):
+    def reconcile(self, target):
         return Action.DONE
 
     def validate(self, request):

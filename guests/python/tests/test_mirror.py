@@ -10,6 +10,7 @@ from wit_world.exports import reconciler as wit
 from wit_world.imports import types
 
 import app
+from wasmctrl_guest import CONFIG_MAP, export_plugin
 
 CM = ("v1", "ConfigMap")
 
@@ -137,14 +138,17 @@ class SdkErrorTest(unittest.TestCase):
         self.host.install()
 
     def test_host_errors_become_exceptions_and_reconcile_errors(self):
-        from wasmctrl_guest import CONFIG_MAP, HostError, client, context
+        from wasmctrl_guest import HostError, client, context, ignore_not_found
         from wasmctrl_guest.plugin import _reconcile_error
 
         with self.assertRaises(HostError) as caught:
             client.replace({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "d"}})
         self.assertTrue(caught.exception.not_found)
         self.assertEqual(str(caught.exception), "not found: x")
-        self.assertFalse(client.delete(CONFIG_MAP, "d", "x", ignore_not_found=True))
+        with self.assertRaises(HostError) as gone:
+            client.delete(CONFIG_MAP, "d", "x")
+        self.assertTrue(gone.exception.not_found)
+        self.assertIsNone(ignore_not_found(lambda: client.delete(CONFIG_MAP, "d", "x")))
         self.assertIsInstance(_reconcile_error(caught.exception), wit.ReconcileError_Retryable)
         invalid = HostError("invalid", "bad patch")
         self.assertEqual(_reconcile_error(invalid), wit.ReconcileError_Terminal("invalid: bad patch"))
@@ -153,6 +157,64 @@ class SdkErrorTest(unittest.TestCase):
                 raise invalid
         self.assertEqual(str(wrapped.exception), "updating x: invalid: bad patch")
         self.assertEqual(HostError("other", "teapot", 418).message, "HTTP 418: teapot")
+
+
+class TargetTest(unittest.TestCase):
+    """``reconcile`` is handed the cached object of ``for_kind``, or ``None`` once it is gone."""
+
+    def setUp(self):
+        self.host = FakeHost()
+        self.host.install()
+        self.seen = []
+        seen = self.seen
+
+        class Recorder:
+            for_kind = CONFIG_MAP
+
+            def __init__(self, settings):
+                pass
+
+            def reconcile(self, target):
+                seen.append((target.request.namespace, target.request.name, target.object))
+
+        self.Recorder = Recorder
+
+    def test_present_and_gone(self):
+        r = export_plugin(self.Recorder)()
+        r.init(b"{}")
+        stored = self.host.put(source())
+        r.reconcile(types.Request(namespace="default", name="app-config"))
+        r.reconcile(types.Request(namespace="default", name="gone"))
+        self.assertEqual(self.seen, [("default", "app-config", stored), ("default", "gone", None)])
+
+    def test_a_failed_cache_read_ends_the_call_before_the_plugin(self):
+        from wit_world.imports import cache
+
+        def refuse(kind, ns, name):
+            raise Err(types.Error_Forbidden("ConfigMap is not declared"))
+
+        cache.get = refuse
+        r = export_plugin(self.Recorder)()
+        r.init(b"{}")
+        with self.assertRaises(Err) as failed:
+            r.reconcile(types.Request(namespace="default", name="x"))
+        self.assertEqual(
+            failed.exception.value,
+            wit.ReconcileError_Retryable("reading ConfigMap default/x from the cache: forbidden: ConfigMap is not declared"),
+        )
+        self.assertEqual(self.seen, [])
+
+    def test_a_plugin_without_for_kind_is_refused(self):
+        class NoKind:
+            def __init__(self, settings):
+                pass
+
+            def reconcile(self, target):
+                pass
+
+        with self.assertRaises(Err) as refused:
+            export_plugin(NoKind)().init(b"{}")
+        self.assertIn("has no `for_kind`", refused.exception.value)
 
 
 def _opts():
