@@ -8,7 +8,8 @@
 //
 // Steps: `jco guest-types` writes the WIT's TypeScript declarations into generated/ (of
 // the `admitting-plugin` world, which has every interface); `tsc` type-checks the SDK and
-// every plugin; for each plugin directory (examples/*, test-plugins/*, template) esbuild
+// every plugin; each plugin's native tests (`test/*.test.ts`) run on the SDK's fake host
+// (`sdk/tools/test.mjs`, with `node --test`); for each plugin directory (examples/*, test-plugins/*, template) esbuild
 // bundles src/index.ts with the SDK into one ES module and componentize-js turns it into a
 // component, with WASI HTTP disabled, of the world its exports ask for: `plugin` for
 // `reconciler` alone, `validating-plugin` / `mutating-plugin` / `admitting-plugin` when the
@@ -96,6 +97,11 @@ function worldOf(metafile, bundle) {
   return "plugin";
 }
 run(bin("tsc"), ["--project", join(here, "tsconfig.json")]);
+
+const tests = plugins.flatMap((p) => files(join(p.dir, "test")).filter((f) => f.endsWith(".test.ts")));
+if (tests.length > 0) {
+  run(process.execPath, [join(here, "sdk", "tools", "test.mjs"), "--tools", tools, "--out", join(out, ".tests"), ...tests]);
+}
 
 const shared = [...files(join(here, "sdk", "src")), ...files(wit), join(here, "package-lock.json"), join(here, "build.mjs")];
 for (const p of plugins) {

@@ -5,12 +5,12 @@ import json
 import unittest
 
 from componentize_py_types import Err
-from fakehost import FakeHost
 from wit_world.exports import reconciler as wit
 from wit_world.imports import types
 
 import app
-from wasmctrl_guest import CONFIG_MAP, export_plugin
+from wasmctrl_guest import CONFIG_MAP, client, export_plugin
+from wasmctrl_guest.testing import FakeHost
 
 CM = ("v1", "ConfigMap")
 
@@ -94,9 +94,8 @@ class MirrorTest(unittest.TestCase):
     def test_deleted_source_is_cleaned_up_then_goes(self):
         self.host.put(source())
         self.reconcile()
-        from wit_world.imports import client as wit_client
-
-        wit_client.delete(types.Gvk("v1", "ConfigMap"), "default", "app-config", _opts())
+        client.delete(CONFIG_MAP, "default", "app-config")  # marked: the finalizer holds it
+        self.assertTrue(self.host.get(*CM, "default", "app-config")["metadata"]["deletionTimestamp"])
         self.reconcile()
         self.assertIsNone(self.host.get(*CM, "default", "app-config"))
         self.assertIsNone(self.host.get(*CM, "team-a", "app-config"))
@@ -126,6 +125,18 @@ class MirrorTest(unittest.TestCase):
         self.reconcile("team-a", "app-config")
         self.assertEqual(self.host.get(*CM, "team-a", "app-config")["data"], {"color": "blue"})
 
+    def test_a_conflict_on_the_copy_update_is_retryable(self):
+        self.host.put(source())
+        self.reconcile()
+        src = self.host.get(*CM, "default", "app-config")
+        src["data"] = {"color": "green"}
+        self.host.put(src)
+        self.host.fail_next("replace", types.Error_Conflict("the copy changed"))
+        with self.assertRaises(Err) as failed:
+            self.reconcile()
+        self.assertIsInstance(failed.exception.value, wit.ReconcileError_Retryable)
+        self.assertTrue(failed.exception.value.value.startswith("updating copy team-a/app-config: conflict: the copy changed"), failed.exception.value)
+
     def test_settings_are_checked(self):
         for bad in ({"namespaces": []}, {"namespaces": ["a"], "typo": 1}, {}):
             with self.assertRaises(Err):
@@ -138,13 +149,13 @@ class SdkErrorTest(unittest.TestCase):
         self.host.install()
 
     def test_host_errors_become_exceptions_and_reconcile_errors(self):
-        from wasmctrl_guest import HostError, client, context, ignore_not_found
+        from wasmctrl_guest import HostError, context, ignore_not_found
         from wasmctrl_guest.plugin import _reconcile_error
 
         with self.assertRaises(HostError) as caught:
             client.replace({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "d"}})
         self.assertTrue(caught.exception.not_found)
-        self.assertEqual(str(caught.exception), "not found: x")
+        self.assertEqual(str(caught.exception), "not found: ConfigMap d/x")
         with self.assertRaises(HostError) as gone:
             client.delete(CONFIG_MAP, "d", "x")
         self.assertTrue(gone.exception.not_found)
@@ -215,12 +226,6 @@ class TargetTest(unittest.TestCase):
         with self.assertRaises(Err) as refused:
             export_plugin(NoKind)().init(b"{}")
         self.assertIn("has no `for_kind`", refused.exception.value)
-
-
-def _opts():
-    from wit_world.imports import client
-
-    return client.DeleteOptions(uid=None, resource_version=None, propagation=None)
 
 
 if __name__ == "__main__":
