@@ -18,7 +18,19 @@
 // lock file) changed since the stamp next to its .wasm was written.
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  renameSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -76,6 +88,19 @@ const plugins = [
 ].filter((p) => statSync(p.dir).isDirectory() && existsSync(join(p.dir, "src", "index.ts")));
 
 mkdirSync(out, { recursive: true });
+
+// The plugins import the SDK as the package `@wasmctrl/guest` (sdk/package.json), as a
+// plugin outside this repository does after `npm install <sdk>`; here it is linked into
+// node_modules/ the way npm links a workspace or `file:` dependency, so tsc and esbuild
+// resolve it by its `exports` like any package.
+const link = join(here, "node_modules", "@wasmctrl", "guest");
+const target = relative(dirname(link), join(here, "sdk"));
+if (!(existsSync(link) && lstatSync(link).isSymbolicLink() && readlinkSync(link) === target)) {
+  rmSync(link, { recursive: true, force: true });
+  mkdirSync(dirname(link), { recursive: true });
+  symlinkSync(target, link, "junction");
+}
+
 // Declarations of an earlier WIT or world would otherwise stay beside the new ones.
 rmSync(join(here, "generated"), { recursive: true, force: true });
 run(bin("jco"), ["guest-types", wit, "--world-name", "admitting-plugin", "--out-dir", join(here, "generated"), "--quiet"]);
@@ -120,7 +145,6 @@ for (const p of plugins) {
     "--format=esm",
     "--platform=neutral",
     "--target=es2022",
-    `--alias:@wasmctrl/guest=${join(here, "sdk", "src", "index.ts")}`,
     "--external:wasmctrl:*",
     `--outfile=${bundle}`,
     `--metafile=${metafile}`,

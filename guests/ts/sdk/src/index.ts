@@ -1,3 +1,4 @@
+/// <reference path="./runtime.d.ts" />
 /**
  * The wasmctrl guest SDK for TypeScript/JavaScript plugins (built with componentize-js).
  *
