@@ -8,7 +8,7 @@
 //
 // Steps: `jco guest-types` writes the WIT's TypeScript declarations into generated/ (of
 // the `admitting-plugin` world, which has every interface); `tsc` type-checks the SDK and
-// every plugin; each plugin's native tests (`test/*.test.ts`) run on the SDK's fake host
+// every plugin; each plugin's native tests (`tests/*.test.ts`) run on the SDK's fake host
 // (`sdk/tools/test.mjs`, with `node --test`); for each plugin directory (examples/*, test-plugins/*, template) esbuild
 // bundles src/index.ts with the SDK into one ES module and componentize-js turns it into a
 // component, with WASI HTTP disabled, of the world its exports ask for: `plugin` for
@@ -123,7 +123,7 @@ function worldOf(metafile, bundle) {
 }
 run(bin("tsc"), ["--project", join(here, "tsconfig.json")]);
 
-const tests = plugins.flatMap((p) => files(join(p.dir, "test")).filter((f) => f.endsWith(".test.ts")));
+const tests = plugins.flatMap((p) => files(join(p.dir, "tests")).filter((f) => f.endsWith(".test.ts")));
 if (tests.length > 0) {
   run(process.execPath, [join(here, "sdk", "tools", "test.mjs"), "--tools", tools, "--out", join(out, ".tests"), ...tests]);
 }

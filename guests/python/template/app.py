@@ -1,6 +1,6 @@
-"""A new wasmctrl plugin in Python. Copy this directory (see ../README.md), rename the
-class, set ``for_kind``, and write ``reconcile``. This one stamps every ConfigMap it is
-given with ``data.stamped = "yes"``.
+"""The smallest wasmctrl plugin in Python, built with this repository's others (a new plugin
+outside it: ``wasmctrl new NAME --lang python``, see ../README.md). This one stamps every
+ConfigMap it is given with ``data.stamped = "yes"``.
 """
 
 from wasmctrl_guest import CONFIG_MAP, Action, Target, client, export_plugin, log

@@ -1,3 +1,4 @@
+#!/usr/bin/env node
 // Runs a plugin's native tests on the SDK's fake host (`@wasmctrl/guest/testing`).
 //
 // Usage: node <sdk>/tools/test.mjs [--tools DIR] [--out DIR] FILE...

@@ -1,7 +1,7 @@
 /**
- * A new wasmctrl plugin in TypeScript. Copy this directory (see ../README.md), rename the
- * class, set `forKind`, and write `reconcile`. This one stamps every ConfigMap it is given
- * with `data.stamped = "yes"`.
+ * The smallest wasmctrl plugin in TypeScript, built with this repository's others (a new
+ * plugin outside it: `wasmctrl new NAME --lang ts`, see ../README.md). This one stamps
+ * every ConfigMap it is given with `data.stamped = "yes"`.
  */
 import { Action, client, exportPlugin, kinds, log, type ConfigMap, type Target } from "@wasmctrl/guest";
 

@@ -18,7 +18,7 @@
  * });
  * ```
  *
- * Run tests with the SDK's runner, `node <sdk>/tools/test.mjs test/*.test.ts`, which
+ * Run tests with the SDK's runner, `node <sdk>/tools/test.mjs tests/*.test.ts`, which
  * bundles each file with esbuild, links the `wasmctrl:controller/*` imports to this fake,
  * and runs the bundles with `node --test`.
  *
