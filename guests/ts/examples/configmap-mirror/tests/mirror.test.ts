@@ -5,7 +5,17 @@
  */
 import assert from "node:assert/strict";
 import { beforeEach, describe, test } from "node:test";
-import { HostError, client, ignoreNotFound, kinds, type ConfigMap, type KubeObject } from "@wasmctrl/guest";
+import {
+  HostError,
+  client,
+  exportPlugin,
+  ignoreNotFound,
+  kinds,
+  type ConfigMap,
+  type KubeObject,
+  type PluginClass,
+  type Target,
+} from "@wasmctrl/guest";
 import { FakeHost } from "@wasmctrl/guest/testing";
 import { FINALIZER, MANAGED_BY, MANAGED_BY_LABEL, SOURCE_ANNOTATION, reconciler } from "../src/index.ts";
 
@@ -163,6 +173,38 @@ describe("the SDK on the fake host", () => {
       undefined,
     );
     assert.deepEqual(host.writes, []);
+  });
+
+  test("reconcile is handed the cached object, or undefined once it is gone", () => {
+    const seen: [string, ConfigMap | undefined][] = [];
+    class Recorder {
+      static forKind = kinds.ConfigMap;
+      constructor(_settings: unknown) {}
+      reconcile({ request, object }: Target<ConfigMap>): void {
+        seen.push([request.name, object]);
+      }
+    }
+    const exported = exportPlugin(Recorder);
+    exported.init(host.settingsJson({}));
+    const stored = host.put(source());
+    exported.reconcile({ namespace: "default", name: "app-config" });
+    exported.reconcile({ namespace: "default", name: "gone" });
+    assert.deepEqual(seen, [
+      ["app-config", stored],
+      ["gone", undefined],
+    ]);
+  });
+
+  test("a plugin class without forKind is refused at init", () => {
+    class NoKind {
+      constructor(_settings: unknown) {}
+      reconcile(): void {}
+    }
+    const exported = exportPlugin(NoKind as unknown as PluginClass<unknown>);
+    assert.throws(
+      () => exported.init(host.settingsJson({})),
+      (e: unknown) => String((e as { payload: unknown }).payload).includes("has no `static forKind`"),
+    );
   });
 
   test("a failed cache read ends the reconcile before the plugin runs", () => {
