@@ -6,10 +6,11 @@
 //   --out    where <plugin>.wasm files go
 //   --wit    the WIT package (default: wit/ of the repository)
 //
-// Steps: `jco guest-types` writes the WIT's TypeScript declarations into generated/ (of
-// the `admitting-plugin` world, which has every interface); `tsc` type-checks the SDK and
-// every plugin; each plugin's native tests (`tests/*.test.ts`) run on the SDK's fake host
-// (`sdk/tools/test.mjs`, with `node --test`); for each plugin directory (examples/*, test-plugins/*, template) esbuild
+// Steps: the SDK package is linked into node_modules/; `jco guest-types` writes the WIT's
+// TypeScript declarations into generated/ (of the `admitting-plugin` world, which has every
+// interface); `tsc` type-checks the SDK and every plugin; each plugin's native tests
+// (`tests/*.test.ts`) run on the SDK's fake host (`sdk/tools/test.mjs`, with `node
+// --test`); for each plugin directory (examples/*, test-plugins/*, template) esbuild
 // bundles src/index.ts with the SDK into one ES module and componentize-js turns it into a
 // component, with WASI HTTP disabled, of the world its exports ask for: `plugin` for
 // `reconciler` alone, `validating-plugin` / `mutating-plugin` / `admitting-plugin` when the
