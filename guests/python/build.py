@@ -8,7 +8,8 @@ Usage: python3 guests/python/build.py --tools VENV --out DIR [--wit DIR]
   --wit    the WIT package (default: wit/ of the repository)
 
 First the SDK and the example's logic are tested natively (``tests/``, unittest) against
-the bindings componentize-py generates for ``wit/`` with the imports faked. Then each
+the bindings componentize-py generates for ``wit/``, on the SDK's fake host
+(``wasmctrl_guest.testing``). Then each
 plugin directory (examples/*, test-plugins/*, template) holds an ``app.py`` whose
 ``Reconciler`` is the component's export (and ``Validator`` / ``Mutator``, when it admits);
 componentize-py bundles it with the SDK (sdk/wasmctrl_guest) and CPython into a component
@@ -85,7 +86,7 @@ def main() -> int:
     if subprocess.run([str(tool), "--wit-path", str(wit), "--world", "admitting-plugin", "bindings", str(bindings)]).returncode != 0:
         print("py-guests: componentize-py could not generate the bindings", file=sys.stderr)
         return 1
-    path = os.pathsep.join(str(p) for p in (bindings, HERE / "sdk", HERE / "examples" / "configmap-mirror", HERE / "tests"))
+    path = os.pathsep.join(str(p) for p in (bindings, HERE / "sdk", HERE / "examples" / "configmap-mirror"))
     print("py-guests: python -m unittest discover -s tests", file=sys.stderr)
     tests = subprocess.run(
         [sys.executable, "-m", "unittest", "discover", "-s", str(HERE / "tests")],

@@ -6,9 +6,11 @@
 //   --out    where <plugin>.wasm files go
 //   --wit    the WIT package (default: wit/ of the repository)
 //
-// Steps: `jco guest-types` writes the WIT's TypeScript declarations into generated/ (of
-// the `admitting-plugin` world, which has every interface); `tsc` type-checks the SDK and
-// every plugin; for each plugin directory (examples/*, test-plugins/*, template) esbuild
+// Steps: the SDK package is linked into node_modules/; `jco guest-types` writes the WIT's
+// TypeScript declarations into generated/ (of the `admitting-plugin` world, which has every
+// interface); `tsc` type-checks the SDK and every plugin; each plugin's native tests
+// (`tests/*.test.ts`) run on the SDK's fake host (`sdk/tools/test.mjs`, with `node
+// --test`); for each plugin directory (examples/*, test-plugins/*, template) esbuild
 // bundles src/index.ts with the SDK into one ES module and componentize-js turns it into a
 // component, with WASI HTTP disabled, of the world its exports ask for: `plugin` for
 // `reconciler` alone, `validating-plugin` / `mutating-plugin` / `admitting-plugin` when the
@@ -17,7 +19,19 @@
 // lock file) changed since the stamp next to its .wasm was written.
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  renameSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
 import { dirname, join, relative, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -75,6 +89,19 @@ const plugins = [
 ].filter((p) => statSync(p.dir).isDirectory() && existsSync(join(p.dir, "src", "index.ts")));
 
 mkdirSync(out, { recursive: true });
+
+// The plugins import the SDK as the package `@wasmctrl/guest` (sdk/package.json), as a
+// plugin outside this repository does after `npm install <sdk>`; here it is linked into
+// node_modules/ the way npm links a workspace or `file:` dependency, so tsc and esbuild
+// resolve it by its `exports` like any package.
+const link = join(here, "node_modules", "@wasmctrl", "guest");
+const target = relative(dirname(link), join(here, "sdk"));
+if (!(existsSync(link) && lstatSync(link).isSymbolicLink() && readlinkSync(link) === target)) {
+  rmSync(link, { recursive: true, force: true });
+  mkdirSync(dirname(link), { recursive: true });
+  symlinkSync(target, link, "junction");
+}
+
 // Declarations of an earlier WIT or world would otherwise stay beside the new ones.
 rmSync(join(here, "generated"), { recursive: true, force: true });
 run(bin("jco"), ["guest-types", wit, "--world-name", "admitting-plugin", "--out-dir", join(here, "generated"), "--quiet"]);
@@ -97,6 +124,11 @@ function worldOf(metafile, bundle) {
 }
 run(bin("tsc"), ["--project", join(here, "tsconfig.json")]);
 
+const tests = plugins.flatMap((p) => files(join(p.dir, "tests")).filter((f) => f.endsWith(".test.ts")));
+if (tests.length > 0) {
+  run(process.execPath, [join(here, "sdk", "tools", "test.mjs"), "--tools", tools, "--out", join(out, ".tests"), ...tests]);
+}
+
 const shared = [...files(join(here, "sdk", "src")), ...files(wit), join(here, "package-lock.json"), join(here, "build.mjs")];
 for (const p of plugins) {
   const wasm = join(out, `${p.name}.wasm`);
@@ -114,7 +146,6 @@ for (const p of plugins) {
     "--format=esm",
     "--platform=neutral",
     "--target=es2022",
-    `--alias:wasmctrl-guest=${join(here, "sdk", "src", "index.ts")}`,
     "--external:wasmctrl:*",
     `--outfile=${bundle}`,
     `--metafile=${metafile}`,

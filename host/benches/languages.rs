@@ -13,7 +13,9 @@
 //! - memory: the smallest per-instance `memory` limit (MiB, by bisection) under which a fresh
 //!   instance initialises and reconciles; what a plugin TOML's `memory` must at least allow;
 //! - no-op call: a reconcile that returns at once (`noop` of the Rust bench plugin, `fine`
-//!   of the TS/Python misbehave plugins: the bare cost of a call through each runtime);
+//!   of the TS/Python misbehave plugins: the bare cost of a call through each runtime; the
+//!   TS/Python SDKs also read the request's ConfigMap from the cache first, an empty cache
+//!   here, where the Rust bench plugin, written against the WIT, reads nothing);
 //! - reconcile: the mirror's steady-state reconcile of a source whose two copies are up to
 //!   date (cache reads, index lookup, JSON parse and compare, one log line; no writes).
 //!

@@ -1,9 +1,9 @@
-"""A new wasmctrl plugin in Python. Copy this directory (see ../README.md), rename the
-class, set ``for_kind``, and write ``reconcile``. This one stamps every ConfigMap it is
-given with ``data.stamped = "yes"``.
+"""The smallest wasmctrl plugin in Python, built with this repository's others (a new plugin
+outside it: ``wasmctrl new NAME --lang python``, see ../README.md). This one stamps every
+ConfigMap it is given with ``data.stamped = "yes"``.
 """
 
-from wasmctrl_guest import CONFIG_MAP, Action, Request, cache, client, export_plugin, log
+from wasmctrl_guest import CONFIG_MAP, Action, Target, client, export_plugin, log
 
 
 class Stamp:
@@ -14,8 +14,9 @@ class Stamp:
         # Raising here rejects the plugin version with the message.
         self.value = settings.get("value", "yes")
 
-    def reconcile(self, request: Request) -> Action:
-        cm = cache.get(CONFIG_MAP, request.namespace, request.name)
+    def reconcile(self, target: Target) -> Action:
+        # target.object is the cached ConfigMap, or None once it is deleted.
+        request, cm = target.request, target.object
         if cm is None or cm.get("data", {}).get("stamped") == self.value:
             return Action.DONE  # deleted since it was queued, or already stamped
         client.patch(CONFIG_MAP, request.namespace, request.name, {"data": {"stamped": self.value}})

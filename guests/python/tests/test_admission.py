@@ -4,11 +4,11 @@ warnings, a mutation's patch, a host error's refusal, and the JSON diff."""
 import json
 import unittest
 
-from fakehost import FakeHost
 from wit_world.imports import admission as wit
 from wit_world.imports import types
 
 from wasmctrl_guest import CONFIG_MAP, Action, HostError, export_plugin
+from wasmctrl_guest.testing import FakeHost
 from wasmctrl_guest.admission import Denied, diff, export_mutator, export_validator
 
 
@@ -18,7 +18,7 @@ class Policy:
     def __init__(self, settings):
         pass
 
-    def reconcile(self, request):
+    def reconcile(self, target):
         return Action.DONE
 
     def validate(self, request):

@@ -5,11 +5,12 @@ import json
 import unittest
 
 from componentize_py_types import Err
-from fakehost import FakeHost
 from wit_world.exports import reconciler as wit
 from wit_world.imports import types
 
 import app
+from wasmctrl_guest import CONFIG_MAP, client, export_plugin
+from wasmctrl_guest.testing import FakeHost
 
 CM = ("v1", "ConfigMap")
 
@@ -93,9 +94,8 @@ class MirrorTest(unittest.TestCase):
     def test_deleted_source_is_cleaned_up_then_goes(self):
         self.host.put(source())
         self.reconcile()
-        from wit_world.imports import client as wit_client
-
-        wit_client.delete(types.Gvk("v1", "ConfigMap"), "default", "app-config", _opts())
+        client.delete(CONFIG_MAP, "default", "app-config")  # marked: the finalizer holds it
+        self.assertTrue(self.host.get(*CM, "default", "app-config")["metadata"]["deletionTimestamp"])
         self.reconcile()
         self.assertIsNone(self.host.get(*CM, "default", "app-config"))
         self.assertIsNone(self.host.get(*CM, "team-a", "app-config"))
@@ -125,6 +125,18 @@ class MirrorTest(unittest.TestCase):
         self.reconcile("team-a", "app-config")
         self.assertEqual(self.host.get(*CM, "team-a", "app-config")["data"], {"color": "blue"})
 
+    def test_a_conflict_on_the_copy_update_is_retryable(self):
+        self.host.put(source())
+        self.reconcile()
+        src = self.host.get(*CM, "default", "app-config")
+        src["data"] = {"color": "green"}
+        self.host.put(src)
+        self.host.fail_next("replace", types.Error_Conflict("the copy changed"))
+        with self.assertRaises(Err) as failed:
+            self.reconcile()
+        self.assertIsInstance(failed.exception.value, wit.ReconcileError_Retryable)
+        self.assertTrue(failed.exception.value.value.startswith("updating copy team-a/app-config: conflict: the copy changed"), failed.exception.value)
+
     def test_settings_are_checked(self):
         for bad in ({"namespaces": []}, {"namespaces": ["a"], "typo": 1}, {}):
             with self.assertRaises(Err):
@@ -137,14 +149,17 @@ class SdkErrorTest(unittest.TestCase):
         self.host.install()
 
     def test_host_errors_become_exceptions_and_reconcile_errors(self):
-        from wasmctrl_guest import CONFIG_MAP, HostError, client, context
+        from wasmctrl_guest import HostError, context, ignore_not_found
         from wasmctrl_guest.plugin import _reconcile_error
 
         with self.assertRaises(HostError) as caught:
             client.replace({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "d"}})
         self.assertTrue(caught.exception.not_found)
-        self.assertEqual(str(caught.exception), "not found: x")
-        self.assertFalse(client.delete(CONFIG_MAP, "d", "x", ignore_not_found=True))
+        self.assertEqual(str(caught.exception), "not found: ConfigMap d/x")
+        with self.assertRaises(HostError) as gone:
+            client.delete(CONFIG_MAP, "d", "x")
+        self.assertTrue(gone.exception.not_found)
+        self.assertIsNone(ignore_not_found(lambda: client.delete(CONFIG_MAP, "d", "x")))
         self.assertIsInstance(_reconcile_error(caught.exception), wit.ReconcileError_Retryable)
         invalid = HostError("invalid", "bad patch")
         self.assertEqual(_reconcile_error(invalid), wit.ReconcileError_Terminal("invalid: bad patch"))
@@ -155,10 +170,62 @@ class SdkErrorTest(unittest.TestCase):
         self.assertEqual(HostError("other", "teapot", 418).message, "HTTP 418: teapot")
 
 
-def _opts():
-    from wit_world.imports import client
+class TargetTest(unittest.TestCase):
+    """``reconcile`` is handed the cached object of ``for_kind``, or ``None`` once it is gone."""
 
-    return client.DeleteOptions(uid=None, resource_version=None, propagation=None)
+    def setUp(self):
+        self.host = FakeHost()
+        self.host.install()
+        self.seen = []
+        seen = self.seen
+
+        class Recorder:
+            for_kind = CONFIG_MAP
+
+            def __init__(self, settings):
+                pass
+
+            def reconcile(self, target):
+                seen.append((target.request.namespace, target.request.name, target.object))
+
+        self.Recorder = Recorder
+
+    def test_present_and_gone(self):
+        r = export_plugin(self.Recorder)()
+        r.init(b"{}")
+        stored = self.host.put(source())
+        r.reconcile(types.Request(namespace="default", name="app-config"))
+        r.reconcile(types.Request(namespace="default", name="gone"))
+        self.assertEqual(self.seen, [("default", "app-config", stored), ("default", "gone", None)])
+
+    def test_a_failed_cache_read_ends_the_call_before_the_plugin(self):
+        from wit_world.imports import cache
+
+        def refuse(kind, ns, name):
+            raise Err(types.Error_Forbidden("ConfigMap is not declared"))
+
+        cache.get = refuse
+        r = export_plugin(self.Recorder)()
+        r.init(b"{}")
+        with self.assertRaises(Err) as failed:
+            r.reconcile(types.Request(namespace="default", name="x"))
+        self.assertEqual(
+            failed.exception.value,
+            wit.ReconcileError_Retryable("reading ConfigMap default/x from the cache: forbidden: ConfigMap is not declared"),
+        )
+        self.assertEqual(self.seen, [])
+
+    def test_a_plugin_without_for_kind_is_refused(self):
+        class NoKind:
+            def __init__(self, settings):
+                pass
+
+            def reconcile(self, target):
+                pass
+
+        with self.assertRaises(Err) as refused:
+            export_plugin(NoKind)().init(b"{}")
+        self.assertIn("has no `for_kind`", refused.exception.value)
 
 
 if __name__ == "__main__":

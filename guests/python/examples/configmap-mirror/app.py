@@ -30,6 +30,7 @@ from wasmctrl_guest import (
     HostError,
     KubeObject,
     Request,
+    Target,
     annotation,
     cache,
     client,
@@ -37,6 +38,7 @@ from wasmctrl_guest import (
     events,
     export_plugin,
     finalizers,
+    ignore_not_found,
     is_being_deleted,
     key,
     label,
@@ -126,10 +128,10 @@ class Mirror:
         """The namespaces a source in ``source_namespace`` is copied into: sorted, deduplicated, not its own."""
         return sorted({ns for ns in self.namespaces if ns != source_namespace})
 
-    def reconcile(self, request: Request) -> Action:
-        cm = cache.get(CONFIG_MAP, request.namespace, request.name)
+    def reconcile(self, target: Target) -> Action:
+        cm: Optional[ConfigMap] = target.object
         if cm is None:
-            return self.reconcile_missing(request)
+            return self.reconcile_missing(target.request)
         source_key = annotation(cm, SOURCE_ANNOTATION)
         if source_key is not None:
             if label(cm, MANAGED_BY_LABEL) == MANAGED_BY:
@@ -149,7 +151,7 @@ class Mirror:
         if ns not in self.namespaces:
             return []
         try:
-            sources = cache.list(CONFIG_MAP, label_selector="mirror=true")
+            sources = cache.list_objects(CONFIG_MAP, label_selector="mirror=true")
         except HostError as e:
             log.warn("listing mirror sources failed", namespace=ns, error=e)
             return []
@@ -180,13 +182,14 @@ class Mirror:
                 elif existing.get("immutable") is True:
                     # An immutable copy cannot change: delete it, the next pass re-creates it.
                     with context(f"deleting immutable copy {ns}/{nm}"):
-                        client.delete(
-                            CONFIG_MAP,
-                            ns,
-                            nm,
-                            uid=meta(existing).get("uid"),
-                            resource_version=meta(existing).get("resourceVersion"),
-                            ignore_not_found=True,
+                        ignore_not_found(
+                            lambda: client.delete(
+                                CONFIG_MAP,
+                                ns,
+                                nm,
+                                uid=meta(existing).get("uid"),
+                                resource_version=meta(existing).get("resourceVersion"),
+                            )
                         )
                     r.deleted.append(ns)
                 else:
@@ -211,7 +214,7 @@ class Mirror:
             ns = namespace(copy) or ""
             if ns not in all_targets and annotation(copy, SOURCE_ANNOTATION) == src_key:
                 with context(f"deleting stale copy {ns}/{nm}"):
-                    client.delete(CONFIG_MAP, ns, nm, ignore_not_found=True)
+                    ignore_not_found(lambda: client.delete(CONFIG_MAP, ns, nm))
                 r.deleted.append(ns)
 
         self.record(source, r)
@@ -250,7 +253,7 @@ class Mirror:
         for copy in cache.by_index(CONFIG_MAP, BY_SOURCE_INDEX, source_key):
             ns = namespace(copy) or ""
             with context(f"deleting copy {ns}/{name(copy)}"):
-                client.delete(CONFIG_MAP, ns, name(copy), uid=meta(copy).get("uid"), ignore_not_found=True)
+                ignore_not_found(lambda: client.delete(CONFIG_MAP, ns, name(copy), uid=meta(copy).get("uid")))
             deleted.append(ns)
         return deleted
 
@@ -280,7 +283,7 @@ class Mirror:
         ):
             return self.sync(source, namespace(copy) or "")
         with context(f"deleting orphaned copy {key(copy)}"):
-            client.delete(CONFIG_MAP, namespace(copy), name(copy), uid=meta(copy).get("uid"), ignore_not_found=True)
+            ignore_not_found(lambda: client.delete(CONFIG_MAP, namespace(copy), name(copy), uid=meta(copy).get("uid")))
         log.info(f"deleted orphaned copy {key(copy)}", source=source_key)
         return Action.DONE
 
@@ -294,7 +297,7 @@ class Mirror:
         if ns is None:
             return Action.DONE
         action = Action.DONE
-        for source in cache.list(CONFIG_MAP, label_selector="mirror=true"):
+        for source in cache.list_objects(CONFIG_MAP, label_selector="mirror=true"):
             if (
                 name(source) == request.name
                 and is_source(source)

@@ -2,7 +2,7 @@
 
 ::
 
-    from wasmctrl_guest import Action, CONFIG_MAP, cache, client, export_plugin, log
+    from wasmctrl_guest import Action, CONFIG_MAP, Target, client, export_plugin, log
 
     class Stamp:
         for_kind = CONFIG_MAP
@@ -10,10 +10,10 @@
         def __init__(self, settings):
             pass
 
-        def reconcile(self, request):
-            cm = cache.get(CONFIG_MAP, request.namespace, request.name)
+        def reconcile(self, target: Target):
+            request, cm = target.request, target.object
             if cm is None or "stamped" in cm.get("data", {}):
-                return Action.DONE
+                return Action.DONE  # gone, or already stamped
             client.patch(CONFIG_MAP, request.namespace, request.name, {"data": {"stamped": "yes"}})
             log.info(f"stamped {request.name}")
             return Action.DONE
@@ -41,7 +41,7 @@ from .objects import (
     name,
     namespace,
 )
-from .plugin import Action, FilterInput, Gvk, Request, export_plugin
+from .plugin import Action, FilterInput, Gvk, Request, Target, export_plugin
 
 
 def request_for(o: KubeObject) -> Request:
@@ -65,6 +65,7 @@ __all__ = [
     "RetryableError",
     "SECRET",
     "Secret",
+    "Target",
     "TerminalError",
     "annotation",
     "cache",

@@ -27,8 +27,9 @@ def get(kind: Kind[T], namespace: Optional[str], name: str) -> Optional[T]:
     return None if data is None else decode(data)
 
 
-def list(kind: Kind[T], namespace: Optional[str] = None, label_selector: Optional[str] = None) -> List[T]:
-    """Every cached object of ``kind``, optionally in ``namespace`` and matching ``label_selector``."""
+def list_objects(kind: Kind[T], namespace: Optional[str] = None, label_selector: Optional[str] = None) -> List[T]:
+    """Every cached object of ``kind``, optionally in ``namespace`` and matching ``label_selector``
+    (``list`` in the Rust and TypeScript SDKs; named so as not to shadow the builtin)."""
     return [decode(b) for b in host_call(lambda: _wit.list(_gvk(kind), namespace, label_selector))]
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal, Optional, TypeVar
 from wit_world.imports import client as _wit
 from wit_world.imports import types as _types
 
-from .errors import HostError, host_call
+from .errors import host_call
 from .objects import Kind, decode, encode
 
 T = TypeVar("T")
@@ -23,15 +23,15 @@ def _gvk(kind: Kind) -> _types.Gvk:
     return _types.Gvk(api_version=kind.api_version, kind=kind.kind)
 
 
-def _body(body: Any, type: PatchType) -> _wit.PatchBody:
+def _body(body: Any, patch_type: PatchType) -> _wit.PatchBody:
     data = encode(body)
-    if type == "merge":
+    if patch_type == "merge":
         return _wit.PatchBody_Merge(data)
-    if type == "json":
+    if patch_type == "json":
         return _wit.PatchBody_Json(data)
-    if type == "strategic":
+    if patch_type == "strategic":
         return _wit.PatchBody_Strategic(data)
-    raise ValueError(f"unknown patch type {type!r} (merge, json or strategic)")
+    raise ValueError(f"unknown patch type {patch_type!r} (merge, json or strategic)")
 
 
 def get(kind: Kind[T], namespace: Optional[str], name: str) -> T:
@@ -49,14 +49,14 @@ def replace(obj: T) -> T:
     return decode(host_call(lambda: _wit.replace(encode(obj))))
 
 
-def patch(kind: Kind[T], namespace: Optional[str], name: str, body: Any, type: PatchType = "merge") -> T:
-    """Patches the object's main resource (a merge patch unless ``type`` says otherwise)."""
-    return decode(host_call(lambda: _wit.patch(_gvk(kind), namespace, name, _body(body, type))))
+def patch(kind: Kind[T], namespace: Optional[str], name: str, body: Any, patch_type: PatchType = "merge") -> T:
+    """Patches the object's main resource (a merge patch unless ``patch_type`` says otherwise)."""
+    return decode(host_call(lambda: _wit.patch(_gvk(kind), namespace, name, _body(body, patch_type))))
 
 
-def patch_status(kind: Kind[T], namespace: Optional[str], name: str, body: Any, type: PatchType = "merge") -> T:
+def patch_status(kind: Kind[T], namespace: Optional[str], name: str, body: Any, patch_type: PatchType = "merge") -> T:
     """Patches the object's ``status`` subresource."""
-    return decode(host_call(lambda: _wit.patch_status(_gvk(kind), namespace, name, _body(body, type))))
+    return decode(host_call(lambda: _wit.patch_status(_gvk(kind), namespace, name, _body(body, patch_type))))
 
 
 def update_status(obj: T) -> T:
@@ -78,16 +78,10 @@ def delete(
     uid: Optional[str] = None,
     resource_version: Optional[str] = None,
     propagation: Optional[Literal["background", "foreground", "orphan"]] = None,
-    ignore_not_found: bool = False,
-) -> bool:
-    """Deletes the object; returns whether it existed. A missing object raises a not-found
-    ``HostError`` unless ``ignore_not_found``."""
+) -> None:
+    """Deletes the object (an object with finalizers is only marked for deletion). A missing
+    object raises a not-found ``HostError``, as in every SDK; where absence is fine, wrap the
+    call: ``ignore_not_found(lambda: client.delete(...))``."""
     prop = None if propagation is None else _wit.Propagation[propagation.upper()]
     options = _wit.DeleteOptions(uid=uid, resource_version=resource_version, propagation=prop)
-    try:
-        host_call(lambda: _wit.delete(_gvk(kind), namespace, name, options))
-        return True
-    except HostError as e:
-        if ignore_not_found and e.not_found:
-            return False
-        raise
+    host_call(lambda: _wit.delete(_gvk(kind), namespace, name, options))

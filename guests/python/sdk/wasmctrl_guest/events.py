@@ -14,7 +14,7 @@ from .errors import host_call
 from .objects import meta
 
 
-def publish(regarding: Any, type: Literal["normal", "warning"], reason: str, action: str, note: str) -> None:
+def publish(regarding: Any, event_type: Literal["normal", "warning"], reason: str, action: str, note: str) -> None:
     """Records an event of ``type`` about ``regarding`` (which needs ``apiVersion`` and ``kind``)."""
     ref = _types.ObjectRef(
         kind=_types.Gvk(api_version=regarding.get("apiVersion", ""), kind=regarding.get("kind", "")),
@@ -23,7 +23,7 @@ def publish(regarding: Any, type: Literal["normal", "warning"], reason: str, act
     )
     event = _wit.Event(
         regarding=ref,
-        type=_wit.EventType.WARNING if type == "warning" else _wit.EventType.NORMAL,
+        type=_wit.EventType.WARNING if event_type == "warning" else _wit.EventType.NORMAL,
         reason=reason,
         action=action,
         note=note,

@@ -20,7 +20,7 @@ class Admit:
     def __init__(self, settings):
         self.stamp = settings.get("stamp", "")
 
-    def reconcile(self, request):
+    def reconcile(self, target):
         return Action.DONE
 
     def validate(self, request):
@@ -33,7 +33,7 @@ class Admit:
         if "throw" in data:
             raise KeyError("validate raised on purpose")
         if "unique" in data:
-            for other in cache.list(CONFIG_MAP, request.namespace):
+            for other in cache.list_objects(CONFIG_MAP, request.namespace):
                 if (other.get("data") or {}).get("unique") == data["unique"] and name(other) != request.name:
                     raise Denied(f"unique value {data['unique']} is taken by {key(other)}")
 

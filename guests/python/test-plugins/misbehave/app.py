@@ -1,5 +1,5 @@
-"""A plugin that misbehaves on request, for the host's isolation tests. ``reconcile`` acts
-by the request's name:
+"""A plugin that misbehaves on request, for the host's isolation tests (for ConfigMaps).
+``reconcile`` acts by the request's name:
 
 - ``throw``: raises a KeyError (the SDK turns it into a retryable reconcile error);
 - ``loop``: never returns (the call's deadline interrupts it);
@@ -11,14 +11,17 @@ by the request's name:
 ``map`` raises, so a hook's exception traps its call.
 """
 
-from wasmctrl_guest import Action, export_plugin
+from wasmctrl_guest import CONFIG_MAP, Action, export_plugin
 
 
 class Misbehave:
+    for_kind = CONFIG_MAP
+
     def __init__(self, settings):
         pass
 
-    def reconcile(self, request):
+    def reconcile(self, target):
+        request = target.request
         if request.name == "throw":
             return {}["missing"]
         if request.name == "loop":

@@ -4,7 +4,7 @@
  * a {@link HostError}.
  */
 import * as wit from "wasmctrl:controller/client@0.2.1";
-import { HostError, hostCall } from "./errors.js";
+import { hostCall } from "./errors.js";
 import { decode, encode, type Kind, type KubeObject } from "./objects.js";
 
 /** How a patch body is read: RFC 7386 merge, RFC 6902 JSON patch, or strategic merge. */
@@ -75,22 +75,16 @@ export interface DeleteOptions {
   /** Fail with `conflict` unless the object still has this resourceVersion. */
   resourceVersion?: string;
   propagation?: "background" | "foreground" | "orphan";
-  /** Return `false` instead of throwing when the object is already gone. */
-  ignoreNotFound?: boolean;
 }
 
-/** Deletes the object. Returns whether it existed (with `ignoreNotFound`; otherwise a missing object throws). */
-export function del(kind: Kind, namespace: string | undefined, name: string, options: DeleteOptions = {}): boolean {
+/**
+ * Deletes the object (an object with finalizers is only marked for deletion). A missing
+ * object throws a `not-found` {@link HostError}, as in every SDK; where absence is fine,
+ * wrap the call: `ignoreNotFound(() => client.delete(...))`.
+ */
+export function del(kind: Kind, namespace: string | undefined, name: string, options: DeleteOptions = {}): void {
   const opts = { uid: options.uid, resourceVersion: options.resourceVersion, propagation: options.propagation };
-  try {
-    hostCall(() => wit.delete(gvk(kind), namespace, name, opts));
-    return true;
-  } catch (e) {
-    if (options.ignoreNotFound && e instanceof HostError && e.isNotFound()) {
-      return false;
-    }
-    throw e;
-  }
+  hostCall(() => wit.delete(gvk(kind), namespace, name, opts));
 }
 
 export { del as delete };

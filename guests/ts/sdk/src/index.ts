@@ -1,15 +1,15 @@
+/// <reference path="./runtime.d.ts" />
 /**
  * The wasmctrl guest SDK for TypeScript/JavaScript plugins (built with componentize-js).
  *
  * ```ts
- * import { Action, cache, client, exportPlugin, kinds, log, type Request } from "wasmctrl-guest";
+ * import { Action, client, exportPlugin, kinds, log, type ConfigMap, type Target } from "@wasmctrl/guest";
  *
  * class Stamp {
  *   static forKind = kinds.ConfigMap;
  *   constructor(_settings: {}) {}
- *   reconcile(request: Request): Action {
- *     const cm = cache.get(kinds.ConfigMap, request.namespace, request.name);
- *     if (cm === undefined || cm.data?.stamped) return Action.done;
+ *   reconcile({ request, object: cm }: Target<ConfigMap>): Action {
+ *     if (cm === undefined || cm.data?.stamped) return Action.done; // gone, or already stamped
  *     client.patch(kinds.ConfigMap, request.namespace, request.name, { data: { stamped: "yes" } });
  *     log.info(`stamped ${request.name}`);
  *     return Action.done;
@@ -33,7 +33,7 @@ export type { HostErrorKind } from "./errors.js";
 export { Action, exportPlugin } from "./plugin.js";
 export { AdmissionRequest, Denied, exportMutator, exportValidator } from "./admission.js";
 export type { Mutating, MutatorExport, Operation, UserInfo, Validating, ValidatorExport } from "./admission.js";
-export type { FilterInput, Plugin, PluginClass, ReconcilerExport } from "./plugin.js";
+export type { FilterInput, Plugin, PluginClass, ReconcilerExport, Target } from "./plugin.js";
 export type { ConfigMap, Kind, KubeObject, Namespace, ObjectMeta, OwnerReference, Secret } from "./objects.js";
 export {
   annotation,

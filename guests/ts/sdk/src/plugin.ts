@@ -1,15 +1,19 @@
 /**
  * Turns a plugin class into the `reconciler` export the host calls.
  *
- * A plugin is a class whose constructor receives the `[settings]` table (a plain object)
- * and whose `reconcile(request)` returns an {@link Action} (or nothing, meaning done).
- * The optional hooks `onAdd`, `onUpdate`, `onDelete`, `map` and `filter` are declared to
- * the host exactly when the class defines them, and `static forKind` names the kind the
- * plugin was written for (the host refuses a TOML whose `[for]` differs).
+ * A plugin is a class whose constructor receives the `[settings]` table (a plain object),
+ * whose `static forKind` names the kind the plugin was written for (the host refuses a
+ * TOML whose `[for]` differs), and whose `reconcile(target)` returns an {@link Action} (or
+ * nothing, meaning done). The optional hooks `onAdd`, `onUpdate`, `onDelete`, `map` and
+ * `filter` are declared to the host exactly when the class defines them.
  *
  * Invariants:
- * - `init` constructs one plugin object per instance; a constructor that throws rejects
- *   this version of the plugin with the exception's message.
+ * - `init` constructs one plugin object per instance; a constructor that throws, or a
+ *   class without `forKind`, rejects this version of the plugin with the message.
+ * - `reconcile` is handed a {@link Target}: the SDK reads the queued key's `forKind` object
+ *   from the host's cache first (as the Rust SDK does), so `target.object` is the object as
+ *   cached when the call started, or `undefined` when the cache has none (it was deleted).
+ *   A failed cache read ends the call with the HostError's outcome, before the plugin runs.
  * - `reconcile` never lets an exception reach the component boundary: RetryableError and
  *   TerminalError map to their WIT cases, a HostError to retryable or terminal by its
  *   kind, anything else to retryable with the exception's message (logged with its stack).
@@ -24,8 +28,21 @@ import type {
   ReconcileResult,
 } from "wasmctrl:controller/reconciler@0.2.1";
 import { HostError, RetryableError, TerminalError } from "./errors.js";
+import * as cache from "./cache.js";
 import * as log from "./log.js";
 import { decode, type Kind, type KubeObject } from "./objects.js";
+
+/**
+ * What `reconcile` is handed, the TypeScript form of the Rust SDK's `Target`: the request
+ * being reconciled and its object as the host's cache has it — `undefined` when the cache
+ * has no object under that key, because it was deleted (or never existed).
+ */
+export interface Target<T extends KubeObject = KubeObject> {
+  /** The key being reconciled (`namespace`, `name`). */
+  readonly request: Request;
+  /** The cached object; `undefined` when it is gone: clean up whatever it left behind. */
+  readonly object: T | undefined;
+}
 
 /** How a reconcile ended well. */
 export type Action = { type: "done" } | { type: "requeue" } | { type: "requeue-after"; ms: number };
@@ -48,8 +65,8 @@ export type FilterInput =
   | { type: "delete"; object: KubeObject };
 
 /** What a plugin object implements. Only `reconcile` is required. */
-export interface Plugin {
-  reconcile(request: Request): Action | void;
+export interface Plugin<T extends KubeObject = KubeObject> {
+  reconcile(target: Target<T>): Action | void;
   onAdd?(kind: Gvk, object: KubeObject, inInitialList: boolean): void;
   onUpdate?(kind: Gvk, old: KubeObject, updated: KubeObject): void;
   onDelete?(kind: Gvk, object: KubeObject, finalStateUnknown: boolean): void;
@@ -57,10 +74,10 @@ export interface Plugin {
   filter?(kind: Gvk, event: FilterInput): boolean;
 }
 
-/** A plugin class: `new (settings) => Plugin`, optionally with `static forKind`. */
-export interface PluginClass<S> {
-  new (settings: S): Plugin;
-  forKind?: Kind;
+/** A plugin class: `new (settings) => Plugin`, with `static forKind` (the kind it reconciles). */
+export interface PluginClass<S, T extends KubeObject = KubeObject> {
+  new (settings: S): Plugin<T>;
+  forKind: Kind<T>;
 }
 
 /** The `reconciler` export of a component. */
@@ -86,9 +103,9 @@ export function currentPlugin(): Plugin | undefined {
  * The `reconciler` export for `cls`. Use as
  * `export const reconciler = exportPlugin(MyPlugin);` in the component's entry module.
  */
-export function exportPlugin<S>(cls: PluginClass<S>): ReconcilerExport {
-  let plugin: Plugin | undefined;
-  const instance = (): Plugin => {
+export function exportPlugin<S, T extends KubeObject>(cls: PluginClass<S, T>): ReconcilerExport {
+  let plugin: Plugin<T> | undefined;
+  const instance = (): Plugin<T> => {
     if (plugin === undefined) {
       throw new Error("the host called the plugin before init");
     }
@@ -98,8 +115,11 @@ export function exportPlugin<S>(cls: PluginClass<S>): ReconcilerExport {
   return {
     init(settings) {
       try {
+        if (cls.forKind === undefined) {
+          throw new Error(`${cls.name} has no \`static forKind\` (the kind it reconciles, e.g. kinds.ConfigMap)`);
+        }
         plugin = new cls(decode<S>(settings));
-        current = plugin;
+        current = plugin as Plugin;
       } catch (e) {
         throw errPayload(e instanceof Error ? e.message : String(e));
       }
@@ -110,13 +130,13 @@ export function exportPlugin<S>(cls: PluginClass<S>): ReconcilerExport {
         map: typeof proto.map === "function",
         filter: typeof proto.filter === "function",
       };
-      const forKind = cls.forKind ? { apiVersion: cls.forKind.apiVersion, kind: cls.forKind.kind } : undefined;
+      const forKind = { apiVersion: cls.forKind.apiVersion, kind: cls.forKind.kind };
       return { hooks, forKind };
     },
     reconcile(request) {
       let action: Action | void;
       try {
-        action = instance().reconcile(request);
+        action = instance().reconcile(target(cls.forKind, request));
       } catch (e) {
         throw errPayload(reconcileError(e));
       }
@@ -147,6 +167,20 @@ export function exportPlugin<S>(cls: PluginClass<S>): ReconcilerExport {
       return hook("filter", () => instance().filter?.(kind, filterInput(event)) ?? true);
     },
   };
+}
+
+/** Reads the request's object of `kind` from the cache (a failure names the key). */
+function target<T extends KubeObject>(kind: Kind<T>, request: Request): Target<T> {
+  try {
+    return { request, object: cache.get(kind, request.namespace, request.name) };
+  } catch (e) {
+    if (e instanceof HostError) {
+      const key = request.namespace === undefined ? request.name : `${request.namespace}/${request.name}`;
+      const message = `reading ${kind.kind} ${key} from the cache: ${e.message}`;
+      throw e.retryable ? new RetryableError(message) : new TerminalError(message);
+    }
+    throw e;
+  }
 }
 
 function filterInput(event: FilterEvent): FilterInput {

@@ -1,9 +1,9 @@
 /**
- * A new wasmctrl plugin in TypeScript. Copy this directory (see ../README.md), rename the
- * class, set `forKind`, and write `reconcile`. This one stamps every ConfigMap it is given
- * with `data.stamped = "yes"`.
+ * The smallest wasmctrl plugin in TypeScript, built with this repository's others (a new
+ * plugin outside it: `wasmctrl new NAME --lang ts`, see ../README.md). This one stamps
+ * every ConfigMap it is given with `data.stamped = "yes"`.
  */
-import { Action, cache, client, exportPlugin, kinds, log, type Request } from "wasmctrl-guest";
+import { Action, client, exportPlugin, kinds, log, type ConfigMap, type Target } from "@wasmctrl/guest";
 
 /** `[settings]` of the plugin TOML. */
 interface Settings {
@@ -21,8 +21,8 @@ class Stamp {
     this.value = settings.value ?? "yes";
   }
 
-  reconcile(request: Request): Action {
-    const cm = cache.get(kinds.ConfigMap, request.namespace, request.name);
+  /** `object` is the cached ConfigMap, or `undefined` once it is deleted. */
+  reconcile({ request, object: cm }: Target<ConfigMap>): Action {
     if (cm === undefined || cm.data?.stamped === this.value) {
       return Action.done; // deleted since it was queued, or already stamped
     }

@@ -2,11 +2,15 @@
 //! builds with `cargo build --release --target wasm32-wasip2`, with its TOML, a native test
 //! on the SDK's test host and a `wasmctrl test` fixture; with `--admission`, a validating and
 //! a mutating webhook on the kind too (their traits, `[[admission]]` sections, tests and
-//! fixture steps).
+//! fixture steps). `--lang ts` and `--lang python` scaffold the same plugin in TypeScript
+//! ([`typescript`]) or Python ([`python`]), depending on that language's SDK package.
 //!
 //! Invariants: nothing is overwritten (an existing directory is an error); the crate is its
 //! own workspace, so it builds wherever it is put; a built-in kind maps to its k8s-openapi
 //! type, any other group to a CRD struct (and a CRD manifest for the fixture's world).
+
+mod python;
+mod typescript;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -30,14 +34,42 @@ pub struct NewArgs {
     /// Where to create the crate (default: `./NAME`).
     #[arg(long)]
     pub path: Option<PathBuf>,
-    /// The SDK crate (`guests/sdk` of a wasmctrl checkout) the plugin depends on by path.
-    /// Default: the checkout this binary was built from.
+    /// The language of the plugin.
+    #[arg(long, value_enum, default_value_t = Lang::Rust)]
+    pub lang: Lang,
+    /// The SDK the plugin depends on by path: `guests/sdk` (Rust), `guests/ts/sdk` (the
+    /// npm package `@wasmctrl/guest`) or `guests/python/sdk` (the pip package
+    /// `wasmctrl-guest`) of a wasmctrl checkout. Default: the checkout this binary was built
+    /// from.
     #[arg(long)]
     pub sdk: Option<PathBuf>,
+    /// wasmctrl's WIT package, which the TypeScript and Python builds read (default: `wit/`
+    /// of the checkout the SDK is in).
+    #[arg(long)]
+    pub wit: Option<PathBuf>,
     /// Also validate and mutate objects of the kind: admission webhooks the host serves
-    /// (`Validate`, `Mutate`, `[[admission]]` sections; see docs/admission.md).
+    /// (`Validate`, `Mutate`, `[[admission]]` sections; see docs/admission.md). Rust only.
     #[arg(long)]
     pub admission: bool,
+}
+
+/// The language `wasmctrl new` writes the plugin in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    Rust,
+    Ts,
+    Python,
+}
+
+impl Lang {
+    /// The SDK's directory in a wasmctrl checkout, and the file that marks it.
+    fn sdk(self) -> (&'static str, &'static str) {
+        match self {
+            Lang::Rust => ("guests/sdk", "Cargo.toml"),
+            Lang::Ts => ("guests/ts/sdk", "package.json"),
+            Lang::Python => ("guests/python/sdk", "pyproject.toml"),
+        }
+    }
 }
 
 /// `my-plugin` → `MyPlugin`.
@@ -169,9 +201,9 @@ spec:
     }
 }
 
-/// The SDK this binary's checkout has.
-fn default_sdk() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests/sdk")
+/// The SDK of `lang` this binary's checkout has.
+fn default_sdk(lang: Lang) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(lang.sdk().0)
 }
 
 pub fn new(args: NewArgs) -> Result<ExitCode> {
@@ -186,20 +218,66 @@ pub fn new(args: NewArgs) -> Result<ExitCode> {
     if dir.exists() {
         bail!("{} already exists; choose another --path", dir.display());
     }
-    let sdk = args.sdk.clone().unwrap_or_else(default_sdk);
-    let sdk = std::fs::canonicalize(&sdk).with_context(|| {
-        format!("the SDK crate is not at {} (pass --sdk PATH/TO/wasmctrl/guests/sdk)", sdk.display())
-    })?;
-    if !sdk.join("Cargo.toml").is_file() {
-        bail!("{} has no Cargo.toml: pass --sdk PATH/TO/wasmctrl/guests/sdk", sdk.display());
+    if args.admission && args.lang != Lang::Rust {
+        bail!("--admission scaffolds Rust webhooks only: leave it out, or use --lang rust");
     }
-    let files = render(&args.name, &kind, &sdk, args.admission);
+    let (sdk_dir, marker) = args.lang.sdk();
+    let sdk = args.sdk.clone().unwrap_or_else(|| default_sdk(args.lang));
+    let sdk = std::fs::canonicalize(&sdk).with_context(|| {
+        format!("the SDK is not at {} (pass --sdk PATH/TO/wasmctrl/{sdk_dir})", sdk.display())
+    })?;
+    if !sdk.join(marker).is_file() {
+        bail!("{} has no {marker}: pass --sdk PATH/TO/wasmctrl/{sdk_dir}", sdk.display());
+    }
+    let wit = || -> Result<PathBuf> {
+        // `guests/ts/sdk` and `guests/python/sdk` are three levels below the checkout.
+        let wit = args.wit.clone().unwrap_or_else(|| sdk.join("../../../wit"));
+        let wit = std::fs::canonicalize(&wit).with_context(|| {
+            format!("no WIT package at {} (pass --wit PATH/TO/wasmctrl/wit)", wit.display())
+        })?;
+        if !wit.join("wasmctrl.wit").is_file() {
+            bail!("{} has no wasmctrl.wit: pass --wit PATH/TO/wasmctrl/wit", wit.display());
+        }
+        Ok(wit)
+    };
+    let files = match args.lang {
+        Lang::Rust => render(&args.name, &kind, &sdk, args.admission),
+        Lang::Ts => typescript::render(&args.name, &kind, &sdk, &wit()?)?,
+        Lang::Python => python::render(&args.name, &kind, &sdk, &wit()?)?,
+    };
     for (rel, text) in &files {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let name = &args.name;
+    match args.lang {
+        Lang::Rust => {}
+        Lang::Ts => {
+            println!("created TypeScript plugin {} ({name} reconciles {})", dir.display(), kind.gvk);
+            println!();
+            println!("  cd {}", dir.display());
+            println!("  npm install                     # the SDK (by path) and the pinned toolchain");
+            println!("  npm test                        # native tests on the SDK's fake host");
+            println!("  npm run build                   # → {name}.wasm");
+            println!("  wasmctrl test tests/fixtures    # the real component against the fixtures");
+            println!("  cp {name}.wasm {name}.toml PLUGINS_DIR/");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Lang::Python => {
+            println!("created Python plugin {} ({name} reconciles {})", dir.display(), kind.gvk);
+            println!();
+            println!("  cd {}", dir.display());
+            println!("  python3 -m venv .venv && .venv/bin/pip install -r requirements.txt");
+            println!(
+                "  .venv/bin/python build.py       # native tests on the SDK's fake host, then → {name}.wasm"
+            );
+            println!("  wasmctrl test tests/fixtures    # the real component against the fixtures");
+            println!("  cp {name}.wasm {name}.toml PLUGINS_DIR/");
+            return Ok(ExitCode::SUCCESS);
+        }
     }
     let lib = args.name.replace('-', "_");
     println!(
@@ -229,6 +307,67 @@ pub fn new(args: NewArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The scaffold's `wasmctrl test` fixture (`tests/fixtures/basic.yaml`), the same in every
+/// language: the object is annotated once, with an Event, and a second pass writes nothing.
+/// `wasm` is the component's path relative to the fixture.
+fn fixture_yaml(name: &str, kind: &KindInfo, wasm: &str) -> String {
+    let k = &kind.gvk.kind;
+    let (ns_yaml, key) =
+        if kind.namespaced { ("\n    namespace: default", "default/example") } else { ("", "example") };
+    let crd_doc = kind
+        .crd
+        .as_ref()
+        .map(|c| format!("  - {}\n", c.trim_end().replace('\n', "\n    ")))
+        .unwrap_or_default();
+    format!(
+        r#"# `wasmctrl test tests/fixtures`: the built component against a fresh embedded API server.
+plugin: ../../{name}.toml
+wasm: {wasm}
+world:
+{crd_doc}  - apiVersion: {api_version}
+    kind: {k}
+    metadata:
+      name: example{ns_yaml_indented}
+steps:
+  - reconcile: {key}
+    expect:
+      result: done
+      writes:
+        - verb: patch
+          kind: {gvk}
+          key: {key}
+          body: {{metadata: {{annotations: {{wasmctrl.example.com/seen-by: {name}}}}}}}
+      events:
+        - {{type: Normal, reason: Seen, regarding: {gvk} {key}}}
+  - name: the second pass writes nothing
+    reconcile: {key}
+    expect:
+      result: done
+      writes: []
+"#,
+        api_version = kind.gvk.api_version,
+        gvk = kind.gvk,
+        ns_yaml_indented = ns_yaml.replace('\n', "\n  "),
+    )
+}
+
+/// The plugin's TOML, the same in every language: `[for]` the kind, permission to write it.
+fn plugin_toml(name: &str, kind: &KindInfo) -> String {
+    format!(
+        r#"# {name}: the plugin's TOML. Put it next to {name}.wasm in the host's plugins directory.
+[for]
+api-version = "{api_version}"
+kind = "{k}"
+
+[permissions]
+write = ["{gvk}"]
+"#,
+        api_version = kind.gvk.api_version,
+        k = kind.gvk.kind,
+        gvk = kind.gvk,
+    )
 }
 
 /// The scaffold's `.cargo/config.toml`: the build flags this repository's own guests use
@@ -342,15 +481,8 @@ codegen-units = 1
 "#,
         sdk = sdk.display(),
     );
-    let (ns_field, ns_yaml, key) = if kind.namespaced {
-        (
-            "\n                namespace: Some(\"default\".into()),",
-            "\n    namespace: default",
-            "default/example",
-        )
-    } else {
-        ("", "", "example")
-    };
+    let ns_field =
+        if kind.namespaced { "\n                namespace: Some(\"default\".into())," } else { "" };
     let lib_rs = format!(
         r#"//! `{name}`: reconciles `{gvk}` objects. Generated by `wasmctrl new`: replace the body
 //! of `reconcile` with what your controller does.
@@ -432,18 +564,7 @@ mod tests {{
         admission_export = if admission { ", admission = [validate, mutate]" } else { "" },
         admission_tests = if admission { admission_tests_rs(&ty, k) } else { String::new() },
     );
-    let mut toml = format!(
-        r#"# {name}: the plugin's TOML. Put it next to {name}.wasm in the host's plugins directory.
-[for]
-api-version = "{api_version}"
-kind = "{k}"
-
-[permissions]
-write = ["{gvk}"]
-"#,
-        api_version = kind.gvk.api_version,
-        gvk = kind.gvk,
-    );
+    let mut toml = plugin_toml(name, kind);
     if admission {
         toml.push_str(
             r#"
@@ -460,41 +581,7 @@ operations = ["CREATE", "UPDATE"]
 "#,
         );
     }
-    let crd_doc = kind
-        .crd
-        .as_ref()
-        .map(|c| format!("  - {}\n", c.trim_end().replace('\n', "\n    ")))
-        .unwrap_or_default();
-    let fixture = format!(
-        r#"# `wasmctrl test tests/fixtures`: the built component against a fresh embedded API server.
-plugin: ../../{name}.toml
-wasm: ../../target/wasm32-wasip2/release/{lib}.wasm
-world:
-{crd_doc}  - apiVersion: {api_version}
-    kind: {k}
-    metadata:
-      name: example{ns_yaml_indented}
-steps:
-  - reconcile: {key}
-    expect:
-      result: done
-      writes:
-        - verb: patch
-          kind: {gvk}
-          key: {key}
-          body: {{metadata: {{annotations: {{wasmctrl.example.com/seen-by: {name}}}}}}}
-      events:
-        - {{type: Normal, reason: Seen, regarding: {gvk} {key}}}
-  - name: the second pass writes nothing
-    reconcile: {key}
-    expect:
-      result: done
-      writes: []
-"#,
-        api_version = kind.gvk.api_version,
-        gvk = kind.gvk,
-        ns_yaml_indented = ns_yaml.replace('\n', "\n  "),
-    );
+    let fixture = fixture_yaml(name, kind, &format!("../../target/wasm32-wasip2/release/{lib}.wasm"));
     let fixture = if admission {
         format!(
             r#"{fixture}  - name: the mutating webhook labels the object
@@ -598,5 +685,47 @@ mod tests {
         );
         let fixture = file(&admitting, "tests/fixtures/basic.yaml");
         assert!(fixture.contains("admit: mutate") && fixture.contains("admit: validate"), "{fixture}");
+    }
+
+    #[test]
+    fn typescript_and_python_scaffolds_depend_on_their_sdk_package() {
+        let kind = kind_info("v1/ConfigMap").unwrap();
+        let file = |files: &[(String, String)], name: &str| {
+            files
+                .iter()
+                .find(|(p, _)| p == name)
+                .map(|(_, t)| t.clone())
+                .unwrap_or_else(|| panic!("{name} missing"))
+        };
+        let (sdk, wit) = (Path::new("/checkout/guests/ts/sdk"), Path::new("/checkout/wit"));
+        let ts = typescript::render("hello", &kind, sdk, wit).unwrap();
+        let package: serde_json::Value = serde_json::from_str(&file(&ts, "package.json")).unwrap();
+        assert_eq!(package["dependencies"]["@wasmctrl/guest"], "file:/checkout/guests/ts/sdk");
+        let toolchain: serde_json::Value =
+            serde_json::from_str(include_str!("../../../../guests/ts/package.json")).unwrap();
+        assert_eq!(package["devDependencies"], toolchain["devDependencies"]);
+        assert!(file(&ts, "build.mjs").contains(r#"arg("--wit", "/checkout/wit")"#));
+        assert!(file(&ts, "src/index.ts").contains("static forKind = KIND;"));
+        assert!(file(&ts, "tests/plugin.test.ts").contains("new FakeHost()"));
+
+        let py = python::render("hello", &kind, Path::new("/checkout/guests/python/sdk"), wit).unwrap();
+        let requirements = file(&py, "requirements.txt");
+        assert!(
+            requirements.contains("wasmctrl-guest @ file:///checkout/guests/python/sdk"),
+            "{requirements}"
+        );
+        assert!(requirements.contains("componentize-py==0.25.1"), "{requirements}");
+        assert!(file(&py, "tests/test_app.py").contains("FakeHost().install()"));
+
+        // The same TOML and fixture as the Rust scaffold (only the component's path differs).
+        let rust = render("hello", &kind, Path::new("/sdk"), false);
+        for files in [&ts, &py] {
+            assert_eq!(file(files, "hello.toml"), file(&rust, "hello.toml"));
+            assert_eq!(
+                file(files, "tests/fixtures/basic.yaml"),
+                file(&rust, "tests/fixtures/basic.yaml")
+                    .replace("../../target/wasm32-wasip2/release/hello.wasm", "../../hello.wasm")
+            );
+        }
     }
 }

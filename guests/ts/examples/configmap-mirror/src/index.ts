@@ -24,6 +24,7 @@ import {
   events,
   exportPlugin,
   finalizers,
+  ignoreNotFound,
   isBeingDeleted,
   isKind,
   keyOf,
@@ -36,7 +37,8 @@ import {
   type Gvk,
   type KubeObject,
   type Request,
-} from "wasmctrl-guest";
+  type Target,
+} from "@wasmctrl/guest";
 
 export const MIRROR_LABEL = "mirror";
 export const SOURCE_ANNOTATION = "mirror.example.com/source";
@@ -135,8 +137,7 @@ class Mirror {
     return [...new Set(this.namespaces.filter((ns) => ns !== sourceNamespace))].sort();
   }
 
-  reconcile(request: Request): Action {
-    const cm = cache.get(kinds.ConfigMap, request.namespace, request.name);
+  reconcile({ request, object: cm }: Target<ConfigMap>): Action {
     if (cm === undefined) {
       return this.reconcileMissing(request);
     }
@@ -194,11 +195,12 @@ class Mirror {
         } else if (existing.immutable === true) {
           // An immutable copy cannot change: delete it, the next pass re-creates it.
           withContext(`deleting immutable copy ${ns}/${name}`, () =>
-            client.delete(kinds.ConfigMap, ns, name, {
-              uid: existing.metadata.uid,
-              resourceVersion: existing.metadata.resourceVersion,
-              ignoreNotFound: true,
-            }),
+            ignoreNotFound(() =>
+              client.delete(kinds.ConfigMap, ns, name, {
+                uid: existing.metadata.uid,
+                resourceVersion: existing.metadata.resourceVersion,
+              }),
+            ),
           );
           r.deleted.push(ns);
         } else {
@@ -228,7 +230,7 @@ class Mirror {
       const ns = copy.metadata.namespace ?? "";
       if (!allTargets.includes(ns) && annotation(copy, SOURCE_ANNOTATION) === key) {
         withContext(`deleting stale copy ${ns}/${name}`, () =>
-          client.delete(kinds.ConfigMap, ns, name, { ignoreNotFound: true }),
+          ignoreNotFound(() => client.delete(kinds.ConfigMap, ns, name)),
         );
         r.deleted.push(ns);
       }
@@ -278,7 +280,7 @@ class Mirror {
       const ns = copy.metadata.namespace ?? "";
       const name = copy.metadata.name ?? "";
       withContext(`deleting copy ${ns}/${name}`, () =>
-        client.delete(kinds.ConfigMap, ns, name, { uid: copy.metadata.uid, ignoreNotFound: true }),
+        ignoreNotFound(() => client.delete(kinds.ConfigMap, ns, name, { uid: copy.metadata.uid })),
       );
       deleted.push(ns);
     }
@@ -316,10 +318,9 @@ class Mirror {
       return this.sync(source, copy.metadata.namespace ?? "");
     }
     withContext(`deleting orphaned copy ${keyOf(copy)}`, () =>
-      client.delete(kinds.ConfigMap, copy.metadata.namespace, copy.metadata.name ?? "", {
-        uid: copy.metadata.uid,
-        ignoreNotFound: true,
-      }),
+      ignoreNotFound(() =>
+        client.delete(kinds.ConfigMap, copy.metadata.namespace, copy.metadata.name ?? "", { uid: copy.metadata.uid }),
+      ),
     );
     log.info(`deleted orphaned copy ${keyOf(copy)}`, { source: sourceKey });
     return Action.done;

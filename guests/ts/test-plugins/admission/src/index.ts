@@ -18,7 +18,7 @@ import {
   exportValidator,
   kinds,
   keyOf,
-} from "wasmctrl-guest";
+} from "@wasmctrl/guest";
 
 class Admit {
   static forKind = kinds.ConfigMap;

@@ -1,18 +1,19 @@
 /**
- * A plugin that misbehaves on request, for the host's isolation tests. `reconcile` acts by
- * the request's name:
+ * A plugin that misbehaves on request, for the host's isolation tests (for ConfigMaps).
+ * `reconcile` acts by the request's name:
  * - `throw`: throws a TypeError (the SDK turns it into a retryable reconcile error);
  * - `loop`: never returns (the call's deadline interrupts it);
  * - `alloc`: allocates without bound (the instance's memory cap stops it);
  * - anything else: returns `done` at once (the bare cost of a call).
  * `map` throws, so a hook's exception traps its call.
  */
-import { Action, exportPlugin, type Gvk, type KubeObject, type Request } from "wasmctrl-guest";
+import { Action, exportPlugin, kinds, type Gvk, type KubeObject, type Request, type Target } from "@wasmctrl/guest";
 
 class Misbehave {
+  static forKind = kinds.ConfigMap;
   constructor(_settings: unknown) {}
 
-  reconcile(request: Request): Action {
+  reconcile({ request }: Target): Action {
     switch (request.name) {
       case "throw": {
         const missing = undefined as unknown as { field: string };
