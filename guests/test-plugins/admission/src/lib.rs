@@ -40,7 +40,10 @@ impl Admit {
         if request.dry_run {
             request.warn("dry run");
         }
-        let data = cm.data.clone().unwrap_or_default();
+        // Borrowed, not cloned: the admission benchmark's native handler reads the same map
+        // without copying it, and the two sides must do the same work.
+        let no_data = std::collections::BTreeMap::new();
+        let data = cm.data.as_ref().unwrap_or(&no_data);
         if let Some(message) = data.get("deny") {
             return Err(Denied::new(message.clone()));
         }
