@@ -99,20 +99,6 @@ pub fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
     obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or("")
 }
 
-/// Whether `name` is a valid DNS-1123 subdomain (object names).
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric()
-}
-
-/// Whether `name` is a valid DNS-1123 label (namespace names).
-pub fn valid_label_name(name: &str) -> bool {
-    valid_name(name) && name.len() <= 63 && !name.contains('.')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,14 +118,5 @@ mod tests {
         let u = new_uid();
         assert_eq!(u.len(), 36);
         assert_eq!(&u[14..15], "4");
-    }
-
-    #[test]
-    fn names() {
-        assert!(valid_name("a.b-c"));
-        assert!(!valid_name("A"));
-        assert!(!valid_name("-a"));
-        assert!(valid_label_name("team-a"));
-        assert!(!valid_label_name("a.b"));
     }
 }

@@ -267,6 +267,22 @@ async fn api_sequence(s: &Side) -> Transcript {
         "create-invalid-name".into(),
         s.call("POST", cms, JSON, Some(&cm("Bad_Name", json!({}), json!({})))).await,
     );
+    // Each dot-separated part of a subdomain name is a label: no empty part, none that starts
+    // or ends with '-'.
+    for (case, name) in [("create-name-empty-part", "a..b"), ("create-name-part-ends-with-dash", "a-.b")] {
+        t.insert(case.into(), s.call("POST", cms, JSON, Some(&cm(name, json!({}), json!({})))).await);
+    }
+    // A namespace's name is a label: no dots.
+    t.insert(
+        "create-namespace-with-a-dot".into(),
+        s.call(
+            "POST",
+            "/api/v1/namespaces",
+            JSON,
+            Some(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a.b"}})),
+        )
+        .await,
+    );
     let other_ns =
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "elsewhere"}});
     t.insert("create-namespace-mismatch".into(), s.call("POST", cms, JSON, Some(&other_ns)).await);

@@ -26,7 +26,8 @@ use super::{
 use crate::error::ApiError;
 use crate::managed;
 use crate::resources::GroupResource;
-use crate::util::{meta_mut, meta_str, new_uid, now_rfc3339, random_suffix, valid_label_name, valid_name};
+use crate::util::{meta_mut, meta_str, new_uid, now_rfc3339, random_suffix};
+use wasmctrl_selectors::{is_dns_label, is_dns_subdomain};
 
 impl Inner {
     pub(super) fn create(
@@ -62,19 +63,26 @@ impl Inner {
                 }
             }
         }
-        let name_ok = if gr == &namespaces_gr() {
-            valid_label_name(&name)
+        // Namespaces are RFC 1123 labels, other built-in objects RFC 1123 subdomains (each
+        // dot-separated part a label), as the API server's name validation has them; custom
+        // resources are not checked beyond being present.
+        let (name_ok, rule) = if gr == &namespaces_gr() {
+            (
+                is_dns_label(&name),
+                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character",
+            )
         } else {
-            valid_name(&name) || info.custom && !name.is_empty()
+            (
+                is_dns_subdomain(&name) || info.custom && !name.is_empty(),
+                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+            )
         };
         if !name_ok {
             return Err(ApiError::invalid(
                 &gr.group,
                 &info.kind,
                 &name,
-                format!(
-                    "metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
-                ),
+                format!("metadata.name: Invalid value: \"{name}\": {rule}"),
             ));
         }
         if info.namespaced {
