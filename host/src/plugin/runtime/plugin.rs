@@ -1,29 +1,12 @@
 //! A loaded plugin: its compiled component, `InstancePre`, instance pool and the calls
-//! into its exports, with the sandbox's limits applied to each call.
+//! into its exports, with the sandbox's limits applied to each call (in `calls`).
 //!
 //! Invariants:
 //! - Every instance ran `init(settings)` successfully before its first other call.
 //! - A plugin whose `init` reports a `for-kind` other than its spec's `for_kind` is not
 //!   loaded ([`PluginError::KindMismatch`]).
-//! - Each call gets the plugin's deadline and its instance's memory and table limits; any
-//!   trap or host error fails that call only, and the instance is destroyed (wasmtime
-//!   refuses to re-enter a trapped component anyway).
-//! - At every epoch tick a running call checks its deadline and whether the host's cluster
-//!   access was revoked (leader lease lost): either one interrupts it there. A call blocked
-//!   in a host call (a WASI sleep or poll) is ended by its deadline, by the lease's loss and
-//!   by the host's shutdown ([`PluginEngine::shut_down_calls`]) all the same, with a trap
-//!   naming the host call it was blocked in (see [`crate::plugin::imports::call`]).
-//! - Data a guest returns is measured against `max-output`; more is a sandbox violation,
-//!   reported like a trap. Each store's hostcall fuel ([`hostcall_fuel`]) bounds what one
-//!   host call's arguments or one export's results make wasmtime copy out of the guest,
-//!   checked before the copy: past it the call traps, naming `max-output`. The resource
-//!   handles an instance holds are bounded the same way (`handles`, in the store and in its
-//!   WASI table): past it the call traps, naming the limit.
-//! - An object handed to a hook, `map` or `filter` is what the plugin may see of it
-//!   ([`Access::guest_view`]): whole if its kind is readable, else its metadata only; one
-//!   outside the plugin's namespaces is not handed over at all (the hook is not called,
-//!   `map` maps it to nothing, `filter` drops it), and requests `map` returns outside them
-//!   are dropped.
+//! - How a call runs under the sandbox's limits is `calls`'s (its invariants are there);
+//!   what a hook, `map` or `filter` is handed is `hooks`'s; admission calls are `admit`'s.
 //! - Calls block: run them on blocking threads ([`super::reconciler`] does).
 //! - Plugins loaded from bytes share compiled code by content hash (one compile for any
 //!   number of copies); instances idle past the engine's idle timeout are released and the
@@ -62,20 +45,19 @@ use crate::controller::{Action, ReconcileError, Request};
 use crate::plugin::PluginError;
 use crate::plugin::bindings::Plugin as PluginBindings;
 use crate::plugin::bindings::exports::wasmctrl::controller::reconciler::{
-    FilterEvent, Hooks, ReconcileError as WitReconcileError, ReconcileResult,
+    Hooks, ReconcileError as WitReconcileError, ReconcileResult,
 };
-use crate::plugin::bindings::wasmctrl::controller::types::{Gvk as WitGvk, Request as WitRequest};
+use crate::plugin::bindings::wasmctrl::controller::types::Request as WitRequest;
 use crate::plugin::compile::tier::{Tier, TierUpTarget};
-use crate::plugin::imports::access::{Access, GuestView};
+use crate::plugin::imports::access::Access;
 use crate::plugin::imports::cache::{CacheCtx, CacheReader};
-use crate::plugin::imports::call::{BlockedCallEnded, CallInfo, Interrupts};
+use crate::plugin::imports::call::Interrupts;
 use crate::plugin::imports::client::ClientCtx;
 use crate::plugin::imports::cluster::KubeServices;
 use crate::plugin::imports::config::ConfigCtx;
 use crate::plugin::imports::events::EventsCtx;
 use crate::plugin::imports::log::LogCtx;
 use crate::plugin::imports::output_limit::GuestOutputLimit;
-use crate::plugin::metrics::PluginCallLabels;
 use crate::plugin::spec::{Gvk, PluginSpec};
 
 /// What the host gives a plugin beyond its spec: the caches of its readable kinds and
@@ -521,308 +503,6 @@ impl Plugin {
             Err(WitReconcileError::Terminal(m)) => Err(ReconcileError::Terminal(m)),
         }
     }
-
-    /// Calls `on-add` with what the plugin may see of `object` (nothing when it is outside
-    /// the plugin's namespaces: the hook is not called). Blocking.
-    pub fn on_add_blocking(&self, kind: &Gvk, object: &[u8], in_initial_list: bool) -> Result<(), CallError> {
-        let view = self.inner.access().guest_view(kind, object);
-        let Some(object) = view.bytes() else { return Ok(()) };
-        let kind = wit_gvk(kind);
-        self.inner.call("on-add", None, |inst| {
-            inst.bindings.wasmctrl_controller_reconciler().call_on_add(
-                &mut inst.store,
-                &kind,
-                &object.to_vec(),
-                in_initial_list,
-            )
-        })
-    }
-
-    /// Calls `on-update` (see [`on_add_blocking`](Self::on_add_blocking)). Blocking.
-    pub fn on_update_blocking(&self, kind: &Gvk, old: &[u8], new: &[u8]) -> Result<(), CallError> {
-        let access = self.inner.access();
-        let (old, new) = (access.guest_view(kind, old), access.guest_view(kind, new));
-        let (Some(old), Some(new)) = (old.bytes(), new.bytes()) else { return Ok(()) };
-        let kind = wit_gvk(kind);
-        self.inner.call("on-update", None, |inst| {
-            inst.bindings.wasmctrl_controller_reconciler().call_on_update(
-                &mut inst.store,
-                &kind,
-                &old.to_vec(),
-                &new.to_vec(),
-            )
-        })
-    }
-
-    /// Calls `on-delete` (see [`on_add_blocking`](Self::on_add_blocking)). Blocking.
-    pub fn on_delete_blocking(
-        &self,
-        kind: &Gvk,
-        object: &[u8],
-        final_state_unknown: bool,
-    ) -> Result<(), CallError> {
-        let view = self.inner.access().guest_view(kind, object);
-        let Some(object) = view.bytes() else { return Ok(()) };
-        let kind = wit_gvk(kind);
-        self.inner.call("on-delete", None, |inst| {
-            inst.bindings.wasmctrl_controller_reconciler().call_on_delete(
-                &mut inst.store,
-                &kind,
-                &object.to_vec(),
-                final_state_unknown,
-            )
-        })
-    }
-
-    /// Calls `map` with what the plugin may see of `object`; an object outside the plugin's
-    /// namespaces maps to nothing, and so does a returned request outside them. Blocking.
-    pub fn map_blocking(&self, kind: &Gvk, object: &[u8]) -> Result<Vec<Request>, CallError> {
-        let access = self.inner.access();
-        let view = access.guest_view(kind, object);
-        let Some(object) = view.bytes() else { return Ok(Vec::new()) };
-        let wit_kind = wit_gvk(kind);
-        let max = self.inner.spec.limits.max_output;
-        let requests = self.inner.call("map", None, |inst| {
-            let list = inst.bindings.wasmctrl_controller_reconciler().call_map(
-                &mut inst.store,
-                &wit_kind,
-                &object.to_vec(),
-            )?;
-            // Per request: the two strings plus the fixed part of its canonical-ABI layout.
-            let size: usize =
-                list.iter().map(|r| 20 + r.name.len() + r.namespace.as_ref().map_or(0, String::len)).sum();
-            check_output(size, max)?;
-            Ok(list)
-        })?;
-        let (kept, outside): (Vec<_>, Vec<_>) =
-            requests.into_iter().partition(|r| access.in_scope(r.namespace.as_deref()));
-        if !outside.is_empty() {
-            tracing::warn!(plugin = %self.name(), version = %self.short_version(), kind = %kind, dropped = outside.len(), "map returned requests outside the plugin's namespaces; they were dropped");
-        }
-        Ok(kept.into_iter().map(|r| Request { namespace: r.namespace, name: r.name }).collect())
-    }
-
-    /// Calls `filter` with what the plugin may see of the event's objects; an event about
-    /// an object outside the plugin's namespaces is dropped without asking. Blocking.
-    pub fn filter_blocking(&self, kind: &Gvk, event: FilterInput<'_>) -> Result<bool, CallError> {
-        let access = self.inner.access();
-        let view = |json| access.guest_view(kind, json);
-        let owned = |v: &GuestView<'_>| v.bytes().map(<[u8]>::to_vec);
-        let event = match event {
-            FilterInput::Create(o) => owned(&view(o)).map(FilterEvent::Create),
-            FilterInput::Update(old, new) => match (owned(&view(old)), owned(&view(new))) {
-                (Some(old), Some(new)) => Some(FilterEvent::Update((old, new))),
-                _ => None,
-            },
-            FilterInput::Delete(o) => owned(&view(o)).map(FilterEvent::Delete),
-        };
-        let Some(event) = event else { return Ok(false) };
-        let kind = wit_gvk(kind);
-        self.inner.call("filter", None, |inst| {
-            inst.bindings.wasmctrl_controller_reconciler().call_filter(&mut inst.store, &kind, &event)
-        })
-    }
-}
-
-/// The event a `filter` call is about, as JSON.
-#[derive(Clone, Copy, Debug)]
-pub enum FilterInput<'a> {
-    Create(&'a [u8]),
-    Update(&'a [u8], &'a [u8]),
-    Delete(&'a [u8]),
-}
-
-fn wit_gvk(kind: &Gvk) -> WitGvk {
-    WitGvk { api_version: kind.api_version.clone(), kind: kind.kind.clone() }
-}
-
-/// The hostcall fuel of a plugin's stores: roughly the bytes wasmtime copies out of the
-/// guest for one host call's arguments or one export's results. `max-output` plus room for
-/// the small arguments beside a body, so a body just over `max-output` reaches the import
-/// (which refuses it as `invalid`, a clear error) while anything larger traps before it is
-/// copied.
-fn hostcall_fuel(limits: &crate::plugin::spec::SandboxLimits) -> usize {
-    limits.max_output.saturating_add(HOSTCALL_FUEL_SLACK)
-}
-
-/// What [`hostcall_fuel`] allows beyond `max-output`.
-const HOSTCALL_FUEL_SLACK: usize = 64 << 10;
-
-/// A guest returned more than `max-output` bytes.
-#[derive(Debug, thiserror::Error)]
-#[error("returned {size} bytes, over the plugin's max-output of {max}")]
-struct OutputTooLarge {
-    size: usize,
-    max: usize,
-}
-
-fn check_output(size: usize, max: usize) -> wasmtime::Result<()> {
-    if size > max {
-        return Err(wasmtime::Error::new(OutputTooLarge { size, max }));
-    }
-    Ok(())
-}
-
-impl PluginInner {
-    /// The plugin's grants.
-    fn access(&self) -> &Access {
-        &self.contexts.cache.access
-    }
-
-    /// When this plugin runs baseline code: asks to be told of its tier-up, or switches now
-    /// when the tier-up came already (while the plugin was being built, or its code
-    /// reloaded).
-    fn follow_tier_up(self: &Arc<Self>) {
-        let Some(code) = self.code.current().filter(|c| c.tier == Tier::Baseline) else { return };
-        let Some(shared) = code.shared().cloned() else { return };
-        drop(code);
-        let target = Arc::downgrade(self) as Weak<dyn TierUpTarget>;
-        if let Some(optimized) = shared.value().subscribe(target) {
-            self.tier_up(&optimized, shared.value().loaded_at().elapsed());
-        }
-    }
-
-    /// The code to instantiate: the resident code, or the code dropped while idle loaded
-    /// again (once, whoever else is waiting for it).
-    fn code(&self) -> Result<Arc<Code>, CallError> {
-        let start = Instant::now();
-        let (code, reloaded) =
-            self.code.get_or_reload(&self.engine, &self.spec.name, &self.version).map_err(|e| {
-                tracing::warn!(plugin = %self.spec.name, version = %self.short_version, error = %e, "loading the code dropped while idle failed");
-                CallError::Init { plugin: self.spec.name.clone(), reason: e.to_string() }
-            })?;
-        if reloaded {
-            self.engine.metrics().code_reloads.inc();
-            tracing::info!(
-                plugin = %self.spec.name,
-                version = %self.short_version,
-                tier = code.tier.as_str(),
-                elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
-                "compiled code loaded again after it was dropped while idle"
-            );
-            if code.tier == Tier::Baseline
-                && let Some(me) = self.me.get().and_then(Weak::upgrade)
-            {
-                me.follow_tier_up();
-            }
-        }
-        Ok(code)
-    }
-
-    /// A new instance with `init` run on it, and what its `init` reported.
-    fn instantiate(&self) -> Result<(Instance, InitInfo), CallError> {
-        let plugin = &self.spec.name;
-        let code = self.code()?;
-        let mut store = Store::new(code.pre.engine(), HostState::new(&self.contexts));
-        store.limiter(|s| &mut s.limits);
-        store.set_hostcall_fuel(hostcall_fuel(&self.spec.limits));
-        store.set_max_component_handles(self.spec.limits.handles);
-        store.epoch_deadline_callback(check_at_tick);
-        store.set_epoch_deadline(1);
-        store.data_mut().call = CallInfo {
-            export: "init",
-            deadline: Instant::now() + self.spec.limits.deadline,
-            ..CallInfo::idle()
-        };
-        self.engine
-            .metrics()
-            .instantiations
-            .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: "init".into() })
-            .inc();
-        let init_failed = |e: wasmtime::Error, store: &Store<HostState>| CallError::Init {
-            plugin: plugin.clone(),
-            reason: describe_error(&e, store, &self.spec),
-        };
-        let instance = code.pre.instance_pre().instantiate(&mut store).map_err(|e| init_failed(e, &store))?;
-        let bindings = code.indices.load(&mut store, &instance).map_err(|e| init_failed(e, &store))?;
-        let admission = code.admission.load(&mut store, &instance).map_err(|e| init_failed(e, &store))?;
-        let init = bindings
-            .wasmctrl_controller_reconciler()
-            .call_init(&mut store, &self.spec.settings.to_vec())
-            .map_err(|e| CallError::Init {
-                plugin: plugin.clone(),
-                reason: describe_error(&e, &store, &self.spec),
-            })?;
-        let info = init.map_err(|reason| CallError::Init { plugin: plugin.clone(), reason })?;
-        let for_kind = info.for_kind.map(|g| Gvk::new(g.api_version, g.kind));
-        let live = LiveInstance::new(self.engine.metrics(), plugin);
-        Ok((
-            Instance { store, bindings, admission, tier: code.tier, _live: live },
-            InitInfo { hooks: info.hooks.into(), for_kind },
-        ))
-    }
-
-    /// Runs `f` on a pooled instance under the sandbox's limits.
-    fn call<R>(
-        &self,
-        export: &'static str,
-        request: Option<String>,
-        f: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
-    ) -> Result<R, CallError> {
-        self.call_until(export, request, Instant::now() + self.spec.limits.deadline, f)
-    }
-
-    /// As [`PluginInner::call`], with the call's deadline given (an admission call's).
-    fn call_until<R>(
-        &self,
-        export: &'static str,
-        request: Option<String>,
-        deadline: Instant,
-        f: impl FnOnce(&mut Instance) -> wasmtime::Result<R>,
-    ) -> Result<R, CallError> {
-        let mut lease = match self.pool.checkout(deadline, || self.instantiate().map(|(i, _)| i)) {
-            Ok(l) => l,
-            Err(CheckoutError::Create(e)) => return Err(e),
-            Err(e @ (CheckoutError::Exhausted(_) | CheckoutError::NoSlot)) => {
-                return Err(CallError::Busy { plugin: self.spec.name.clone(), reason: e.to_string() });
-            }
-        };
-        let inst = lease.get();
-        inst.store.set_epoch_deadline(1);
-        let data = inst.store.data_mut();
-        data.call = CallInfo { export, request, deadline, writes_refused: None };
-        data.stderr.lock().clear();
-        self.calls[match inst.tier {
-            Tier::Baseline => 0,
-            Tier::Optimized => 1,
-        }]
-        .fetch_add(1, Ordering::Relaxed);
-        match f(inst) {
-            Ok(r) => Ok(r),
-            Err(e) => {
-                let reason = describe_error(&e, &inst.store, &self.spec);
-                lease.poison();
-                let plugin = self.spec.name.clone();
-                self.engine
-                    .metrics()
-                    .traps
-                    .get_or_create(&PluginCallLabels { plugin: plugin.clone(), call: export.into() })
-                    .inc();
-                tracing::warn!(plugin = %plugin, version = %self.short_version, export, %reason, "plugin call trapped; instance discarded");
-                Err(CallError::Trap { plugin, export, reason })
-            }
-        }
-    }
-}
-
-/// A call interrupted because the host's cluster access was revoked.
-#[derive(Debug, thiserror::Error)]
-#[error("cancelled: this replica lost its leader lease")]
-struct Revoked;
-
-/// Runs at each epoch tick of a running call: interrupts it once its deadline has passed
-/// (reported as [`wasmtime::Trap::Interrupt`]) or its cluster access was revoked.
-fn check_at_tick(
-    store: wasmtime::StoreContextMut<'_, HostState>,
-) -> wasmtime::Result<wasmtime::UpdateDeadline> {
-    let state = store.data();
-    if state.interrupts.revoked() {
-        return Err(wasmtime::Error::new(Revoked));
-    }
-    if Instant::now() >= state.call.deadline {
-        return Ok(wasmtime::UpdateDeadline::Interrupt);
-    }
-    Ok(wasmtime::UpdateDeadline::Continue(1))
 }
 
 /// Each import's host context for one plugin, built once and shared by its instances.
@@ -861,64 +541,15 @@ fn short_version(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
 }
 
-/// A one-line reason for a failed call: the trap kind in words, the guest's last stderr
-/// line (a Rust panic message) when it wrote one.
-fn describe_error(e: &wasmtime::Error, store: &Store<HostState>, spec: &PluginSpec) -> String {
-    let mut reason = if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
-        match trap {
-            wasmtime::Trap::Interrupt => format!("deadline of {:?} exceeded", spec.limits.deadline),
-            wasmtime::Trap::StackOverflow => "stack overflow".to_owned(),
-            // Rust guests keep large frames on a shadow stack in linear memory; running
-            // off its end reads below address 0.
-            wasmtime::Trap::MemoryOutOfBounds => {
-                "out of bounds memory access (a guest stack overflow looks like this too)".to_owned()
-            }
-            wasmtime::Trap::UnreachableCodeReached => {
-                "unreachable executed (guest panic or abort)".to_owned()
-            }
-            other => other.to_string(),
-        }
-    } else if let Some(too_large) = e.downcast_ref::<OutputTooLarge>() {
-        too_large.to_string()
-    } else if let Some(ended) = e.downcast_ref::<BlockedCallEnded>() {
-        ended.describe(Some(spec.limits.deadline))
-    } else {
-        // The root cause, without wasmtime's backtrace context.
-        let text = e.root_cause().to_string();
-        if text.contains("growing memory") || text.contains("memory growth") {
-            format!("out of memory: the plugin's memory limit of {} bytes was reached", spec.limits.memory)
-        } else if text.contains("resource table has no free keys")
-            || text.contains("store handle limit exceeded")
-        {
-            // The resource limits of the store and of its WASI table (known by their messages).
-            format!(
-                "the plugin holds more than {} resource handles (WASI streams, pollables, ...) at once, \
-                 its limit per instance",
-                spec.limits.handles
-            )
-        } else if text.contains("fuel allocated for hostcalls has been exhausted") {
-            // wasmtime's hostcall fuel (its error type is private: known by its message).
-            format!(
-                "a host call's arguments or a returned value would copy more than {} bytes out of the guest, \
-                 over the plugin's max-output of {} (plus room for small arguments); nothing was copied",
-                hostcall_fuel(&spec.limits),
-                spec.limits.max_output
-            )
-        } else {
-            text
-        }
-    };
-    if let Some(text) = store.data().stderr.lock().explanation() {
-        reason.push_str(" — guest stderr: ");
-        reason.push_str(&text);
-    }
-    reason
-}
-
 #[cfg(test)]
 mod tier_up_tests;
 
-// Admission calls (`validator`, `mutator`): their own file, a child of this module.
+// How a call runs (instances, limits, errors), the event hooks and the admission calls
+// (`validator`, `mutator`): files of their own, children of this module.
+mod calls;
+use calls::check_output;
+mod hooks;
+pub use hooks::FilterInput;
 mod admit;
 pub use admit::{
     AdmissionInput, AdmissionOperation, AdmissionUser, AdmitError, GuestDenial, GuestMutation, GuestVerdict,
