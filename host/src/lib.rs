@@ -14,21 +14,11 @@
 //! pages back after the one-off bursts (a large list applied, a plugin loaded) and holds the
 //! jemalloc options a program on jemalloc exports ([`heap::MallocConf`]).
 
+// The informer machinery (object → controller) and what it reports through live in
+// `wasmctrl-runtime`, which does not depend on wasmtime; they keep their paths here.
+pub use wasmctrl_runtime::{cache, controller, fifo, informer, metrics, object, queue, source};
+
 pub mod heap;
-
-pub mod object;
-
-pub mod source;
-
-pub mod fifo;
-
-pub mod cache;
-
-pub mod informer;
-
-pub mod queue;
-
-pub mod controller;
 
 pub mod plugin;
 
@@ -43,8 +33,6 @@ pub mod reload;
 
 #[cfg(feature = "embedded")]
 pub mod fixture;
-
-pub mod metrics;
 
 pub mod telemetry;
 

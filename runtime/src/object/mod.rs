@@ -83,7 +83,7 @@ impl Object {
     /// Builds an object from its JSON. The bytes are kept as they are.
     ///
     /// ```
-    /// let obj = wasmctrl::object::Object::from_json(
+    /// let obj = wasmctrl_runtime::object::Object::from_json(
     ///     br#"{"metadata":{"name":"a","namespace":"ns","labels":{"app":"web"}}}"#.to_vec().into(),
     /// ).unwrap();
     /// assert_eq!(obj.key(), "ns/a");
@@ -418,7 +418,7 @@ impl Object {
     /// network buffer; edits splice bytes and never re-serialise the object.
     ///
     /// ```
-    /// use wasmctrl::object::{Object, Transform};
+    /// use wasmctrl_runtime::object::{Object, Transform};
     /// let raw = br#"{"metadata":{"name":"a","managedFields":[{"manager":"x"}],"uid":"u"},"data":{}}"#;
     /// let obj = Object::from_api_json(raw, Some(("v1", "ConfigMap")), Transform::default()).unwrap();
     /// assert_eq!(
