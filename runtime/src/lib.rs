@@ -48,3 +48,8 @@ pub mod controller;
 pub mod metrics;
 
 pub mod telemetry;
+
+// The README's example compiles as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
