@@ -41,7 +41,7 @@ struct WarningLayer;
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for WarningLayer {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let meta = event.metadata();
-        if *meta.level() > tracing::Level::WARN || !meta.target().starts_with("wasmctrl::source") {
+        if *meta.level() > tracing::Level::WARN || !meta.target().starts_with("wasmctrl_runtime::source") {
             return;
         }
         struct Render(String);

@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 
 /// The documents that are checked (and every `.md` file under `docs/`).
-const DOCUMENTS: &[&str] = &["README.md", "guests/README.md", "examples/README.md", "realcluster/README.md"];
+const DOCUMENTS: &[&str] =
+    &["README.md", "guests/README.md", "examples/README.md", "realcluster/README.md", "runtime/README.md"];
 
 /// A path in backticks counts when it starts with one of these folders.
 const TOP_LEVEL: &[&str] = &[
@@ -30,6 +31,7 @@ const TOP_LEVEL: &[&str] = &[
     "host/",
     "json-subset/",
     "realcluster/",
+    "runtime/",
     "selectors/",
     "testkit/",
     "wit/",

@@ -23,25 +23,15 @@
 //! - The pipeline is installed at most once per process ([`Telemetry::install`]); sampling is
 //!   decided at each trace's root (parent-based, trace-id ratio), so a trace is kept or
 //!   dropped whole.
+//!
+//! The reconcile's trace (its origin carried through the queue, its root span) is built by
+//! the informer machinery in `wasmctrl-runtime` (`wasmctrl_runtime::telemetry`, re-exported
+//! here); this module adds the export pipeline and the spans of the plugins' host imports.
 
-mod origin;
 mod pipeline;
-mod reconcile;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-pub use origin::TraceOrigin;
 pub use pipeline::{Telemetry, TelemetryConfig, TelemetryError};
-pub use reconcile::ReconcileTrace;
-
-/// Whether traces are exported (set once by [`Telemetry::install`]).
-static ENABLED: AtomicBool = AtomicBool::new(false);
-
-/// Whether traces are exported: the one check the hot path makes.
-#[inline]
-pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
-}
+pub use wasmctrl_runtime::telemetry::{ReconcileTrace, TraceOrigin, enabled};
 
 /// The target of the host's trace-only spans (host imports, API requests): they are at
 /// DEBUG level, which the OpenTelemetry layer takes and the default log filter leaves out.

@@ -6,21 +6,11 @@
 //! filter says, so tracing adds no log output; spans still buffered are flushed by
 //! [`Telemetry::shutdown`].
 
-use std::sync::OnceLock;
-
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
-use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::{Layer, registry::LookupSpan};
-
-/// The tracer of the spans the host builds itself (reconcile roots, queue waits).
-static TRACER: OnceLock<SdkTracer> = OnceLock::new();
-
-/// The tracer, once installed.
-pub(super) fn tracer() -> Option<&'static SdkTracer> {
-    TRACER.get()
-}
 
 /// `[telemetry]` of the host TOML, checked.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,7 +50,7 @@ impl Telemetry {
     where
         S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
     {
-        if TRACER.get().is_some() {
+        if wasmctrl_runtime::telemetry::installed() {
             return Err(TelemetryError::AlreadyInstalled);
         }
         let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -79,10 +69,10 @@ impl Telemetry {
             .with_resource(resource)
             .build();
         let tracer = provider.tracer("wasmctrl");
-        if TRACER.set(tracer.clone()).is_err() {
+        // The reconcile roots and queue waits the runtime builds use this tracer too.
+        if !wasmctrl_runtime::telemetry::install(tracer.clone()) {
             return Err(TelemetryError::AlreadyInstalled);
         }
-        super::ENABLED.store(true, std::sync::atomic::Ordering::Relaxed);
         let layer = tracing_opentelemetry::layer()
             .with_tracer(tracer)
             .with_location(false)
@@ -93,7 +83,7 @@ impl Telemetry {
 
     /// Exports what is still buffered and stops the exporter.
     pub fn shutdown(self) {
-        super::ENABLED.store(false, std::sync::atomic::Ordering::Relaxed);
+        wasmctrl_runtime::telemetry::disable();
         if let Err(error) = self.provider.shutdown() {
             tracing::warn!(%error, "flushing traces");
         }

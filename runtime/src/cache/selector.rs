@@ -24,7 +24,7 @@ impl Labels for Object {
 ///     match_labels: Some([("app".to_string(), "web".to_string())].into()),
 ///     match_expressions: None,
 /// };
-/// assert_eq!(wasmctrl::cache::selector_from_match(&sel).unwrap().to_string(), "app=web");
+/// assert_eq!(wasmctrl_runtime::cache::selector_from_match(&sel).unwrap().to_string(), "app=web");
 /// ```
 pub fn selector_from_match(selector: &meta::LabelSelector) -> Result<LabelSelector, SelectorError> {
     let text = format!("{selector:?}");

@@ -39,7 +39,7 @@ impl ReconcileTrace {
         if !super::enabled() {
             return None;
         }
-        let tracer = super::pipeline::tracer()?;
+        let tracer = super::tracer()?;
         let now = SystemTime::now();
         let queued_at = origin.as_ref().map_or(now, |o| o.queued_at);
         let waited = now.duration_since(queued_at).unwrap_or_default();

@@ -33,7 +33,7 @@ impl ApiResource {
     /// Builds a resource description without asking the server.
     ///
     /// ```
-    /// use wasmctrl::source::ApiResource;
+    /// use wasmctrl_runtime::source::ApiResource;
     /// let cm = ApiResource::new("v1", "ConfigMap", "configmaps", true);
     /// assert_eq!(cm.collection_path(Some("default")), "/api/v1/namespaces/default/configmaps");
     /// let d = ApiResource::new("apps/v1", "Deployment", "deployments", true);

@@ -96,7 +96,7 @@ pub trait Reconciler: Send + Sync + 'static {
 /// A [`Reconciler`] made of a closure (tests, benchmarks, small native controllers).
 ///
 /// ```
-/// use wasmctrl::controller::{Action, reconciler_fn};
+/// use wasmctrl_runtime::controller::{Action, reconciler_fn};
 /// let r = reconciler_fn(|_req| async { Ok(Action::Done) });
 /// # let _ = r;
 /// ```

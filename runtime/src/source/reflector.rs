@@ -165,8 +165,8 @@ enum WatchEnd {
 /// ```no_run
 /// # async fn demo(client: kube::Client) {
 /// use std::sync::Arc;
-/// use wasmctrl::source::{ApiResource, Reflector, ReflectorConfig};
-/// let fifo = Arc::new(wasmctrl::fifo::DeltaFifo::new(None));
+/// use wasmctrl_runtime::source::{ApiResource, Reflector, ReflectorConfig};
+/// let fifo = Arc::new(wasmctrl_runtime::fifo::DeltaFifo::new(None));
 /// let cm = ApiResource::new("v1", "ConfigMap", "configmaps", true);
 /// let reflector = Reflector::new(client, cm, ReflectorConfig::default());
 /// let stop = tokio_util::sync::CancellationToken::new();

@@ -121,7 +121,7 @@ pub(super) struct Inner<K: QueueKey> {
 ///
 /// ```
 /// # tokio_test_block_on(async {
-/// use wasmctrl::queue::WorkQueue;
+/// use wasmctrl_runtime::queue::WorkQueue;
 /// let q = WorkQueue::new();
 /// q.add("a");
 /// q.add("a"); // already waiting: no-op

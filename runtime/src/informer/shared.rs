@@ -75,8 +75,8 @@ struct Shared {
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// use std::sync::Arc;
-/// use wasmctrl::informer::{InformerOptions, ResourceEventHandler, SharedIndexInformer};
-/// use wasmctrl::object::{DeletedObject, Object};
+/// use wasmctrl_runtime::informer::{InformerOptions, ResourceEventHandler, SharedIndexInformer};
+/// use wasmctrl_runtime::object::{DeletedObject, Object};
 ///
 /// struct Print;
 /// impl ResourceEventHandler for Print {

@@ -28,12 +28,12 @@ use crate::source::{
 /// What a controller asks the factory for.
 ///
 /// ```
-/// use wasmctrl::cache::IndexSpec;
-/// use wasmctrl::informer::InformerSpec;
+/// use wasmctrl_runtime::cache::IndexSpec;
+/// use wasmctrl_runtime::informer::InformerSpec;
 /// let spec = InformerSpec::new("apps/v1", "Deployment")
 ///     .namespace("default")
 ///     .label_selector("tier=web")
-///     .index("by-owner", IndexSpec::Owner(wasmctrl::cache::OwnerIndex::Controller));
+///     .index("by-owner", IndexSpec::Owner(wasmctrl_runtime::cache::OwnerIndex::Controller));
 /// assert_eq!(spec.gvk.group, "apps");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,7 +192,7 @@ struct FactoryInner {
 ///
 /// ```no_run
 /// # async fn demo(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
-/// use wasmctrl::informer::{FactoryOptions, InformerFactory, InformerSpec};
+/// use wasmctrl_runtime::informer::{FactoryOptions, InformerFactory, InformerSpec};
 /// let factory = InformerFactory::new(client, FactoryOptions::default());
 /// let a = factory.informer(InformerSpec::new("v1", "ConfigMap").namespace("default")).await?;
 /// let b = factory.informer(InformerSpec::new("v1", "ConfigMap").namespace("default")).await?;

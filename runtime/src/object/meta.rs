@@ -225,7 +225,7 @@ impl<'r> MetaBuilder<'r> {
 
     fn span(&mut self, s: &str) -> Result<Span, ObjectError> {
         let len = u32::try_from(s.len()).map_err(|_| ObjectError::TooLarge(s.len()))?;
-        if let Some(start) = super::offset_in(self.raw, s) {
+        if let Some(start) = offset_in(self.raw, s) {
             // Within `raw` (checked above to be < 2 GiB).
             return Ok(Span { start: start as u32, len });
         }
@@ -286,6 +286,12 @@ impl<'r> MetaBuilder<'r> {
             has_deletion_timestamp: deletion_timestamp.is_some(),
         })
     }
+}
+
+/// Byte offset of `inner` (a sub-slice of `outer`) within `outer`.
+pub(super) fn offset_in(outer: &[u8], inner: &str) -> Option<usize> {
+    let start = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
+    (start + inner.len() <= outer.len()).then_some(start)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Which keys a controller may work on when replicas share the work (`crate::shard`
+//! Which keys a controller may work on when replicas share the work (the `wasmctrl` host's `shard`
 //! implements it): the controller asks its [`Ownership`] before a request enters its queue
 //! and again before a reconcile starts.
 //!

@@ -187,8 +187,8 @@ impl Inner {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use wasmctrl::cache::{IndexFunc, IndexSpec, LabelSelector, NAMESPACE_INDEX, Writer};
-/// use wasmctrl::object::Object;
+/// use wasmctrl_runtime::cache::{IndexFunc, IndexSpec, LabelSelector, NAMESPACE_INDEX, Writer};
+/// use wasmctrl_runtime::object::Object;
 ///
 /// let writer = Writer::new();
 /// writer.add_indexers([("by-app".to_string(), IndexFunc::from_spec(IndexSpec::Label("app".into())).unwrap())]).unwrap();

@@ -1,6 +1,6 @@
 //! What the fuzz targets (`fuzz/`) drive of the reflector's body handling: the watch line
 //! splitter, the watch event decoder and the list body splitter. Not part of the API (hidden
-//! from the docs); re-exported by [`crate::fuzzing`].
+//! from the docs); re-exported by `wasmctrl::fuzzing`.
 
 use std::sync::Arc;
 

@@ -29,7 +29,7 @@ pub enum OwnerIndex {
 /// A declarative index definition.
 ///
 /// ```
-/// use wasmctrl::cache::IndexSpec;
+/// use wasmctrl_runtime::cache::IndexSpec;
 /// let spec: IndexSpec = toml::from_str::<std::collections::BTreeMap<String, IndexSpec>>(
 ///     r#"by-node = { field = "spec.nodeName" }"#,
 /// ).unwrap().remove("by-node").unwrap();
@@ -118,7 +118,7 @@ impl IndexFunc {
     /// A custom index function.
     ///
     /// ```
-    /// use wasmctrl::cache::IndexFunc;
+    /// use wasmctrl_runtime::cache::IndexFunc;
     /// let by_name_len = IndexFunc::custom(|o| vec![o.name().len().to_string()]);
     /// # let _ = by_name_len;
     /// ```

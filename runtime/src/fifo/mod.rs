@@ -110,8 +110,8 @@ impl State {
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// use std::sync::Arc;
-/// use wasmctrl::fifo::{Delta, DeltaFifo, PopOutcome};
-/// use wasmctrl::object::Object;
+/// use wasmctrl_runtime::fifo::{Delta, DeltaFifo, PopOutcome};
+/// use wasmctrl_runtime::object::Object;
 /// let fifo = DeltaFifo::new(None);
 /// let obj = Arc::new(Object::from_json(r#"{"metadata":{"name":"a","resourceVersion":"1"}}"#.into()).unwrap());
 /// fifo.add(obj.clone());

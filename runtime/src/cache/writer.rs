@@ -14,8 +14,8 @@ use crate::object::Object;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use wasmctrl::cache::Writer;
-/// use wasmctrl::object::Object;
+/// use wasmctrl_runtime::cache::Writer;
+/// use wasmctrl_runtime::object::Object;
 ///
 /// let writer = Writer::new();
 /// let reader = writer.reader();
