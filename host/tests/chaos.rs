@@ -78,10 +78,15 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use wasmctrl::informer::{FactoryOptions, InformerFactory};
 use wasmctrl::metrics::Metrics;
-use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
-use wasmctrl::reload::{FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, version_of};
+use wasmctrl::reload::{ManagerOptions, version_of};
 use wasmctrl::source::BackoffConfig;
 use wasmctrl_testkit::TestCluster;
+
+#[allow(dead_code)]
+#[path = "common/host.rs"]
+mod host;
+
+use host::{HostSetup, TestHost};
 
 const NS: &str = "chaos";
 /// The witness's first name; every name it runs under starts so (a rename with default
@@ -702,7 +707,7 @@ struct Deliveries {
 
 /// `root/plugins` (the host's `plugins-dir`): a symlink to the current release directory
 /// `root/r-N`, whose files are delivered in place or as a ConfigMap volume.
-struct PluginsDir {
+struct ReleaseDirs {
     root: PathBuf,
     release: PathBuf,
     releases: usize,
@@ -714,12 +719,12 @@ struct PluginsDir {
     made: Deliveries,
 }
 
-impl PluginsDir {
-    fn new(root: &Path) -> PluginsDir {
+impl ReleaseDirs {
+    fn new(root: &Path) -> ReleaseDirs {
         let release = root.join("r-0");
         std::fs::create_dir(&release).expect("release dir");
         std::os::unix::fs::symlink("r-0", root.join("plugins")).expect("plugins link");
-        PluginsDir {
+        ReleaseDirs {
             root: root.to_owned(),
             release,
             releases: 0,
@@ -855,7 +860,7 @@ fn atomic_write(dir: &Path, files: &BTreeMap<String, Vec<u8>>, payloads: &mut us
 /// The witness as the test delivers it: its files, its name and configuration, and what the
 /// reloads did so far.
 struct Reloads {
-    dir: PluginsDir,
+    dir: ReleaseDirs,
     /// The files' stem.
     stem: String,
     /// `Some(name)`: the TOML names the plugin; `None`: its name is the stem.
@@ -866,7 +871,7 @@ struct Reloads {
     a: Vec<u8>,
     b: Vec<u8>,
     rng: Rng,
-    manager: PluginManager,
+    host: TestHost,
     renames: usize,
     /// Removals (each leaves the plugin without a version until it is back).
     removals: usize,
@@ -934,7 +939,7 @@ impl Reloads {
                 .map(|_| ())
         })
         .await;
-        self.manager.rescan().await;
+        self.host.manager().rescan().await;
     }
 
     /// Waits for a host line after `mark` about the plugin that `pred` accepts.
@@ -1025,7 +1030,7 @@ impl Reloads {
         .await;
         self.dir.change(&[self.wasm_change()]);
         let (name, version) = (self.name(), version_of(&self.wasm()));
-        let status = self.manager.status();
+        let status = self.host.manager().status();
         until("the running version's file to be back", || {
             status
                 .get(&name)
@@ -1118,7 +1123,7 @@ impl Reloads {
             // The same generation runs on: the host's line says the move was taken (and a
             // rescan that the host is done with the files, as in `until_running`).
             self.until_host(mark.host, "the name to move", |l| l.message == "plugin reloaded").await;
-            self.manager.rescan().await;
+            self.host.manager().rescan().await;
         }
         let lines: Vec<HostLine> = HOST_LINES.lock()[mark.host..].to_vec();
         assert!(
@@ -1390,9 +1395,12 @@ async fn churn_and_reload() {
     eprintln!("chaos: {objects} objects seeded at {:.1} s", started.elapsed().as_secs_f64());
 
     // The host, following `root/plugins` (a symlink to a release directory).
-    let factory = InformerFactory::new(
-        client.clone(),
-        FactoryOptions {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = ReleaseDirs::new(root.path());
+    let plugins_dir = dir.path();
+    let setup = HostSetup {
+        // Informers retry a failed list or watch soon.
+        informers: FactoryOptions {
             backoff: BackoffConfig {
                 initial: Duration::from_millis(20),
                 max: Duration::from_millis(200),
@@ -1400,34 +1408,18 @@ async fn churn_and_reload() {
             },
             ..FactoryOptions::default()
         },
-    );
-    let metrics = Metrics::new();
-    let cache = tempfile::tempdir().expect("tempdir");
-    let engine = PluginEngine::new(
-        EngineConfig { cache_dir: Some(cache.path().to_owned()), ..EngineConfig::default() },
-        Some(&metrics),
-    )
-    .expect("engine");
-    let root = tempfile::tempdir().expect("tempdir");
-    let dir = PluginsDir::new(root.path());
-    let shutdown = CancellationToken::new();
-    let manager = PluginManager::start(
-        ManagerOptions {
+        options: Box::new(move |o| ManagerOptions {
+            plugins_dir,
             cache_sync_timeout: Duration::from_secs(60),
             debounce: DEBOUNCE,
             rescan_interval: Some(RESCAN),
-            ..ManagerOptions::new(dir.path())
-        },
-        ManagerDeps {
-            engine,
-            informers: Arc::new(FactoryLeases(factory.clone())),
-            kube: Some(KubeServices::new(client.clone(), tokio::runtime::Handle::current(), "chaos")),
-            metrics: metrics.clone(),
-        },
-        shutdown.clone(),
-    )
-    .await
-    .expect("manager starts");
+            ..o
+        }),
+        ..HostSetup::new("chaos", PATIENCE)
+    };
+    // The host's own plugins directory stays empty: it runs on `root/plugins`.
+    let host = TestHost::start(client.clone(), host::PluginsDir::new(), setup).await;
+    let (metrics, factory) = (host.metrics.clone(), host.factory.clone());
 
     let (a, b) = (build("witness-a"), build("witness-b"));
     let mut plugin = Reloads {
@@ -1440,7 +1432,7 @@ async fn churn_and_reload() {
         a,
         b,
         rng: Rng(0x5eed_1234_abcd_ef01),
-        manager,
+        host,
         renames: 0,
         removals: 0,
         kinds: BTreeMap::new(),
@@ -1663,8 +1655,7 @@ async fn churn_and_reload() {
     );
     assert!(after.rss_kib <= 3 * baseline.rss_kib + 64 * 1024, "RSS: {baseline:?} → {after:?}");
 
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(60), plugin.manager.stopped()).await.expect("manager stops");
+    plugin.host.stop().await;
     assert_eq!(factory.informer_count(), 0, "informers released at shutdown");
     drop(cluster);
 }

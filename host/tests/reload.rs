@@ -22,10 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use wasmctrl::informer::{FactoryOptions, InformerFactory};
 use wasmctrl::metrics::Metrics;
-use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
-use wasmctrl::reload::{
-    FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, PluginState, PluginStatus, version_of,
-};
+use wasmctrl::plugin::{EngineConfig, PluginEngine};
+use wasmctrl::reload::{ManagerOptions, PluginState, version_of};
 use wasmctrl::source::BackoffConfig;
 use wasmctrl_devcluster::FaultRule;
 use wasmctrl_testkit::TestCluster;
@@ -99,25 +97,31 @@ fn record_line(f: guest_log::Fields) {
     GUEST_LOGS.lock().push(log);
 }
 
+#[allow(dead_code)]
+#[path = "common/host.rs"]
+mod host;
+
+use host::{HostSetup, PluginsDir, TestHost};
+
+/// A host over a test cluster of its own, in a fresh namespace.
 struct Host {
     /// Dropped with the host: the dev cluster stops, or the test's namespace is deleted.
-    _cluster: TestCluster,
+    cluster: TestCluster,
     /// The test's namespace (the name asked for, with the cluster's unique suffix).
     ns: String,
-    client: kube::Client,
-    factory: InformerFactory,
-    metrics: Arc<Metrics>,
-    dir: tempfile::TempDir,
-    /// The engine of the test's own (`None`: the one shared by every test).
-    engine: Option<PluginEngine>,
-    manager: Option<PluginManager>,
-    shutdown: CancellationToken,
-    /// Changes the manager's options before it starts.
-    tweak: fn(&mut ManagerOptions),
+    host: TestHost,
+}
+
+impl std::ops::Deref for Host {
+    type Target = TestHost;
+
+    fn deref(&self) -> &TestHost {
+        &self.host
+    }
 }
 
 /// One engine for every test, as the host has one, with one compile cache.
-fn engine(metrics: &Metrics) -> PluginEngine {
+fn shared_engine(metrics: &Metrics) -> PluginEngine {
     static ENGINE: OnceLock<(PluginEngine, tempfile::TempDir)> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
@@ -130,38 +134,21 @@ fn engine(metrics: &Metrics) -> PluginEngine {
 }
 
 impl Host {
-    /// A host whose cluster has a fresh namespace named after `namespace` (see [`Host::ns`]).
+    /// A host whose cluster has a fresh namespace named after `namespace` (see [`Host::ns`]),
+    /// watching its plugins directory if `watch`.
     async fn start(namespace: &str, watch: bool) -> Host {
-        Host::start_with_engine(namespace, watch, |_| None).await
+        Host::start_with(namespace, watch, |_, setup| setup).await
     }
 
-    /// As [`Host::start`], with the manager's options changed by `tweak`.
-    async fn start_tweaked(namespace: &str, watch: bool, tweak: fn(&mut ManagerOptions)) -> Host {
-        Host::start_full(namespace, watch, |_| None, tweak).await
-    }
-
-    /// As [`Host::start`], on the engine `engine` makes (given the host's metrics), if any.
-    async fn start_with_engine(
-        namespace: &str,
-        watch: bool,
-        engine: impl FnOnce(&Metrics) -> Option<PluginEngine>,
-    ) -> Host {
-        Host::start_full(namespace, watch, engine, |_| {}).await
-    }
-
-    async fn start_full(
-        namespace: &str,
-        watch: bool,
-        engine: impl FnOnce(&Metrics) -> Option<PluginEngine>,
-        tweak: fn(&mut ManagerOptions),
-    ) -> Host {
+    /// As [`Host::start`], the host's setup changed by `edit` (given the namespace) first.
+    async fn start_with(namespace: &str, watch: bool, edit: impl FnOnce(&str, HostSetup) -> HostSetup) -> Host {
         guest_logs();
         let cluster = TestCluster::start().await.expect("test cluster starts");
         let ns = cluster.namespace_named(namespace).await.expect("namespace");
-        let client = cluster.client();
-        let factory = InformerFactory::new(
-            client.clone(),
-            FactoryOptions {
+        let setup = HostSetup {
+            engine: Some(Box::new(shared_engine)),
+            // Informers retry a failed list or watch soon.
+            informers: FactoryOptions {
                 backoff: BackoffConfig {
                     initial: Duration::from_millis(20),
                     max: Duration::from_millis(200),
@@ -169,79 +156,27 @@ impl Host {
                 },
                 ..FactoryOptions::default()
             },
-        );
-        let metrics = Metrics::new();
-        let engine = engine(&metrics);
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut host = Host {
-            _cluster: cluster,
-            ns,
-            client,
-            factory,
-            metrics,
-            dir,
-            engine,
-            manager: None,
-            shutdown: CancellationToken::new(),
-            tweak,
+            options: Box::new(move |o| ManagerOptions {
+                debounce: Duration::from_millis(50),
+                cache_sync_timeout: Duration::from_secs(30),
+                watch,
+                // Tests see changes through the watches (or ask for a rescan).
+                rescan_interval: None,
+                ..o
+            }),
+            ..HostSetup::new("reload-test", PATIENCE)
         };
-        host.start_manager(watch).await;
-        host
-    }
-
-    async fn start_manager(&mut self, watch: bool) {
-        let deps = ManagerDeps {
-            engine: self.engine.clone().unwrap_or_else(|| engine(&self.metrics)),
-            informers: Arc::new(FactoryLeases(self.factory.clone())),
-            kube: Some(KubeServices::new(
-                self.client.clone(),
-                tokio::runtime::Handle::current(),
-                "reload-test",
-            )),
-            metrics: self.metrics.clone(),
-        };
-        let mut options = ManagerOptions {
-            debounce: Duration::from_millis(50),
-            cache_sync_timeout: Duration::from_secs(30),
-            watch,
-            // Tests see changes through the watches (or ask for a rescan).
-            rescan_interval: None,
-            ..ManagerOptions::new(self.dir.path())
-        };
-        (self.tweak)(&mut options);
-        self.manager =
-            Some(PluginManager::start(options, deps, self.shutdown.clone()).await.expect("manager starts"));
-    }
-
-    fn manager(&self) -> &PluginManager {
-        self.manager.as_ref().expect("manager running")
+        let host = TestHost::start(cluster.client(), PluginsDir::new(), edit(&ns, setup)).await;
+        Host { cluster, ns, host }
     }
 
     fn path(&self, file: &str) -> PathBuf {
-        self.dir.path().join(file)
+        self.plugins.path().join(file)
     }
 
-    /// Writes a file the safe way: a hidden temporary file renamed into place.
+    /// Installs a file the safe way (see [`PluginsDir::write`]).
     fn install(&self, file: &str, bytes: &[u8]) {
-        let tmp = self.path(&format!(".{file}.tmp"));
-        std::fs::write(&tmp, bytes).expect("write");
-        std::fs::rename(&tmp, self.path(file)).expect("rename");
-    }
-
-    fn status(&self, stem: &str) -> Option<PluginStatus> {
-        self.manager().status().get(stem)
-    }
-
-    async fn until(&self, what: &str, mut cond: impl FnMut(&Host) -> bool) {
-        tokio::time::timeout(PATIENCE, async {
-            while !cond(self) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| {
-            panic!("timed out waiting for {what}; status: {:?}", self.manager().status().snapshot())
-        });
+        self.plugins.write(file, bytes);
     }
 
     async fn until_version(&self, stem: &str, wasm: &[u8]) {
@@ -252,21 +187,9 @@ impl Host {
         .await;
     }
 
-    fn metric(&self, prefix: &str) -> f64 {
-        self.metrics
-            .encode()
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    }
-
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(m) = self.manager.take() {
-            tokio::time::timeout(PATIENCE, m.stopped()).await.expect("manager stops");
-        }
+    /// Stops the host, then drops the cluster.
+    async fn stop(self) {
+        self.host.stop().await;
     }
 }
 
@@ -820,7 +743,7 @@ async fn a_replaced_registration_hands_its_buffer_to_its_successor() {
 async fn a_delete_a_lagging_informer_has_not_seen_is_reconciled_when_the_scope_changes() {
     let host = Host::start("handoff-scope", true).await;
     let Some(faults) =
-        host._cluster.dev_or_skip("fault injection (failing the namespaced watch)").map(|d| d.faults())
+        host.cluster.dev_or_skip("fault injection (failing the namespaced watch)").map(|d| d.faults())
     else {
         host.stop().await;
         return;
@@ -861,13 +784,13 @@ async fn a_delete_a_lagging_informer_has_not_seen_is_reconciled_when_the_scope_c
 async fn an_object_created_and_deleted_while_the_old_informer_lags_is_reconciled_when_the_scope_changes() {
     let host = Host::start("handoff-ghost", true).await;
     let Some(faults) =
-        host._cluster.dev_or_skip("fault injection (failing the namespaced watch)").map(|d| d.faults())
+        host.cluster.dev_or_skip("fault injection (failing the namespaced watch)").map(|d| d.faults())
     else {
         host.stop().await;
         return;
     };
     let ns = &host.ns.clone();
-    let other = host._cluster.namespace_named("handoff-ghost-other").await.expect("namespace");
+    let other = host.cluster.namespace_named("handoff-ghost-other").await.expect("namespace");
     let a = build("witness-a");
     host.install("ghost.toml", witness_toml(ns, "", "", "").as_bytes());
     host.install("ghost.wasm", &a);
@@ -911,7 +834,7 @@ async fn an_object_created_and_deleted_while_the_old_informer_lags_is_reconciled
 async fn a_delete_applied_before_a_removal_is_reconciled_when_the_plugin_returns() {
     let host = Host::start("handoff-removal", true).await;
     let Some(faults) =
-        host._cluster.dev_or_skip("fault injection (failing the namespaced watch)").map(|d| d.faults())
+        host.cluster.dev_or_skip("fault injection (failing the namespaced watch)").map(|d| d.faults())
     else {
         host.stop().await;
         return;
@@ -1182,25 +1105,28 @@ async fn readyz_is_ready_while_every_plugin_has_a_running_version() {
 async fn hot_reloads_work_the_same_with_the_code_dropped_while_idle() {
     let cache = tempfile::tempdir().expect("tempdir");
     let idle = Duration::from_millis(20);
-    let host = Host::start_with_engine("idle-code", true, |metrics| {
-        let config = EngineConfig {
-            cache_dir: Some(cache.path().to_owned()),
-            idle_instance_timeout: Some(idle),
-            idle_code_timeout: Some(idle),
-            ..EngineConfig::default()
-        };
-        Some(PluginEngine::new(config, Some(metrics)).unwrap_or_else(|e| panic!("engine: {e}")))
+    let cache_dir = cache.path().to_owned();
+    let host = Host::start_with("idle-code", true, move |_, s| HostSetup {
+        engine: Some(Box::new(move |metrics| {
+            let config = EngineConfig {
+                cache_dir: Some(cache_dir),
+                idle_instance_timeout: Some(idle),
+                idle_code_timeout: Some(idle),
+                ..EngineConfig::default()
+            };
+            PluginEngine::new(config, Some(metrics)).unwrap_or_else(|e| panic!("engine: {e}"))
+        })),
+        ..s
     })
     .await;
     let ns = &host.ns.clone();
     let (a, b) = (build("reload-stamp-a"), build("reload-stamp-b"));
     let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
-    let drops = |h: &Host| h.metric("wasmctrl_plugin_code_drops_total");
-    let reloads = |h: &Host| h.metric("wasmctrl_plugin_code_reloads_total");
+    let drops = |h: &TestHost| h.metric("wasmctrl_plugin_code_drops_total");
+    let reloads = |h: &TestHost| h.metric("wasmctrl_plugin_code_reloads_total");
     // No plugin of the engine holds compiled code (nor an instance): the running version's
     // code is dropped.
-    let dropped =
-        |h: &Host| h.engine.as_ref().is_some_and(|e| e.shared_components() == 0 && e.live_instances() == 0);
+    let dropped = |h: &TestHost| h.engine.shared_components() == 0 && h.engine.live_instances() == 0;
     host.install("idlestamp.toml", stamp_toml(ns, 0).as_bytes());
     host.install("idlestamp.wasm", &a);
     host.until_version("idlestamp", &a).await;
@@ -1284,14 +1210,14 @@ async fn a_configmap_volume_update_reloads_the_plugin() {
             witness_toml(ns, "", "", &format!("edit = {edit}\n"))
         )
     };
-    volume_write(host.dir.path(), 1, &[("vol.toml", toml(1).as_bytes())]);
+    volume_write(host.plugins.path(), 1, &[("vol.toml", toml(1).as_bytes())]);
     host.until_version("vol", &a).await;
     let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
     apply_cm(&api, "probe", "1").await;
     let probe = format!("{ns}/probe");
     until_edit("vol", &probe, "1", "the first version's reconcile").await;
     for edit in 2..=3 {
-        volume_write(host.dir.path(), edit, &[("vol.toml", toml(edit).as_bytes())]);
+        volume_write(host.plugins.path(), edit, &[("vol.toml", toml(edit).as_bytes())]);
         until_edit("vol", &probe, &edit.to_string(), "the reloaded version's reconcile").await;
     }
     assert_eq!(host.status("vol").map(|s| s.reloads), Some(3));
@@ -1315,11 +1241,11 @@ async fn a_volume_update_read_half_way_stops_nothing() {
     let ns = &host.ns.clone();
     let a = build("witness-a");
     let toml = witness_toml(ns, "", "", "");
-    volume_write(host.dir.path(), 1, &[("va.toml", toml.as_bytes()), ("va.wasm", &a)]);
+    volume_write(host.plugins.path(), 1, &[("va.toml", toml.as_bytes()), ("va.wasm", &a)]);
     host.manager().rescan().await;
     host.until_version("va", &a).await;
     // The kubelet's next update, up to its `..data` swap.
-    let dir = host.dir.path();
+    let dir = host.plugins.path();
     let payload = "..2026_01_01_00_00_02.000000001";
     std::fs::create_dir(dir.join(payload)).expect("payload dir");
     std::fs::write(dir.join(payload).join("vb.toml"), &toml).expect("payload toml");
@@ -1355,32 +1281,18 @@ async fn a_swapped_plugins_dir_symlink_is_followed() {
     std::fs::create_dir(&two).expect("two");
     let link = root.path().join("plugins");
     std::os::unix::fs::symlink(&one, &link).expect("link");
-    let mut host = Host::start("delivery-symlink", false).await;
-    // Run the manager on the symlink instead of the fixture's directory.
-    host.shutdown.cancel();
-    if let Some(m) = host.manager.take() {
-        m.stopped().await;
-    }
-    host.shutdown = CancellationToken::new();
-    let ns = &host.ns.clone();
     let a = build("witness-a");
-    let toml = |edit: usize| witness_toml(ns, "", "", &format!("edit = {edit}\n"));
-    std::fs::write(one.join("swap.toml"), toml(1)).expect("toml");
-    std::fs::write(one.join("swap.wasm"), &a).expect("wasm");
-    host.dir = tempfile::TempDir::new_in(root.path()).expect("unused");
-    let deps = ManagerDeps {
-        engine: engine(&host.metrics),
-        informers: Arc::new(FactoryLeases(host.factory.clone())),
-        kube: Some(KubeServices::new(host.client.clone(), tokio::runtime::Handle::current(), "reload-test")),
-        metrics: host.metrics.clone(),
-    };
-    let options = ManagerOptions {
-        debounce: Duration::from_millis(50),
-        cache_sync_timeout: Duration::from_secs(30),
-        rescan_interval: None,
-        ..ManagerOptions::new(&link)
-    };
-    host.manager = Some(PluginManager::start(options, deps, host.shutdown.clone()).await.expect("manager"));
+    let toml = |ns: &str, edit: usize| witness_toml(ns, "", "", &format!("edit = {edit}\n"));
+    // The manager runs on the symlink, the first directory's files there before it starts.
+    let host = Host::start_with("delivery-symlink", true, |ns, s| {
+        std::fs::write(one.join("swap.toml"), toml(ns, 1)).expect("toml");
+        std::fs::write(one.join("swap.wasm"), &a).expect("wasm");
+        let link = link.clone();
+        s.then_options(move |o| ManagerOptions { plugins_dir: link, ..o })
+    })
+    .await;
+    let ns = &host.ns.clone();
+    let toml = |edit: usize| toml(ns, edit);
     host.until_version("swap", &a).await;
     let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), ns);
     apply_cm(&api, "probe", "1").await;
@@ -1589,7 +1501,10 @@ async fn two_files_claiming_one_name_are_refused_then_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn parked_keys_go_only_to_their_kind_and_expire() {
     let host =
-        Host::start_tweaked("delivery-parked", false, |o| o.parked_keys_ttl = Duration::from_secs(3)).await;
+        Host::start_with("delivery-parked", false, |_, s| {
+            s.then_options(|o| ManagerOptions { parked_keys_ttl: Duration::from_secs(3), ..o })
+        })
+        .await;
     let ns = &host.ns.clone();
     let a = build("witness-a");
     // Every reconcile of a deleted key fails: the delete stays pending (in backoff).
@@ -1695,7 +1610,9 @@ async fn a_rename_carries_the_keys_parked_for_another_kind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_controller_that_fails_to_sync_keeps_its_queue() {
     let host =
-        Host::start_tweaked("delivery-nosync", false, |o| o.cache_sync_timeout = Duration::from_secs(2))
+        Host::start_with("delivery-nosync", false, |_, s| {
+            s.then_options(|o| ManagerOptions { cache_sync_timeout: Duration::from_secs(2), ..o })
+        })
             .await;
     let ns = &host.ns.clone();
     let a = build("witness-a");
@@ -1797,8 +1714,8 @@ async fn a_removed_wasm_keeps_the_running_version_and_says_so() {
 /// With the watches off, the periodic full rescan alone finds a change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_periodic_rescan_finds_changes_the_watches_miss() {
-    let host = Host::start_tweaked("delivery-rescan", false, |o| {
-        o.rescan_interval = Some(Duration::from_millis(300))
+    let host = Host::start_with("delivery-rescan", false, |_, s| {
+        s.then_options(|o| ManagerOptions { rescan_interval: Some(Duration::from_millis(300)), ..o })
     })
     .await;
     let ns = &host.ns.clone();
@@ -1874,7 +1791,7 @@ async fn apply_scoped(api: &Api<ConfigMap>, name: &str, scope: &str, value: usiz
 async fn scope_change(kind: ScopeKind, base: &str) {
     let host = Host::start(base, true).await;
     let ns = host.ns.clone();
-    let other = host._cluster.namespace_named(&format!("{base}-other")).await.expect("namespace");
+    let other = host.cluster.namespace_named(&format!("{base}-other")).await.expect("namespace");
     let plugin = base.to_owned();
     let a = build("witness-a");
     let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), &ns);
@@ -1912,7 +1829,7 @@ async fn scope_change(kind: ScopeKind, base: &str) {
             }
         })
     };
-    let faults = host._cluster.dev().map(|d| d.faults());
+    let faults = host.cluster.dev().map(|d| d.faults());
     let mut deletes = Vec::new();
     for (step, wide) in [false, true, false, true].into_iter().enumerate() {
         let relist = step >= 2;

@@ -150,12 +150,12 @@ impl Host {
         let ns = cluster.namespace_named(name).await.expect("namespace");
         let setup = HostSetup {
             compile_cache: Some(compile_cache().to_owned()),
-            options: |o| ManagerOptions {
+            options: Box::new(|o| ManagerOptions {
                 debounce: Duration::from_millis(50),
                 cache_sync_timeout: Duration::from_secs(60),
                 watch: true,
                 ..o
-            },
+            }),
             ..HostSetup::new("sandbox-test", PATIENCE)
         };
         let host = TestHost::start(cluster.client(), PluginsDir::new(), setup).await;

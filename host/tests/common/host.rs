@@ -94,6 +94,12 @@ impl PluginsDir {
     }
 }
 
+/// Makes the engine a [`TestHost`] runs its plugins on, given the host's metrics.
+pub type MakeEngine = Box<dyn FnOnce(&Metrics) -> PluginEngine>;
+
+/// Changes the manager's options before it starts.
+pub type EditOptions = Box<dyn FnOnce(ManagerOptions) -> ManagerOptions>;
+
 /// How to set a [`TestHost`] up.
 pub struct HostSetup {
     /// The field manager of the host's writes.
@@ -101,26 +107,56 @@ pub struct HostSetup {
     /// Bound on every wait of the host for something to happen (not a timing assertion).
     pub patience: Duration,
     /// A compile cache shared with other hosts of the test process (each component is then
-    /// compiled once); `None`: a fresh one for this host.
+    /// compiled once); `None`: a fresh one for this host. Not used with [`HostSetup::engine`].
     pub compile_cache: Option<PathBuf>,
+    /// The engine to run the plugins on (one the test keeps, or shares between hosts);
+    /// `None`: a fresh one with the default settings over the compile cache.
+    pub engine: Option<MakeEngine>,
+    /// The options of the host's informer factory.
+    pub informers: FactoryOptions,
     /// Start an admission server with these settings, its router given to the manager.
     pub admission: Option<AdmissionSettings>,
-    /// The manager's options, given its plugins directory.
-    pub options: fn(ManagerOptions) -> ManagerOptions,
+    /// The manager's options, given its plugins directory (and the admission router).
+    pub options: EditOptions,
 }
 
 impl HostSetup {
-    /// A host writing as `field_manager`, waiting at most `patience`, with its own compile
-    /// cache, no admission server and the manager's default options.
+    /// A host writing as `field_manager`, waiting at most `patience`, with its own engine
+    /// and compile cache, the default informer factory, no admission server and the
+    /// manager's default options.
     pub fn new(field_manager: &'static str, patience: Duration) -> HostSetup {
-        HostSetup { field_manager, patience, compile_cache: None, admission: None, options: |o| o }
+        HostSetup {
+            field_manager,
+            patience,
+            compile_cache: None,
+            engine: None,
+            informers: FactoryOptions::default(),
+            admission: None,
+            options: Box::new(|o| o),
+        }
     }
+
+    /// The same setup, the manager's options then changed by `edit` too.
+    pub fn then_options(self, edit: impl FnOnce(ManagerOptions) -> ManagerOptions + 'static) -> HostSetup {
+        let first = self.options;
+        HostSetup { options: Box::new(move |o| edit(first(o))), ..self }
+    }
+}
+
+/// An engine with the default settings over the compile cache `cache_dir`.
+fn fresh_engine(cache_dir: PathBuf, metrics: &Metrics) -> PluginEngine {
+    PluginEngine::new(EngineConfig { cache_dir: Some(cache_dir), ..EngineConfig::default() }, Some(metrics))
+        .unwrap_or_else(|e| panic!("engine: {e}"))
 }
 
 /// A running host: the manager over the test's cluster, and its admission server if any.
 pub struct TestHost {
     pub client: kube::Client,
     pub metrics: Arc<Metrics>,
+    /// The engine the plugins run on.
+    pub engine: PluginEngine,
+    /// The informer factory the manager leases its informers from.
+    pub factory: InformerFactory,
     pub plugins: PluginsDir,
     patience: Duration,
     manager: Option<PluginManager>,
@@ -134,18 +170,14 @@ impl TestHost {
     /// manager's first scan is done.
     pub async fn start(client: kube::Client, plugins: PluginsDir, setup: HostSetup) -> TestHost {
         let metrics = Metrics::new();
-        let (cache_dir, cache) = match setup.compile_cache {
-            Some(dir) => (dir, None),
-            None => {
+        let (engine, cache) = match (setup.engine, setup.compile_cache) {
+            (Some(make), _) => (make(&metrics), None),
+            (None, Some(dir)) => (fresh_engine(dir, &metrics), None),
+            (None, None) => {
                 let dir = tempfile::tempdir().expect("compile cache dir");
-                (dir.path().to_owned(), Some(dir))
+                (fresh_engine(dir.path().to_owned(), &metrics), Some(dir))
             }
         };
-        let engine = PluginEngine::new(
-            EngineConfig { cache_dir: Some(cache_dir), ..EngineConfig::default() },
-            Some(&metrics),
-        )
-        .unwrap_or_else(|e| panic!("engine: {e}"));
         let shutdown = CancellationToken::new();
         let admission = match &setup.admission {
             Some(settings) => Some(
@@ -155,12 +187,10 @@ impl TestHost {
             ),
             None => None,
         };
+        let factory = InformerFactory::new(client.clone(), setup.informers);
         let deps = ManagerDeps {
-            engine,
-            informers: Arc::new(FactoryLeases(InformerFactory::new(
-                client.clone(),
-                FactoryOptions::default(),
-            ))),
+            engine: engine.clone(),
+            informers: Arc::new(FactoryLeases(factory.clone())),
             kube: Some(KubeServices::new(
                 client.clone(),
                 tokio::runtime::Handle::current(),
@@ -178,6 +208,8 @@ impl TestHost {
         TestHost {
             client,
             metrics,
+            engine,
+            factory,
             plugins,
             patience: setup.patience,
             manager: Some(manager),
