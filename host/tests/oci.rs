@@ -13,7 +13,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -21,10 +20,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use wasmctrl::config::{HostConfig, PluginConfig, PluginDefaults};
-use wasmctrl::informer::{FactoryOptions, InformerFactory};
-use wasmctrl::metrics::Metrics;
 use wasmctrl::oci::client::RegistryError;
 use wasmctrl::oci::push::sign_artifact;
 use wasmctrl::oci::signature::SignatureError;
@@ -32,11 +28,7 @@ use wasmctrl::oci::{
     Digest, OciOptions, OciReference, OciSource, PullError, RegistryClient, RegistryOptions, SigningKey,
     SourceChange, VerifyKey, push_plugin,
 };
-use wasmctrl::plugin::{EngineConfig, KubeServices, PluginEngine};
-use wasmctrl::reload::{
-    CheckOptions, FactoryLeases, ManagerDeps, ManagerOptions, PluginManager, PluginState, check_paths,
-    version_of,
-};
+use wasmctrl::reload::{CheckOptions, ManagerOptions, PluginState, PluginStatus, check_paths, version_of};
 use wasmctrl::server::StatusSource;
 use wasmctrl_testkit::guests::wasm;
 use wasmctrl_testkit::{RegistryConfig, TestCluster, TestRegistry, tools};
@@ -739,68 +731,57 @@ fn the_oci_deploy_variant_configures_a_registry_plugin() {
 // ---------------------------------------------------------------------------------------
 // The plugins manager: a plugin from a registry runs and hot-reloads as its tag moves
 
+#[allow(dead_code)]
+#[path = "common/host.rs"]
+mod host;
+
+use host::{HostSetup, PluginsDir, TestHost};
+
+/// A host over a test cluster of its own, in a fresh namespace, running the plugin `stamp`.
 struct Host {
-    _cluster: TestCluster,
+    /// Dropped with the host: the dev cluster stops, or the test's namespace is deleted.
+    cluster: TestCluster,
     ns: String,
-    client: kube::Client,
-    dir: tempfile::TempDir,
-    manager: PluginManager,
-    shutdown: CancellationToken,
+    host: TestHost,
+}
+
+impl std::ops::Deref for Host {
+    type Target = TestHost;
+
+    fn deref(&self) -> &TestHost {
+        &self.host
+    }
 }
 
 impl Host {
-    /// A manager whose plugins directory (`dir/plugins`) has `stamp.toml`, its component
-    /// `wasm` (a registry reference, or a file).
-    async fn start(namespace: &str, registry: OciSource, wasm: &str, dir: tempfile::TempDir) -> Host {
+    /// A host pulling from `registry`, whose plugins directory (`plugins`, with what the test
+    /// put there) has `stamp.toml`, its component `wasm` (a registry reference, or a file).
+    async fn start(namespace: &str, registry: OciSource, wasm: &str, plugins: PluginsDir) -> Host {
         let cluster = TestCluster::start().await.expect("test cluster");
         let ns = cluster.namespace_named(namespace).await.expect("namespace");
-        let client = cluster.client();
-        let factory = InformerFactory::new(client.clone(), FactoryOptions::default());
-        let metrics = Metrics::new();
-        let cache = dir.path().join("cache");
-        let engine = PluginEngine::new(
-            EngineConfig { cache_dir: Some(cache), ..EngineConfig::default() },
-            Some(&metrics),
-        )
-        .expect("engine");
-        let deps = ManagerDeps {
-            engine,
-            informers: Arc::new(FactoryLeases(factory)),
-            kube: Some(KubeServices::new(client.clone(), tokio::runtime::Handle::current(), "oci-test")),
-            metrics,
+        plugins.write("stamp.toml", stamp_toml(&ns, wasm).as_bytes());
+        let setup = HostSetup {
+            options: Box::new(move |o| ManagerOptions {
+                debounce: Duration::from_millis(50),
+                cache_sync_timeout: Duration::from_secs(30),
+                registry: Some(registry),
+                ..o
+            }),
+            ..HostSetup::new("oci-test", PATIENCE)
         };
-        let plugins = dir.path().join("plugins");
-        std::fs::create_dir_all(&plugins).unwrap();
-        std::fs::write(plugins.join("stamp.toml"), stamp_toml(&ns, wasm)).unwrap();
-        let options = ManagerOptions {
-            debounce: Duration::from_millis(50),
-            cache_sync_timeout: Duration::from_secs(30),
-            registry: Some(registry),
-            ..ManagerOptions::new(&plugins)
-        };
-        let shutdown = CancellationToken::new();
-        let manager = PluginManager::start(options, deps, shutdown.clone()).await.expect("manager starts");
-        Host { _cluster: cluster, ns, client, dir, manager, shutdown }
+        let host = TestHost::start(cluster.client(), plugins, setup).await;
+        Host { cluster, ns, host }
     }
 
-    fn status(&self) -> Option<wasmctrl::reload::PluginStatus> {
-        self.manager.status().get("stamp")
+    /// Waits until the status of `stamp` passes `cond`.
+    async fn until_stamp(&self, what: &str, cond: impl Fn(&PluginStatus) -> bool) {
+        self.until(what, |h| h.status("stamp").is_some_and(|s| cond(&s))).await;
     }
 
-    async fn until(&self, what: &str, cond: impl Fn(&wasmctrl::reload::PluginStatus) -> bool) {
-        tokio::time::timeout(PATIENCE, async {
-            while !self.status().is_some_and(|s| cond(&s)) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}; status: {:?}", self.status()));
-    }
-
+    /// Stops the host, then drops the cluster.
     async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(PATIENCE, self.manager.stopped()).await.expect("manager stops");
-        drop(self.dir);
+        self.host.stop().await;
+        drop(self.cluster);
     }
 }
 
@@ -851,15 +832,15 @@ async fn a_plugin_from_a_registry_waits_for_its_tag_runs_and_hot_reloads_when_th
     opts.verify_keys = vec![key.verify_key("host.pub")];
     let source = OciSource::new(opts).unwrap();
     let tag = at(reg.address(), "plugins/stamp:v1");
-    let host = Host::start("oci-reload", source, &tag.to_string(), dir).await;
+    let host = Host::start("oci-reload", source, &tag.to_string(), PluginsDir::new()).await;
     let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), &host.ns);
 
     // Nothing pushed yet: waiting for the tag, and saying so.
-    host.until("waiting for the tag", |s| s.state == PluginState::WaitingForWasm).await;
-    let s = host.status().unwrap();
+    host.until_stamp("waiting for the tag", |s| s.state == PluginState::WaitingForWasm).await;
+    let s = host.status("stamp").unwrap();
     assert_eq!(s.source.as_deref(), Some(tag.to_string().as_str()));
     assert_eq!(s.last_error, None, "waiting is not an error (as for a `.wasm` not there yet)");
-    let readiness = host.manager.status().readiness();
+    let readiness = host.manager().status().readiness();
     assert!(!readiness.ready);
     assert!(
         readiness.details.iter().any(|d| d.contains(&format!("waiting for its .wasm ({tag})"))),
@@ -869,8 +850,8 @@ async fn a_plugin_from_a_registry_waits_for_its_tag_runs_and_hot_reloads_when_th
     // Pushed (signed): the poll sees it and the plugin starts.
     let (a, b) = (wasm("reload-stamp-a"), wasm("reload-stamp-b"));
     let v1 = push(reg.address(), &a, "plugins/stamp:v1", Some(&key)).await;
-    host.until("version a", |s| s.version.as_deref() == Some(&version_of(&a)) && s.ready).await;
-    let s = host.status().unwrap();
+    host.until_stamp("version a", |s| s.version.as_deref() == Some(&version_of(&a)) && s.ready).await;
+    let s = host.status("stamp").unwrap();
     assert_eq!(s.source.as_deref(), Some(v1.to_string().as_str()));
     assert!(s.wasm.as_ref().is_some_and(|w| std::fs::read(w).ok().as_ref() == Some(&a)), "{s:?}");
     apply_src(&api, "src-1", "one").await;
@@ -878,11 +859,11 @@ async fn a_plugin_from_a_registry_waits_for_its_tag_runs_and_hot_reloads_when_th
 
     // The tag moves to an unsigned build: refused, and version a keeps running.
     let unsigned = push(reg.address(), &b, "plugins/stamp:v1", None).await;
-    host.until("the unsigned build refused", |s| {
+    host.until_stamp("the unsigned build refused", |s| {
         s.last_error.as_deref().is_some_and(|e| e.contains("is not signed"))
     })
     .await;
-    let s = host.status().unwrap();
+    let s = host.status("stamp").unwrap();
     assert_eq!((s.state, s.version.as_deref()), (PluginState::Running, Some(version_of(&a).as_str())));
     apply_src(&api, "src-2", "two").await;
     until_stamped(&api, &["src-1", "src-2"], "a").await;
@@ -891,14 +872,14 @@ async fn a_plugin_from_a_registry_waits_for_its_tag_runs_and_hot_reloads_when_th
     // `/readyz` names the refusal without making the host unready.
     let stranger = SigningKey::generate();
     sign_artifact(&plain_client(reg.address()), &tag, &unsigned.digest().unwrap(), &stranger).await.unwrap();
-    host.until("the wrongly signed build refused", |s| {
+    host.until_stamp("the wrongly signed build refused", |s| {
         s.last_error.as_deref().is_some_and(|e| e.contains("verifies with the key host.pub"))
     })
     .await;
-    let s = host.status().unwrap();
+    let s = host.status("stamp").unwrap();
     assert_eq!((s.state, s.version.as_deref()), (PluginState::Running, Some(version_of(&a).as_str())));
     assert_eq!(s.source.as_deref(), Some(v1.to_string().as_str()), "the pinned source is the running one");
-    let readiness = host.manager.status().readiness();
+    let readiness = host.manager().status().readiness();
     assert!(readiness.ready, "{readiness:?}");
     assert!(
         readiness.details.iter().any(|d| d.contains("reload rejected, still running version")
@@ -912,13 +893,15 @@ async fn a_plugin_from_a_registry_waits_for_its_tag_runs_and_hot_reloads_when_th
     // push`): the next poll tries again, and the plugin swaps to b with the usual hand-off —
     // every key reconciled again by b, nothing left to a.
     sign_artifact(&plain_client(reg.address()), &tag, &unsigned.digest().unwrap(), &key).await.unwrap();
-    host.until("version b", |s| s.version.as_deref() == Some(&version_of(&b)) && s.last_error.is_none())
-        .await;
-    let s = host.status().unwrap();
+    host.until_stamp("version b", |s| {
+        s.version.as_deref() == Some(&version_of(&b)) && s.last_error.is_none()
+    })
+    .await;
+    let s = host.status("stamp").unwrap();
     assert_eq!(s.source.as_deref(), Some(unsigned.to_string().as_str()));
     assert_eq!(s.reloads, 2, "loaded a, then reloaded b once: {s:?}");
     until_stamped(&api, &["src-1", "src-2", "src-3"], "b").await;
-    assert!(host.manager.status().readiness().ready);
+    assert!(host.manager().status().readiness().ready);
     host.stop().await;
 }
 
@@ -957,32 +940,26 @@ async fn a_registry_that_never_answers_holds_up_no_stop_and_no_shutdown() {
 
     let dir = tempfile::tempdir().unwrap();
     let a = wasm("reload-stamp-a");
-    std::fs::create_dir_all(dir.path().join("plugins")).unwrap();
-    std::fs::write(dir.path().join("plugins/stamp.wasm"), &a).unwrap();
+    let plugins = PluginsDir::new();
+    plugins.write("stamp.wasm", &a);
     // Only pulls ask it (no poll round in this test's time).
     let mut opts = options(&address, &dir.path().join("cache/oci"));
     opts.poll_interval = Duration::from_secs(3600);
     let source = OciSource::new(opts).unwrap();
-    let host = Host::start("oci-silent", source, "stamp.wasm", dir).await;
+    let host = Host::start("oci-silent", source, "stamp.wasm", plugins).await;
     let api: Api<ConfigMap> = Api::namespaced(host.client.clone(), &host.ns);
-    host.until("version a", |s| s.version.as_deref() == Some(&version_of(&a)) && s.ready).await;
+    host.until_stamp("version a", |s| s.version.as_deref() == Some(&version_of(&a)) && s.ready).await;
     apply_src(&api, "src-1", "one").await;
     until_stamped(&api, &["src-1"], "a").await;
 
     // Its TOML now names a component in the silent registry: the pull waits.
-    let toml = host.dir.path().join("plugins/stamp.toml");
+    let toml = host.plugins.path().join("stamp.toml");
     let silent_tag = at(&address, "plugins/stamp:v1").to_string();
     replace_file(&toml, &stamp_toml(&host.ns, &silent_tag));
     let mut first = next_connection();
     // Its TOML removed meanwhile: the plugin stops, while that pull still waits.
     std::fs::remove_file(&toml).unwrap();
-    tokio::time::timeout(PATIENCE, async {
-        while host.status().is_some() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the plugin stops");
+    host.until("the plugin to stop", |h| h.status("stamp").is_none()).await;
     assert!(still_open(&mut first), "the plugin stopped while its pull was still waiting");
 
     // Back, still naming the silent registry: a shutdown does not wait for its pull either
@@ -990,9 +967,9 @@ async fn a_registry_that_never_answers_holds_up_no_stop_and_no_shutdown() {
     while accepted.try_recv().is_ok() {}
     std::fs::write(&toml, stamp_toml(&host.ns, &silent_tag)).unwrap();
     let mut second = next_connection();
-    host.until("starting", |s| s.state == PluginState::Starting).await;
+    host.until_stamp("starting", |s| s.state == PluginState::Starting).await;
     assert!(still_open(&mut second));
-    let board = host.manager.status();
+    let board = host.manager().status();
     host.stop().await;
     let s = board.get("stamp").expect("its status stays until the end");
     assert_eq!((s.state, s.last_error), (PluginState::Starting, None), "the pull was ended, not waited for");

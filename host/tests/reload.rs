@@ -141,7 +141,11 @@ impl Host {
     }
 
     /// As [`Host::start`], the host's setup changed by `edit` (given the namespace) first.
-    async fn start_with(namespace: &str, watch: bool, edit: impl FnOnce(&str, HostSetup) -> HostSetup) -> Host {
+    async fn start_with(
+        namespace: &str,
+        watch: bool,
+        edit: impl FnOnce(&str, HostSetup) -> HostSetup,
+    ) -> Host {
         guest_logs();
         let cluster = TestCluster::start().await.expect("test cluster starts");
         let ns = cluster.namespace_named(namespace).await.expect("namespace");
@@ -1500,11 +1504,10 @@ async fn two_files_claiming_one_name_are_refused_then_retried() {
 /// expire after the configured time, counted in the metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn parked_keys_go_only_to_their_kind_and_expire() {
-    let host =
-        Host::start_with("delivery-parked", false, |_, s| {
-            s.then_options(|o| ManagerOptions { parked_keys_ttl: Duration::from_secs(3), ..o })
-        })
-        .await;
+    let host = Host::start_with("delivery-parked", false, |_, s| {
+        s.then_options(|o| ManagerOptions { parked_keys_ttl: Duration::from_secs(3), ..o })
+    })
+    .await;
     let ns = &host.ns.clone();
     let a = build("witness-a");
     // Every reconcile of a deleted key fails: the delete stays pending (in backoff).
@@ -1609,11 +1612,10 @@ async fn a_rename_carries_the_keys_parked_for_another_kind() {
 /// keeps failing is still pending, and the next version reconciles it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_controller_that_fails_to_sync_keeps_its_queue() {
-    let host =
-        Host::start_with("delivery-nosync", false, |_, s| {
-            s.then_options(|o| ManagerOptions { cache_sync_timeout: Duration::from_secs(2), ..o })
-        })
-            .await;
+    let host = Host::start_with("delivery-nosync", false, |_, s| {
+        s.then_options(|o| ManagerOptions { cache_sync_timeout: Duration::from_secs(2), ..o })
+    })
+    .await;
     let ns = &host.ns.clone();
     let a = build("witness-a");
     host.install(
