@@ -42,6 +42,12 @@ mod host;
 
 use host::{HostSetup, PluginsDir, TestHost};
 
+#[allow(dead_code)]
+#[path = "common/process.rs"]
+mod process;
+
+use process::{HostProcess, WASMCTRL};
+
 /// Bound on every wait for something to happen (not a timing assertion).
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -1137,16 +1143,6 @@ async fn typescript_and_python_plugins_validate_and_mutate() {
 
 // ---- The binary: `wasmctrl run` with [admission], `wasmctrl webhook-config` ----
 
-/// Kills the host when the test ends, however it ends.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wasmctrl_run_serves_the_plugins_webhooks_and_webhook_config_prints_them() {
     // The binary runs its own embedded dev cluster whichever backend the suite uses.
@@ -1175,7 +1171,7 @@ async fn wasmctrl_run_serves_the_plugins_webhooks_and_webhook_config_prints_them
     .unwrap();
 
     // `wasmctrl webhook-config`: the configurations the host would write.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+    let out = std::process::Command::new(WASMCTRL)
         .args(["webhook-config", "--config"])
         .arg(&host_toml)
         .output()
@@ -1195,14 +1191,13 @@ async fn wasmctrl_run_serves_the_plugins_webhooks_and_webhook_config_prints_them
     }
 
     // `wasmctrl run`: the server comes up, the plugin joins it once loaded.
-    let _host = Child(
-        std::process::Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
+    let _host = HostProcess::spawn(
+        std::process::Command::new(WASMCTRL)
             .args(["run", "--config"])
             .arg(&host_toml)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(std::process::Stdio::null()),
+        "wasmctrl run",
     );
     let address: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let denied = create("default", "no", json!({"deny": "not from the binary"}));

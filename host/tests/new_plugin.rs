@@ -7,14 +7,16 @@
 //! `cargo xtask build-guests` uses), so the SDK's dependencies are compiled once.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
-const WASMCTRL: &str = env!("CARGO_BIN_EXE_wasmctrl");
+#[path = "common/process.rs"]
+mod process;
+
+use process::{HostProcess, WASMCTRL};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -37,16 +39,6 @@ fn run(cmd: &mut Command, what: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-/// Kills the host when the test ends, however it ends.
-struct Host(Child);
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,36 +103,15 @@ async fn scaffold_build_test_and_deploy_a_new_plugin() {
          [server]\naddress = \"127.0.0.1:0\"\n\n[leader-election]\nenabled = false\n",
     )
     .unwrap();
-    let kubeconfig = host_dir.join("kubeconfig");
-    let _host = Host(
-        Command::new(WASMCTRL)
-            .arg("run")
-            .arg("--config")
-            .arg(host_dir.join("wasmctrl.toml"))
-            .arg("--kubeconfig-out")
-            .arg(&kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !kubeconfig.is_file() {
-        assert!(Instant::now() < deadline, "the host did not start");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (_host, client) =
+        HostProcess::run_embedded(&host_dir.join("wasmctrl.toml"), Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     std::fs::copy(&wasm, plugins.join(".hello.tmp")).unwrap();
     std::fs::rename(plugins.join(".hello.tmp"), plugins.join("hello.wasm")).unwrap();
     std::fs::copy(crate_dir.join("hello.toml"), plugins.join("hello.toml")).unwrap();
 
-    let config = kube::Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(&kubeconfig).unwrap(),
-        &KubeConfigOptions::default(),
-    )
-    .await
-    .unwrap();
-    let api: Api<ConfigMap> = Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+    let api: Api<ConfigMap> = Api::namespaced(client, "default");
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let seen = api.get("example").await.ok().and_then(|cm| {
             cm.metadata.annotations.and_then(|a| a.get("wasmctrl.example.com/seen-by").cloned())

@@ -737,6 +737,11 @@ mod host;
 
 use host::{HostSetup, PluginsDir, TestHost};
 
+#[path = "common/process.rs"]
+mod process;
+
+use process::HostProcess;
+
 /// A host over a test cluster of its own, in a fresh namespace, running the plugin `stamp`.
 struct Host {
     /// Dropped with the host: the dev cluster stops, or the test's namespace is deleted.
@@ -975,16 +980,6 @@ async fn a_registry_that_never_answers_holds_up_no_stop_and_no_shutdown() {
     assert_eq!((s.state, s.last_error), (PluginState::Starting, None), "the pull was ended, not waited for");
 }
 
-/// Kills the host process when the test ends, however it ends.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `wasmctrl run` as a user runs it: `[oci]` in the host TOML, a plugin TOML naming a signed
 /// component in a registry; the plugin reconciles, then reloads when its tag moves.
 #[tokio::test]
@@ -1015,33 +1010,8 @@ async fn wasmctrl_run_pulls_a_signed_plugin_and_follows_its_tag() {
     let (a, b) = (wasm("reload-stamp-a"), wasm("reload-stamp-b"));
     push(reg.address(), &a, "plugins/stamp:v1", Some(&key)).await;
 
-    let kubeconfig = dir.join("kubeconfig");
-    let _host = Child(
-        Command::new(env!("CARGO_BIN_EXE_wasmctrl"))
-            .arg("run")
-            .arg("--config")
-            .arg(dir.join("wasmctrl.toml"))
-            .arg("--kubeconfig-out")
-            .arg(&kubeconfig)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("wasmctrl run starts"),
-    );
-    tokio::time::timeout(PATIENCE, async {
-        while !kubeconfig.is_file() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the host wrote its kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .unwrap();
-    let api: Api<ConfigMap> = Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+    let (_host, client) = HostProcess::run_embedded(&dir.join("wasmctrl.toml"), PATIENCE).await;
+    let api: Api<ConfigMap> = Api::namespaced(client, "default");
     until_stamped(&api, &["src-1"], "a").await;
     // What it pulled is in cache-dir/oci, as the host wrote it.
     let blob = dir.join("cache/oci/blobs/sha256").join(Digest::of(&a).hex());

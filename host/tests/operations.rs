@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,12 @@ use kube::Api;
 use kube::api::PostParams;
 use wasmctrl_testkit::TestCluster;
 
-const WASMCTRL: &str = env!("CARGO_BIN_EXE_wasmctrl");
+#[allow(dead_code)]
+#[path = "common/process.rs"]
+mod process;
+
+use process::{HostProcess, WASMCTRL};
+
 /// Bound on every wait for the host to get somewhere (not a timing assertion).
 const PATIENCE: Duration = Duration::from_secs(90);
 const PLUGIN: &str = "configmap-mirror";
@@ -33,9 +38,9 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A `wasmctrl run` child process; killed on drop.
+/// A `wasmctrl run` child process (killed when the test ends) and what it logged.
 struct Host {
-    child: Child,
+    _process: HostProcess,
     address: String,
     /// The test's source namespace (ConfigMaps labelled mirror=true here are mirrored).
     namespace: String,
@@ -99,23 +104,24 @@ name = "{lease}"
         );
         let config = dir.path().join("wasmctrl.toml");
         std::fs::write(&config, host_toml).expect("write host TOML");
-        let mut child = Command::new(WASMCTRL)
-            .args(["--log-format", "json", "run", "--config"])
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            // The cluster may hold thousands of ConfigMaps of other tests, each reconciled at
-            // start-up with several spans: a queue that holds them all (the default 2,048
-            // drops the rest, possibly the spans a test waits for), exported often.
-            .env("OTEL_BSP_MAX_QUEUE_SIZE", "1000000")
-            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start wasmctrl run");
+        let mut child = HostProcess::spawn(
+            Command::new(WASMCTRL)
+                .args(["--log-format", "json", "run", "--config"])
+                .arg(&config)
+                .env("RUST_LOG", "info")
+                // The cluster may hold thousands of ConfigMaps of other tests, each reconciled at
+                // start-up with several spans: a queue that holds them all (the default 2,048
+                // drops the rest, possibly the spans a test waits for), exported often.
+                .env("OTEL_BSP_MAX_QUEUE_SIZE", "1000000")
+                .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+            "wasmctrl run",
+        );
         let log = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
         let (tx, rx) = mpsc::channel::<String>();
-        let stderr = child.stderr.take().expect("stderr");
+        let stderr = child.0.stderr.take().expect("stderr");
         let lines = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -137,10 +143,9 @@ name = "{lease}"
         .await
         .expect("log reader");
         let Some(address) = address else {
-            let _ = child.kill();
             panic!("the host did not serve its endpoint; its log:\n{}", log.lock().join("\n"));
         };
-        Host { child, address, namespace, log, _dir: dir }
+        Host { _process: child, address, namespace, log, _dir: dir }
     }
 
     async fn get(&self, path: &str) -> String {
@@ -226,13 +231,6 @@ name = "{lease}"
             .await
             .expect("create ConfigMap");
         created.metadata.resource_version.expect("resourceVersion")
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
