@@ -1,7 +1,10 @@
 //! One host for the integration tests: the plugins manager, as `wasmctrl run` runs it, over a
 //! Kubernetes client of whichever test cluster the test started (the testkit's
-//! `TestCluster` on either backend, or a `DevCluster`), with its own metrics, compile cache
-//! and plugins directory, and an admission server when asked for.
+//! `TestCluster` on either backend, or a `DevCluster`), with its own metrics, informer
+//! factory, engine (or one the test gives it, e.g. shared between hosts) and plugins
+//! directory, and an admission server when asked for. The test changes the manager's options
+//! through [`HostSetup::options`] (runtime values included: another plugins directory, a
+//! registry). The real binary as a host is `common/process.rs`.
 //!
 //! It keeps these promises to the tests that use it:
 //! - plugin files reach the plugins directory whole: each is written to a hidden temporary
