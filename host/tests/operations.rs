@@ -104,7 +104,7 @@ name = "{lease}"
         );
         let config = dir.path().join("wasmctrl.toml");
         std::fs::write(&config, host_toml).expect("write host TOML");
-        let mut child = HostProcess::spawn(
+        let mut process = HostProcess::spawn(
             Command::new(WASMCTRL)
                 .args(["--log-format", "json", "run", "--config"])
                 .arg(&config)
@@ -121,7 +121,7 @@ name = "{lease}"
         );
         let log = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
         let (tx, rx) = mpsc::channel::<String>();
-        let stderr = child.0.stderr.take().expect("stderr");
+        let stderr = process.0.stderr.take().expect("stderr");
         let lines = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -145,7 +145,7 @@ name = "{lease}"
         let Some(address) = address else {
             panic!("the host did not serve its endpoint; its log:\n{}", log.lock().join("\n"));
         };
-        Host { _process: child, address, namespace, log, _dir: dir }
+        Host { _process: process, address, namespace, log, _dir: dir }
     }
 
     async fn get(&self, path: &str) -> String {
