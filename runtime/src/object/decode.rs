@@ -33,7 +33,7 @@ struct RawEnvelope<'a> {
 /// A derived struct decoded from a JSON object only. serde's derive also accepts an array
 /// of the fields in declaration order (`"metadata": ["n"]` would read as the name `n`);
 /// the API server never sends one and Go's decoder refuses it, so this does too.
-struct FromMap<T>(T);
+pub(crate) struct FromMap<T>(pub(crate) T);
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for FromMap<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Deserialize;
 
-pub(crate) use decode::find_member;
+pub(crate) use decode::{FromMap, find_member};
 use decode::{MetaFields, parse_envelope};
 pub use transform::{LAST_APPLIED_ANNOTATION, Transform};
 

@@ -62,7 +62,7 @@ use super::metrics::ReflectorMetrics;
 use super::requests::Requests;
 use super::watch_lines::{WatchLines, WatchLinesError};
 use crate::fifo::{Delta, DeltaFifo};
-use crate::object::{DeletedObject, Object, ObjectError, Transform};
+use crate::object::{DeletedObject, FromMap, Object, ObjectError, Transform};
 
 /// Options of a [`Reflector`].
 #[derive(Debug, Clone)]
@@ -485,8 +485,9 @@ impl EventDecoder<'_> {
             push_change(kind, obj, changes, rv);
             return Ok(());
         }
-        let event: WatchEvent<'_> = match serde_json::from_slice(line) {
-            Ok(e) => e,
+        // From a JSON object only: the derive alone would also take `["ADDED", {...}]`.
+        let event: WatchEvent<'_> = match serde_json::from_slice::<FromMap<WatchEvent<'_>>>(line) {
+            Ok(FromMap(e)) => e,
             Err(e) => return Err(ReflectorError::UndecodableEvent(e.to_string())),
         };
         match &*event.kind {
@@ -639,6 +640,16 @@ mod tests {
             Err(ReflectorError::UndecodableEvent(_))
         ));
         assert!(decoder.decode(b"  ", &mut changes, &mut rv).is_ok());
+        // An event is a JSON object, as the API server sends it and Go's decoder requires.
+        assert!(matches!(
+            decoder.decode(
+                br#"["ADDED",{"metadata":{"name":"a","resourceVersion":"6"}}]"#,
+                &mut changes,
+                &mut rv
+            ),
+            Err(ReflectorError::UndecodableEvent(_))
+        ));
+        assert_eq!((changes.len(), rv.as_str()), (1, "9"));
     }
 
     #[test]
