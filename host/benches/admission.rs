@@ -5,7 +5,8 @@
 //! Policies (a 2 KB ConfigMap per review):
 //! - no-op: admits without reading the request (`guests/test-plugins/bench-admission`, raw
 //!   bindings) vs a native handler that admits at once: the fixed cost of a plugin call
-//!   (the blocking-thread hop, the instance, copying the request in);
+//!   (taking an idle instance, copying the request in, the call, which runs in the
+//!   request's task and so makes no hop to another thread);
 //! - typed-parse: decodes the object into k8s-openapi's `ConfigMap`, checks its data and
 //!   warns (`guests/test-plugins/admission` through the SDK's `Validate`) vs the same in
 //!   native Rust.

@@ -13,7 +13,9 @@
 //!   message as a warning.
 //! - One review is one call into one version (the one this handler holds).
 //! - The plugin call has the rule's budget ([`AdmissionRule::call_budget`]) from the moment
-//!   the review arrived, and runs on a blocking thread.
+//!   the review arrived. It runs in the review's task when an instance is idle, yielding to
+//!   the server's other tasks at each epoch tick, and on a blocking thread otherwise
+//!   ([`Plugin::validate`]).
 
 use std::time::Instant;
 
@@ -132,24 +134,21 @@ impl PluginAdmission {
         let input = to_input(request).map_err(|e| refuse(e.to_string()))?;
         let deadline = arrived + rule.call_budget();
         let writes_refused = rule.side_effects.writes_refused(request.dry_run).map(str::to_owned);
-        let plugin = self.plugin.clone();
         let webhook_type = rule.webhook_type;
-        let called = tokio::task::spawn_blocking(move || match webhook_type {
+        let called = match webhook_type {
             WebhookType::Validating => {
-                plugin.validate_blocking(input, deadline, writes_refused).map(|v| (v, None))
+                self.plugin.validate(input, deadline, writes_refused).await.map(|v| (v, None))
             }
             WebhookType::Mutating => {
-                plugin.mutate_blocking(input, deadline, writes_refused).map(|m| (m.verdict, m.patch))
+                self.plugin.mutate(input, deadline, writes_refused).await.map(|m| (m.verdict, m.patch))
             }
-        })
-        .await;
+        };
         let (verdict, patch) = match called {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => {
+            Ok(answer) => answer,
+            Err(e) => {
                 let trapped = matches!(e, AdmitError::Call(CallError::Trap { .. }));
                 return Err(Failure { message: e.to_string(), trapped });
             }
-            Err(e) => return Err(refuse(format!("the admission call did not complete: {e}"))),
         };
         let GuestVerdict { denial, warnings } = verdict;
         if let Some(denial) = denial {

@@ -24,7 +24,8 @@ impl wasmtime::component::HasData for TypesHost {
 
 impl wasmctrl::controller::types::Host for TypesHost {}
 
-/// The admission exports (`validator`, `mutator`), generated from the world that has both.
+/// The admission exports (`validator`, `mutator`), generated from the world that has both,
+/// as async calls.
 /// Only their per-interface export bindings are used ([`admission::ValidatorIndices`] and
 /// [`admission::MutatorIndices`]): a component exports either, both or neither, and the
 /// host looks each one up on its own. Their imports are the ones above (`with`), so an
@@ -34,6 +35,9 @@ pub(crate) mod admission {
         world: "admitting-plugin",
         path: "../wit",
         imports: { default: trappable },
+        // Async: an admission call runs as a future on the server's worker when an instance
+        // is idle (`plugin::admit`), and blocks a thread of its own otherwise.
+        exports: { default: async },
         with: {
             "wasmctrl:controller/types": super::wasmctrl::controller::types,
             "wasmctrl:controller/cache": super::wasmctrl::controller::cache,

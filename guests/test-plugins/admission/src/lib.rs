@@ -3,6 +3,8 @@
 //!
 //! - `deny: <message>` is refused with that message (403); `invalid` with 422;
 //! - `panic` traps, `loop` runs until the call's deadline;
+//! - `print` writes a line to stdout and one to stderr, then goes on; `udp` tries to open
+//!   a UDP socket and is refused with the error it gets;
 //! - `write` tries to create a ConfigMap `<name>-side-effect` and is refused with the
 //!   error when the host refuses the write;
 //! - `unique: <value>` is refused when another cached ConfigMap of the namespace has the
@@ -52,6 +54,16 @@ impl Admit {
         }
         if data.contains_key("panic") {
             panic!("admission panic on purpose");
+        }
+        if data.contains_key("print") {
+            println!("admission print to stdout");
+            eprintln!("admission print to stderr");
+        }
+        if data.contains_key("udp") {
+            return match std::net::UdpSocket::bind("127.0.0.1:0") {
+                Ok(_) => Err(Denied::new("a UDP socket was opened")),
+                Err(e) => Err(Denied::new(format!("udp refused: {e}"))),
+            };
         }
         if data.contains_key("loop") {
             let mut n: u64 = 0;

@@ -190,7 +190,9 @@ pub(crate) fn wasm_config(config: &EngineConfig) -> Config {
             .total_core_instances(n.saturating_mul(8))
             .total_memories(n.saturating_mul(2))
             .total_tables(n.saturating_mul(4))
-            .total_stacks(0)
+            // A stack for each instance that runs a call as a future (admission calls,
+            // `plugin::admit`); reserved address space, committed as a call touches it.
+            .total_stacks(n)
             .max_memory_size(p.max_memory)
             .max_core_instances_per_component(16)
             .max_memories_per_component(4)

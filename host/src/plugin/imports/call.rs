@@ -25,12 +25,28 @@ pub(crate) struct CallInfo {
     /// Why this call may not write (create, update, patch, delete, publish an Event), if it
     /// may not: an admission call of a webhook with no side effects (or of a dry run).
     pub writes_refused: Option<String>,
+    /// The call runs as a future on an async runtime's thread (`call_async`): at each epoch
+    /// tick it yields to the executor, so it holds the thread for one tick at most at a
+    /// time. A blocking call (`call`) continues instead.
+    pub yields: bool,
 }
 
 impl CallInfo {
     /// No call yet (an instance being created).
     pub fn idle() -> Self {
-        CallInfo { export: "", request: None, deadline: Instant::now(), writes_refused: None }
+        CallInfo { export: "", request: None, deadline: Instant::now(), writes_refused: None, yields: false }
+    }
+}
+
+/// Runs `wait`, which blocks its thread until a host call's work is done. On a
+/// multi-threaded tokio runtime's worker (a call running as a future in a task, see
+/// [`CallInfo::yields`]) the worker first hands its other tasks to another thread
+/// (`block_in_place`), so they, and the work `wait` waits for, keep running; on any other
+/// thread (a blocking-pool thread, a thread of no runtime) it runs as it is.
+pub(crate) fn blocking_wait<R>(wait: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+        _ => wait(),
     }
 }
 
@@ -69,14 +85,16 @@ impl Interrupts {
         }
         let revoked = self.revoked.clone().unwrap_or_default();
         let shutdown = self.shutdown.clone();
-        wasmtime_wasi::runtime::in_tokio(async move {
-            tokio::select! {
-                biased;
-                () = revoked.cancelled() => ended(Why::Revoked),
-                () = shutdown.cancelled() => ended(Why::Shutdown),
-                r = wait => r,
-                () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => ended(Why::Deadline),
-            }
+        blocking_wait(|| {
+            wasmtime_wasi::runtime::in_tokio(async move {
+                tokio::select! {
+                    biased;
+                    () = revoked.cancelled() => ended(Why::Revoked),
+                    () = shutdown.cancelled() => ended(Why::Shutdown),
+                    r = wait => r,
+                    () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => ended(Why::Deadline),
+                }
+            })
         })
     }
 }

@@ -143,7 +143,7 @@ impl KubeServices {
         // Bounded even if the runtime cannot run the task (e.g. a current-thread runtime
         // whose only thread is the one waiting here).
         let wait = deadline.saturating_duration_since(Instant::now()) + std::time::Duration::from_secs(1);
-        match rx.recv_timeout(wait) {
+        match super::call::blocking_wait(|| rx.recv_timeout(wait)) {
             Ok(result) => result,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(WitError::Unavailable(
                 "the runtime did not run the request before the call's deadline".into(),

@@ -217,6 +217,7 @@ impl ImportHarness {
             request: Some("default/cm-0".to_owned()),
             deadline: Instant::now() + Duration::from_secs(2),
             writes_refused: None,
+            yields: false,
         };
         let mut cache = CacheCtxView { ctx: &self.cache, call: &info };
         let mut client = ClientCtxView { ctx: &self.client, call: &info };

@@ -120,7 +120,7 @@ pub(crate) fn add_to_linker<T: WasiView + 'static>(
     let l = linker;
     bindings::sync::io::error::add_to_linker::<T, HasTable>(l, |t| t.ctx().table)?;
     bindings::sync::io::poll::add_to_linker::<T, HasPoll>(l, poll)?;
-    bindings::sync::io::streams::add_to_linker::<T, HasTable>(l, |t| t.ctx().table)?;
+    bindings::sync::io::streams::add_to_linker::<T, HasStreams>(l, |t| OffWorker(t.ctx().table))?;
 
     bindings::clocks::wall_clock::add_to_linker::<T, WasiClocks>(l, T::clocks)?;
     bindings::clocks::monotonic_clock::add_to_linker::<T, WasiClocks>(l, T::clocks)?;
@@ -147,13 +147,182 @@ pub(crate) fn add_to_linker<T: WasiView + 'static>(
     bindings::sync::sockets::tcp::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     bindings::sockets::tcp_create_socket::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     bindings::sync::sockets::udp::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
-    bindings::sync::sockets::udp_create_socket::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
+    bindings::sync::sockets::udp_create_socket::add_to_linker::<T, HasUdpCreate>(l, |t| {
+        OffWorker(t.sockets())
+    })?;
     bindings::sockets::ip_name_lookup::add_to_linker::<T, WasiSockets>(l, T::sockets)?;
     Ok(())
 }
 
 /// The io interfaces' host: the store's resource table.
 struct HasTable;
+
+/// A host of wasmtime-wasi's synchronous bindings whose calls that wait do so off the
+/// runtime's worker. Those calls enter a tokio runtime to wait (`in_tokio`), which panics
+/// on a worker thread, where an admission call runs as a future (see
+/// [`super::call::CallInfo::yields`]); each is made through [`blocking_wait`], and every
+/// other call goes straight through. Used for `wasi:io/streams` (a guest's stdout and
+/// stderr writes and the drop of a stream end there) and `wasi:sockets/udp-create-socket`
+/// (refused, but after entering the runtime). Every other interface linked here either
+/// never waits or takes a resource no plugin can ever hold (a descriptor, a socket).
+struct OffWorker<H>(H);
+
+/// `wasi:io/streams` on the store's resource table, waiting off the worker.
+struct HasStreams;
+
+impl HasData for HasStreams {
+    type Data<'a> = OffWorker<&'a mut ResourceTable>;
+}
+
+/// `wasi:sockets/udp-create-socket`, refusing off the worker.
+struct HasUdpCreate;
+
+impl HasData for HasUdpCreate {
+    type Data<'a> = OffWorker<wasmtime_wasi::sockets::WasiSocketsCtxView<'a>>;
+}
+
+mod off_worker {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::bindings::sockets::network;
+    use wasmtime_wasi::p2::bindings::sync::io::poll::Pollable;
+    use wasmtime_wasi::p2::bindings::sync::io::streams::{
+        self, Host, HostInputStream, HostOutputStream, InputStream, OutputStream,
+    };
+    use wasmtime_wasi::p2::bindings::sync::sockets::udp::IpAddressFamily;
+    use wasmtime_wasi::p2::bindings::sync::sockets::udp_create_socket;
+    use wasmtime_wasi::p2::{SocketError, SocketResult, StreamError, StreamResult, UdpSocket};
+    use wasmtime_wasi::sockets::WasiSocketsCtxView;
+
+    use super::OffWorker;
+    use crate::plugin::imports::call::blocking_wait;
+
+    type Table<'a> = wasmtime::component::ResourceTable;
+
+    impl Host for OffWorker<&mut Table<'_>> {
+        fn convert_stream_error(&mut self, err: StreamError) -> wasmtime::Result<streams::StreamError> {
+            Host::convert_stream_error(self.0, err)
+        }
+    }
+
+    impl HostOutputStream for OffWorker<&mut Table<'_>> {
+        fn drop(&mut self, stream: Resource<OutputStream>) -> wasmtime::Result<()> {
+            blocking_wait(|| HostOutputStream::drop(self.0, stream))
+        }
+
+        fn check_write(&mut self, stream: Resource<OutputStream>) -> StreamResult<u64> {
+            HostOutputStream::check_write(self.0, stream)
+        }
+
+        fn write(&mut self, stream: Resource<OutputStream>, bytes: Vec<u8>) -> StreamResult<()> {
+            HostOutputStream::write(self.0, stream, bytes)
+        }
+
+        fn blocking_write_and_flush(
+            &mut self,
+            stream: Resource<OutputStream>,
+            bytes: Vec<u8>,
+        ) -> StreamResult<()> {
+            blocking_wait(|| HostOutputStream::blocking_write_and_flush(self.0, stream, bytes))
+        }
+
+        fn blocking_write_zeroes_and_flush(
+            &mut self,
+            stream: Resource<OutputStream>,
+            len: u64,
+        ) -> StreamResult<()> {
+            blocking_wait(|| HostOutputStream::blocking_write_zeroes_and_flush(self.0, stream, len))
+        }
+
+        fn subscribe(&mut self, stream: Resource<OutputStream>) -> wasmtime::Result<Resource<Pollable>> {
+            HostOutputStream::subscribe(self.0, stream)
+        }
+
+        fn write_zeroes(&mut self, stream: Resource<OutputStream>, len: u64) -> StreamResult<()> {
+            HostOutputStream::write_zeroes(self.0, stream, len)
+        }
+
+        fn flush(&mut self, stream: Resource<OutputStream>) -> StreamResult<()> {
+            HostOutputStream::flush(self.0, stream)
+        }
+
+        fn blocking_flush(&mut self, stream: Resource<OutputStream>) -> StreamResult<()> {
+            blocking_wait(|| HostOutputStream::blocking_flush(self.0, stream))
+        }
+
+        fn splice(
+            &mut self,
+            dst: Resource<OutputStream>,
+            src: Resource<InputStream>,
+            len: u64,
+        ) -> StreamResult<u64> {
+            HostOutputStream::splice(self.0, dst, src, len)
+        }
+
+        fn blocking_splice(
+            &mut self,
+            dst: Resource<OutputStream>,
+            src: Resource<InputStream>,
+            len: u64,
+        ) -> StreamResult<u64> {
+            blocking_wait(|| HostOutputStream::blocking_splice(self.0, dst, src, len))
+        }
+    }
+
+    impl HostInputStream for OffWorker<&mut Table<'_>> {
+        fn drop(&mut self, stream: Resource<InputStream>) -> wasmtime::Result<()> {
+            blocking_wait(|| HostInputStream::drop(self.0, stream))
+        }
+
+        fn read(&mut self, stream: Resource<InputStream>, len: u64) -> StreamResult<Vec<u8>> {
+            HostInputStream::read(self.0, stream, len)
+        }
+
+        fn blocking_read(&mut self, stream: Resource<InputStream>, len: u64) -> StreamResult<Vec<u8>> {
+            blocking_wait(|| HostInputStream::blocking_read(self.0, stream, len))
+        }
+
+        fn skip(&mut self, stream: Resource<InputStream>, len: u64) -> StreamResult<u64> {
+            HostInputStream::skip(self.0, stream, len)
+        }
+
+        fn blocking_skip(&mut self, stream: Resource<InputStream>, len: u64) -> StreamResult<u64> {
+            blocking_wait(|| HostInputStream::blocking_skip(self.0, stream, len))
+        }
+
+        fn subscribe(&mut self, stream: Resource<InputStream>) -> wasmtime::Result<Resource<Pollable>> {
+            HostInputStream::subscribe(self.0, stream)
+        }
+    }
+
+    // The error conversions `udp-create-socket` needs: `wasi:sockets/network`'s, as they are.
+    impl network::Host for OffWorker<WasiSocketsCtxView<'_>> {
+        fn convert_error_code(&mut self, error: SocketError) -> wasmtime::Result<network::ErrorCode> {
+            network::Host::convert_error_code(&mut self.0, error)
+        }
+
+        fn network_error_code(
+            &mut self,
+            err: Resource<network::Error>,
+        ) -> wasmtime::Result<Option<network::ErrorCode>> {
+            network::Host::network_error_code(&mut self.0, err)
+        }
+    }
+
+    impl network::HostNetwork for OffWorker<WasiSocketsCtxView<'_>> {
+        fn drop(&mut self, this: Resource<network::Network>) -> wasmtime::Result<()> {
+            network::HostNetwork::drop(&mut self.0, this)
+        }
+    }
+
+    impl udp_create_socket::Host for OffWorker<WasiSocketsCtxView<'_>> {
+        fn create_udp_socket(
+            &mut self,
+            address_family: IpAddressFamily,
+        ) -> SocketResult<Resource<UdpSocket>> {
+            blocking_wait(|| udp_create_socket::Host::create_udp_socket(&mut self.0, address_family))
+        }
+    }
+}
 
 impl HasData for HasTable {
     type Data<'a> = &'a mut ResourceTable;

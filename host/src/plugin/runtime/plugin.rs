@@ -542,6 +542,8 @@ fn short_version(hash: &str) -> &str {
 }
 
 #[cfg(test)]
+mod admit_in_task_tests;
+#[cfg(test)]
 mod tier_up_tests;
 
 // How a call runs (instances, limits, errors), the event hooks and the admission calls

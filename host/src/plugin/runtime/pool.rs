@@ -149,6 +149,17 @@ impl<T> Pool<T> {
         }
     }
 
+    /// An idle instance, if one is waiting; never creates one and never waits (for a caller
+    /// that must not block its thread: it makes a blocking [`Pool::checkout`] elsewhere
+    /// otherwise).
+    pub fn checkout_idle(&self) -> Option<Lease<'_, T>> {
+        let mut s = self.shared.state.lock();
+        let generation = s.generation;
+        let (item, _) = s.idle.pop()?;
+        s.last_active = Instant::now();
+        Some(Lease { pool: self, item: Some(item), poisoned: false, generation })
+    }
+
     fn release_slot(&self) {
         {
             let mut s = self.shared.state.lock();
@@ -245,6 +256,13 @@ impl<T> Lease<'_, T> {
     /// Marks the instance unusable: it is destroyed instead of returned.
     pub fn poison(&mut self) {
         self.poisoned = true;
+    }
+
+    /// Takes [`Lease::poison`] back: the instance returns to the pool when the lease ends.
+    /// (A call that may be abandoned half-way, a future dropped at an await, poisons its
+    /// lease first and clears the mark once the call finished cleanly.)
+    pub fn unpoison(&mut self) {
+        self.poisoned = false;
     }
 
     /// The checked-out item.

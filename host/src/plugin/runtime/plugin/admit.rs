@@ -19,11 +19,12 @@
 use std::time::Instant;
 
 use super::super::admission_exports::AdmissionExports;
-use super::{CallError, Plugin, check_output};
+use super::{CallError, Instance, Plugin, check_output};
 use crate::plugin::bindings::admission::{
     AdmissionRequest as WitRequest, Operation as WitOperation, UserInfo as WitUser, Verdict as WitVerdict,
 };
 use crate::plugin::bindings::wasmctrl::controller::types::Gvk as WitGvk;
+use crate::plugin::runtime::pool::Lease;
 use crate::plugin::spec::Gvk;
 
 /// The operation an admission request is for.
@@ -169,10 +170,144 @@ fn name_deadline(e: wasmtime::Error) -> wasmtime::Error {
     }
 }
 
+/// Where an admission call from a task runs.
+// A value of one call's stack frame, moved once: the size of the lease's instance costs
+// nothing here, and boxing it would cost an allocation per call.
+#[allow(clippy::large_enum_variant)]
+enum InTask<'a> {
+    /// On this idle instance, in the task.
+    Ready(Lease<'a, Instance>, WitRequest),
+    /// On a blocking thread (no instance idle, or a current-thread runtime).
+    OffThread(AdmissionInput),
+}
+
+/// The `validate` call on `inst` (readied for it), its output bounded by `max`.
+async fn validate_on(
+    inst: &mut Instance,
+    request: &WitRequest,
+    writes_refused: Option<String>,
+    max: usize,
+) -> wasmtime::Result<GuestVerdict> {
+    inst.store.data_mut().call.writes_refused = writes_refused;
+    let Some(validator) = inst.admission.validator.as_ref() else {
+        return Err(wasmtime::format_err!("the instance has no `validator` export"));
+    };
+    let verdict = GuestVerdict::from_wit(
+        validator.call_validate(&mut inst.store, request).await.map_err(name_deadline)?,
+    );
+    check_output(verdict.size(), max)?;
+    Ok(verdict)
+}
+
+/// The `mutate` call on `inst` (readied for it), its output bounded by `max`.
+async fn mutate_on(
+    inst: &mut Instance,
+    request: &WitRequest,
+    writes_refused: Option<String>,
+    max: usize,
+) -> wasmtime::Result<GuestMutation> {
+    inst.store.data_mut().call.writes_refused = writes_refused;
+    let Some(mutator) = inst.admission.mutator.as_ref() else {
+        return Err(wasmtime::format_err!("the instance has no `mutator` export"));
+    };
+    let m = mutator.call_mutate(&mut inst.store, request).await.map_err(name_deadline)?;
+    let mutation = GuestMutation { verdict: GuestVerdict::from_wit(m.verdict), patch: m.patch };
+    check_output(mutation.verdict.size() + mutation.patch.as_ref().map_or(0, Vec::len), max)?;
+    Ok(mutation)
+}
+
 impl Plugin {
     /// Which admission exports the plugin's component has.
     pub fn admission_exports(&self) -> AdmissionExports {
         self.inner.code.admission()
+    }
+
+    /// Calls `validate` with `input`, to finish by `deadline`. `writes_refused`: why this
+    /// call may not write, if it may not.
+    ///
+    /// On a multi-threaded runtime, with an instance idle, the call runs in the calling
+    /// task, yielding at each epoch tick (no hop to another thread); otherwise it is made
+    /// on a blocking thread ([`Plugin::validate_blocking`]).
+    pub async fn validate(
+        &self,
+        input: AdmissionInput,
+        deadline: Instant,
+        writes_refused: Option<String>,
+    ) -> Result<GuestVerdict, AdmitError> {
+        match self.admit_in_task(input, "validate", deadline)? {
+            InTask::Ready(mut lease, request) => {
+                let result =
+                    validate_on(lease.get(), &request, writes_refused, self.inner.spec.limits.max_output)
+                        .await;
+                Ok(self.inner.end("validate", &mut lease, result)?)
+            }
+            InTask::OffThread(input) => {
+                let plugin = self.clone();
+                self.off_thread(move || plugin.validate_blocking(input, deadline, writes_refused)).await
+            }
+        }
+    }
+
+    /// Calls `mutate` with `input`, to finish by `deadline`, the way [`Plugin::validate`]
+    /// calls `validate`. The patch is returned as the guest wrote it: the caller checks it.
+    pub async fn mutate(
+        &self,
+        input: AdmissionInput,
+        deadline: Instant,
+        writes_refused: Option<String>,
+    ) -> Result<GuestMutation, AdmitError> {
+        match self.admit_in_task(input, "mutate", deadline)? {
+            InTask::Ready(mut lease, request) => {
+                let result =
+                    mutate_on(lease.get(), &request, writes_refused, self.inner.spec.limits.max_output).await;
+                Ok(self.inner.end("mutate", &mut lease, result)?)
+            }
+            InTask::OffThread(input) => {
+                let plugin = self.clone();
+                self.off_thread(move || plugin.mutate_blocking(input, deadline, writes_refused)).await
+            }
+        }
+    }
+
+    /// How an admission call of `export` runs from a task, once checked: on an idle
+    /// instance in the task (on a multi-threaded runtime only: a host call may block the
+    /// task's thread, which `block_in_place` allows there), or off the task's thread.
+    fn admit_in_task(
+        &self,
+        input: AdmissionInput,
+        export: &'static str,
+        deadline: Instant,
+    ) -> Result<InTask<'_>, AdmitError> {
+        let (exported, interface, what) = match export {
+            "validate" => (self.admission_exports().validate, "validator", "Validate"),
+            _ => (self.admission_exports().mutate, "mutator", "Mutate"),
+        };
+        self.check_admitted(&input, exported, interface, what)?;
+        let flavor = tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor());
+        if flavor.ok() != Some(tokio::runtime::RuntimeFlavor::MultiThread) {
+            return Ok(InTask::OffThread(input));
+        }
+        Ok(match self.inner.checkout_idle_for_async(export, Some(input.key()), deadline) {
+            Some(lease) => InTask::Ready(lease, input.into_wit()),
+            None => InTask::OffThread(input),
+        })
+    }
+
+    /// Runs the blocking call `call` on the runtime's blocking pool (inline outside a
+    /// runtime).
+    async fn off_thread<R: Send + 'static>(
+        &self,
+        call: impl FnOnce() -> Result<R, AdmitError> + Send + 'static,
+    ) -> Result<R, AdmitError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return call();
+        }
+        tokio::task::spawn_blocking(call).await.unwrap_or_else(|e| {
+            Err(AdmitError::Call(CallError::Busy {
+                plugin: self.inner.spec.name.clone(),
+                reason: format!("the admission call did not complete: {e}"),
+            }))
+        })
     }
 
     /// Calls `validate` with `input`, to finish by `deadline`. `writes_refused`: why this
@@ -188,15 +323,7 @@ impl Plugin {
         let request = input.into_wit();
         let max = self.inner.spec.limits.max_output;
         let verdict = self.inner.call_until("validate", Some(key), deadline, move |inst| {
-            inst.store.data_mut().call.writes_refused = writes_refused;
-            let Some(validator) = inst.admission.validator.as_ref() else {
-                return Err(wasmtime::format_err!("the instance has no `validator` export"));
-            };
-            let verdict = GuestVerdict::from_wit(
-                validator.call_validate(&mut inst.store, &request).map_err(name_deadline)?,
-            );
-            check_output(verdict.size(), max)?;
-            Ok(verdict)
+            futures::executor::block_on(validate_on(inst, &request, writes_refused, max))
         })?;
         Ok(verdict)
     }
@@ -215,14 +342,7 @@ impl Plugin {
         let request = input.into_wit();
         let max = self.inner.spec.limits.max_output;
         let mutation = self.inner.call_until("mutate", Some(key), deadline, move |inst| {
-            inst.store.data_mut().call.writes_refused = writes_refused;
-            let Some(mutator) = inst.admission.mutator.as_ref() else {
-                return Err(wasmtime::format_err!("the instance has no `mutator` export"));
-            };
-            let m = mutator.call_mutate(&mut inst.store, &request).map_err(name_deadline)?;
-            let mutation = GuestMutation { verdict: GuestVerdict::from_wit(m.verdict), patch: m.patch };
-            check_output(mutation.verdict.size() + mutation.patch.as_ref().map_or(0, Vec::len), max)?;
-            Ok(mutation)
+            futures::executor::block_on(mutate_on(inst, &request, writes_refused, max))
         })?;
         Ok(mutation)
     }

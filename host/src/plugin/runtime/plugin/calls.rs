@@ -34,7 +34,7 @@ use crate::plugin::imports::access::Access;
 use crate::plugin::imports::call::{BlockedCallEnded, CallInfo};
 use crate::plugin::metrics::PluginCallLabels;
 use crate::plugin::runtime::plugin_code::Code;
-use crate::plugin::runtime::pool::CheckoutError;
+use crate::plugin::runtime::pool::{CheckoutError, Lease};
 use crate::plugin::runtime::store_data::HostState;
 use crate::plugin::spec::{Gvk, PluginSpec};
 
@@ -180,17 +180,59 @@ impl PluginInner {
             }
         };
         let inst = lease.get();
+        self.begin(inst, CallInfo { export, request, deadline, writes_refused: None, yields: false });
+        let result = f(inst);
+        self.end(export, &mut lease, result)
+    }
+
+    /// An idle instance readied for a call that runs as a future (`call_async`, yielding at
+    /// each epoch tick: see [`CallInfo::yields`]), or `None` when no instance is idle: the
+    /// caller then makes the call through [`PluginInner::call_until`] on a thread that may
+    /// block (making an instance runs `init`, and waiting for one blocks). The lease comes
+    /// poisoned, so a call abandoned half-way (its future dropped) destroys its instance;
+    /// [`PluginInner::end`] clears the mark of a call that finished.
+    pub(super) fn checkout_idle_for_async(
+        &self,
+        export: &'static str,
+        request: Option<String>,
+        deadline: Instant,
+    ) -> Option<Lease<'_, Instance>> {
+        let mut lease = self.pool.checkout_idle()?;
+        self.begin(lease.get(), CallInfo { export, request, deadline, writes_refused: None, yields: true });
+        lease.poison();
+        Some(lease)
+    }
+
+    /// Readies `inst` for the call `call`: a fresh epoch deadline, the call's record, no
+    /// stderr of an earlier call; counts the call by tier.
+    fn begin(&self, inst: &mut Instance, call: CallInfo) {
         inst.store.set_epoch_deadline(1);
         let data = inst.store.data_mut();
-        data.call = CallInfo { export, request, deadline, writes_refused: None };
+        data.call = call;
         data.stderr.lock().clear();
         self.calls[match inst.tier {
             Tier::Baseline => 0,
             Tier::Optimized => 1,
         }]
         .fetch_add(1, Ordering::Relaxed);
-        match f(inst) {
-            Ok(r) => Ok(r),
+    }
+
+    /// The outcome of the call `export` on `lease`'s instance: a clean return keeps the
+    /// instance; a trap or host error destroys it, is counted and logged, and becomes a
+    /// [`CallError::Trap`].
+    pub(super) fn end<R>(
+        &self,
+        export: &'static str,
+        lease: &mut Lease<'_, Instance>,
+        result: wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
+        let inst = lease.get();
+        inst.store.data_mut().call.yields = false;
+        match result {
+            Ok(r) => {
+                lease.unpoison();
+                Ok(r)
+            }
             Err(e) => {
                 let reason = describe_error(&e, &inst.store, &self.spec);
                 lease.poison();
@@ -213,7 +255,8 @@ impl PluginInner {
 struct Revoked;
 
 /// Runs at each epoch tick of a running call: interrupts it once its deadline has passed
-/// (reported as [`wasmtime::Trap::Interrupt`]) or its cluster access was revoked.
+/// (reported as [`wasmtime::Trap::Interrupt`]) or its cluster access was revoked; else a
+/// call running as a future yields to its executor, and a blocking call goes on.
 pub(super) fn check_at_tick(
     store: wasmtime::StoreContextMut<'_, HostState>,
 ) -> wasmtime::Result<wasmtime::UpdateDeadline> {
@@ -223,6 +266,9 @@ pub(super) fn check_at_tick(
     }
     if Instant::now() >= state.call.deadline {
         return Ok(wasmtime::UpdateDeadline::Interrupt);
+    }
+    if state.call.yields {
+        return Ok(wasmtime::UpdateDeadline::Yield(1));
     }
     Ok(wasmtime::UpdateDeadline::Continue(1))
 }
