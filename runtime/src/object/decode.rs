@@ -72,8 +72,15 @@ pub(super) struct RawMetadata<'a> {
     pub(super) annotations: Option<Pairs<'a>>,
     #[serde(default)]
     owner_references: Option<Vec<FromMap<OwnerRef>>>,
-    #[serde(borrow, default)]
+    /// Present (`null` included: it is cut out all the same) or not.
+    #[serde(borrow, default, deserialize_with = "present")]
     pub(super) managed_fields: Option<&'a RawValue>,
+}
+
+/// A member's raw value whatever it is, `null` included (`Option<&RawValue>` alone reads a
+/// `null` as absent, and a transform that cuts the member out would leave it in).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue as Deserialize<'de>>::deserialize(d).map(Some)
 }
 
 /// Which of `apiVersion` / `kind` an object's JSON has.

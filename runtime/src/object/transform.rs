@@ -268,6 +268,12 @@ mod tests {
                 "{\n  \"metadata\": {\n    \"managedFields\": [],\n    \"name\": \"x\"\n  }\n}",
                 "{\n  \"metadata\": {\n    \n    \"name\": \"x\"\n  }\n}",
             ),
+            // A `null` value is a member all the same (found by fuzzing: it was kept).
+            (r#"{"metadata":{"name":"x","managedFields":null}}"#, r#"{"metadata":{"name":"x"}}"#),
+            (
+                "{\"metadata\":{\"name\":\"x\",\n\"managedFields\"\n: \nnull\n}}",
+                "{\"metadata\":{\"name\":\"x\"\n}}",
+            ),
         ];
         for (input, want) in cases {
             let o = Object::from_api_json(input.as_bytes(), None, Transform::default()).unwrap();

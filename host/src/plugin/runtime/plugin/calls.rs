@@ -1,7 +1,8 @@
 //! How a call runs: an instance made and `init`ed, taken from the pool, run under the
 //! sandbox's limits, and a failure described in one line. A child of `runtime::plugin`;
 //! every export's call (reconcile, hooks, admission) goes through [`PluginInner::call`] or
-//! [`PluginInner::call_until`].
+//! [`PluginInner::call_until`], or, for an admission call running as a future in a task,
+//! [`PluginInner::checkout_idle_for_async`] and [`PluginInner::end`].
 //!
 //! Invariants:
 //! - Every instance ran `init(settings)` successfully before its first other call.
@@ -9,7 +10,8 @@
 //!   trap or host error fails that call only, and the instance is destroyed (wasmtime
 //!   refuses to re-enter a trapped component anyway).
 //! - At every epoch tick a running call checks its deadline and whether the host's cluster
-//!   access was revoked (leader lease lost): either one interrupts it there. A call blocked
+//!   access was revoked (leader lease lost): either one interrupts it there. A call running
+//!   as a future yields to its executor at every tick besides. A call blocked
 //!   in a host call (a WASI sleep or poll) is ended by its deadline, by the lease's loss and
 //!   by the host's shutdown
 //!   ([`PluginEngine::shut_down_calls`](crate::plugin::PluginEngine::shut_down_calls)) all
