@@ -28,6 +28,14 @@ use crate::store::{Event, Store, WatchFilter, WatchItem, WatchStart};
 
 /// Default watch duration when the client sets no `timeoutSeconds`.
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
+/// A watch's end: `timeout` after `now`, or, for a `timeoutSeconds` past what the clock can
+/// represent (`Instant + Duration` panics there), a year from now: the watch has no end a
+/// client could wait for either way.
+fn watch_deadline(now: tokio::time::Instant, timeout: Duration) -> tokio::time::Instant {
+    const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    now.checked_add(timeout).unwrap_or(now + FAR)
+}
+
 /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
 const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
 /// Upper bound on bytes batched into one watch chunk.
@@ -84,7 +92,7 @@ pub(super) fn watch_handler(ctx: &Ctx<'_>, req: &ResReq) -> Result<Response, Api
         initial: stream.initial.into_iter(),
         initial_end_rv,
         rx: stream.rx,
-        deadline: tokio::time::Instant::now() + timeout,
+        deadline: watch_deadline(tokio::time::Instant::now(), timeout),
         bookmarks,
         last_rv: stream.start_rv,
         store: ctx.st.store.clone(),
