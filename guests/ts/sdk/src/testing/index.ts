@@ -35,7 +35,23 @@
  *   (`deletionTimestamp`), and removing the last finalizer of a marked object deletes it.
  *   Only merge patches are modelled (a JSON or strategic patch is `invalid`), and apply
  *   is approximated as a merge patch (or a create).
+ *
+ * Admission exports are called directly, with {@link admissionRequest} building what the
+ * host would hand them and {@link patchOf} reading a mutation's JSON patch back:
+ *
+ * ```ts
+ * reconciler.init(host.settingsJson({}));
+ * const verdict = validator.validate(admissionRequest("create", cm));
+ * assert.deepEqual(verdict.denial, { message: "data is required", code: 422 });
+ * assert.deepEqual(patchOf(mutator.mutate(admissionRequest("create", cm))), [...]);
+ * ```
  */
+import type {
+  AdmissionRequest as WitAdmissionRequest,
+  Operation as WitOperation,
+  UserInfo as WitUserInfo,
+} from "wasmctrl:controller/admission@0.2.1";
+import type { Mutation as WitMutation } from "wasmctrl:controller/mutator@0.2.1";
 import type { Error as WitError, Gvk } from "wasmctrl:controller/types@0.2.1";
 import type { KubeObject } from "../objects.js";
 
@@ -192,6 +208,59 @@ export class FakeHost {
     }
     return FakeHost.key({ apiVersion: object.apiVersion, kind: object.kind }, object.metadata.namespace, object.metadata.name);
   }
+}
+
+/** The fields of {@link admissionRequest} a test may set; the others get the defaults shown. */
+export interface AdmissionRequestOptions {
+  /** The object as stored now (update, delete); encoded as JSON. */
+  oldObject?: KubeObject;
+  /** Default: `"test-uid"`. */
+  uid?: string;
+  /** Default: the kind lower-cased with an `s` (`configmaps`); set it for other plurals. */
+  resource?: string;
+  subResource?: string;
+  /** Default: `{ username: "test-user", uid: "", groups: [], extra: [] }`. */
+  userInfo?: WitUserInfo;
+  /** Default: false. */
+  dryRun?: boolean;
+  /** The operation's options (`CreateOptions`...); encoded as JSON. */
+  options?: unknown;
+}
+
+/**
+ * The WIT `admission-request` the host hands to the `validator` / `mutator` exports, for
+ * `operation` on `object` (undefined on delete): the objects JSON-encoded, and the kind,
+ * name and namespace read from `object`, else from `options.oldObject`.
+ */
+export function admissionRequest(
+  operation: WitOperation,
+  object: KubeObject | undefined,
+  options: AdmissionRequestOptions = {},
+): WitAdmissionRequest {
+  const subject = object ?? options.oldObject;
+  if (subject?.apiVersion === undefined || subject.kind === undefined) {
+    throw new Error("admissionRequest needs an object (or oldObject) with apiVersion and kind");
+  }
+  const encode = (v: unknown) => (v === undefined ? undefined : new TextEncoder().encode(JSON.stringify(v)));
+  return {
+    uid: options.uid ?? "test-uid",
+    kind: { apiVersion: subject.apiVersion, kind: subject.kind },
+    resource: options.resource ?? `${subject.kind.toLowerCase()}s`,
+    subResource: options.subResource,
+    name: subject.metadata.name ?? "",
+    namespace: subject.metadata.namespace,
+    operation,
+    userInfo: options.userInfo ?? { username: "test-user", uid: "", groups: [], extra: [] },
+    object: encode(object),
+    oldObject: encode(options.oldObject),
+    dryRun: options.dryRun ?? false,
+    options: encode(options.options),
+  };
+}
+
+/** The JSON patch of a `mutator.mutate` answer, decoded (`undefined` when it changes nothing). */
+export function patchOf(mutation: WitMutation): unknown[] | undefined {
+  return mutation.patch === undefined ? undefined : (JSON.parse(new TextDecoder().decode(mutation.patch)) as unknown[]);
 }
 
 /** A deep copy of a JSON value (objects in the store are never shared with the plugin). */
