@@ -9,7 +9,15 @@
 //! - `.wasm` size;
 //! - compile: Cranelift compile of the component, no cache (median of `BENCH_COMPILES`, default 3);
 //! - cached load: loading the compiled artifact from the compile cache;
+//! - drop-in to first reconcile: what a user waits for after dropping the plugin in, as the
+//!   host runs by default (tier-up: Winch compiles it first, Cranelift in the background; an
+//!   empty compile cache): the load, a fresh instance and `init`, and the first reconcile
+//!   (median of `BENCH_COMPILES`, each with a new engine and cache);
 //! - instance: a fresh instance (instantiate + `init`) and its first call;
+//! - idle instance: the resident memory an idle instance holds, what each instance a plugin
+//!   keeps between calls costs the host: `IDLE_INSTANCES` plugins of the component, each
+//!   called once (one idle instance each), then every idle instance released; the RSS that
+//!   frees, per instance (median of 3);
 //! - memory: the smallest per-instance `memory` limit (MiB, by bisection) under which a fresh
 //!   instance initialises and reconciles; what a plugin TOML's `memory` must at least allow;
 //! - no-op call: a reconcile that returns at once (`noop` of the Rust bench plugin, `fine`
@@ -33,7 +41,7 @@ use wasmctrl::object::Object;
 use wasmctrl::plugin::{
     CacheReader, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv, PluginSpec,
 };
-use wasmctrl_bench_support::{Figure, Plot};
+use wasmctrl_bench_support::{Figure, Plot, ProcStatus};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -196,12 +204,74 @@ fn min_memory_mib(engine: &PluginEngine, component: &wasmtime::component::Compon
     Some(hi)
 }
 
+/// Plugins [`idle_instance_kib`] loads, one idle instance each.
+const IDLE_INSTANCES: usize = 20;
+
+/// The RSS, in KiB, that releasing an idle instance of `component` frees: [`IDLE_INSTANCES`]
+/// plugins of it, each reconciled once (so each keeps one used, idle instance), then their
+/// instances released.
+fn idle_instance_kib(
+    engine: &PluginEngine,
+    component: &wasmtime::component::Component,
+    hash: &str,
+    name: &str,
+) -> f64 {
+    let plugins: Vec<Plugin> = (0..IDLE_INSTANCES)
+        .map(|_| {
+            let p = Plugin::from_component(
+                engine,
+                mirror_spec(256 << 20),
+                component,
+                hash.into(),
+                steady_state_env(),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(p.reconcile_blocking(&source_request()), Ok(Action::Done), "{name}: reconcile");
+            p
+        })
+        .collect();
+    let with_instances = ProcStatus::read().bytes("VmRSS:");
+    for p in &plugins {
+        p.release_idle_instances();
+    }
+    let released = ProcStatus::read().bytes("VmRSS:");
+    with_instances.saturating_sub(released) as f64 / 1024.0 / IDLE_INSTANCES as f64
+}
+
+/// From a new engine with tier-up (as the host runs) and an empty compile cache: the plugin
+/// loaded (Winch's compile), instantiated, initialised and its first reconcile done.
+fn drop_in_to_first_reconcile(wasm: &[u8], name: &str) -> Duration {
+    let cache_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = PluginEngine::new(
+        EngineConfig {
+            cache_dir: Some(cache_dir.path().to_owned()),
+            tier_up: true,
+            ..EngineConfig::default()
+        },
+        None,
+    )
+    .unwrap_or_else(|e| panic!("engine: {e}"));
+    let start = Instant::now();
+    let plugin = Plugin::load(&engine, mirror_spec(256 << 20), wasm, steady_state_env())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let r = plugin.reconcile_blocking(&source_request());
+    let elapsed = start.elapsed();
+    assert_eq!(r, Ok(Action::Done), "{name}: first reconcile after a drop-in");
+    // The background Cranelift compile ends here, not in the next measurement's time.
+    if !engine.wait_for_tier_ups(Duration::from_secs(300)) {
+        panic!("{name}: the tier-up compile did not finish in 300 s");
+    }
+    elapsed
+}
+
 struct Row {
     name: &'static str,
     size: usize,
     compile: Duration,
     cached_load: Duration,
+    first_reconcile: Duration,
     instance: Duration,
+    idle_instance_kib: f64,
     memory_mib: Option<usize>,
     noop: Duration,
     reconcile: Duration,
@@ -269,6 +339,15 @@ fn main() {
                 .collect(),
         );
         let memory_mib = min_memory_mib(&engine, &first.component);
+        let idle_instance_kib = {
+            let mut v: Vec<f64> = (0..3)
+                .map(|_| idle_instance_kib(&engine, &first.component, &first.hash, lang.name))
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v[1]
+        };
+        let first_reconcile =
+            median((0..compiles).map(|_| drop_in_to_first_reconcile(&wasm, lang.name)).collect());
 
         let plugin = Plugin::from_component(
             &engine,
@@ -316,7 +395,9 @@ fn main() {
             size: wasm.len(),
             compile,
             cached_load,
+            first_reconcile,
             instance,
+            idle_instance_kib,
             memory_mib,
             noop,
             reconcile,
@@ -330,14 +411,14 @@ fn main() {
     println!();
     println!("configmap-mirror per guest language (ratio vs Rust); {rounds} rounds x {iters} calls, medians");
     println!(
-        "| language | .wasm size | compile (no cache) | cached load | fresh instance + call | min memory | no-op call | reconcile (steady state) |"
+        "| language | .wasm size | compile (no cache) | cached load | drop-in to first reconcile (Winch first) | fresh instance + call | idle instance | min memory | no-op call | reconcile (steady state) |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let secs = |d: Duration| d.as_secs_f64();
     for r in &rows {
         let mem = |m: Option<usize>| m.map(|v| v as f64).unwrap_or(f64::NAN);
         println!(
-            "| {} | {:.2} MiB ({}) | {} ({}) | {} ({}) | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
+            "| {} | {:.2} MiB ({}) | {} ({}) | {} ({}) | {} ({}) | {} ({}) | {:.0} KiB ({}) | {} ({}) | {} ({}) | {} ({}) |",
             r.name,
             r.size as f64 / (1 << 20) as f64,
             ratio(r.size as f64, rust.size as f64),
@@ -345,8 +426,12 @@ fn main() {
             ratio(secs(r.compile), secs(rust.compile)),
             fmt(r.cached_load),
             ratio(secs(r.cached_load), secs(rust.cached_load)),
+            fmt(r.first_reconcile),
+            ratio(secs(r.first_reconcile), secs(rust.first_reconcile)),
             fmt(r.instance),
             ratio(secs(r.instance), secs(rust.instance)),
+            r.idle_instance_kib,
+            ratio(r.idle_instance_kib, rust.idle_instance_kib),
             r.memory_mib.map(|m| format!("{m} MiB")).unwrap_or_else(|| "> 256 MiB".into()),
             ratio(mem(r.memory_mib), mem(rust.memory_mib)),
             fmt(r.noop),
@@ -371,6 +456,28 @@ fn main() {
     }
     reconcile.record();
     cold.record();
+    // An idle TypeScript or Python instance against at most 3× the memory of a Rust one.
+    for r in rows.iter().filter(|r| r.name != "Rust") {
+        Figure::lower(
+            "languages",
+            format!("configmap-mirror idle instance RSS ÷ the Rust guest's, {}", r.name),
+            r.idle_instance_kib / rust.idle_instance_kib,
+            "×",
+        )
+        .target(3.0)
+        .record();
+    }
+    // Each language against the 2 s a user should wait at most after dropping a plugin in.
+    for r in &rows {
+        Figure::lower(
+            "languages",
+            format!("configmap-mirror drop-in to first reconcile ms (Winch first), {}", r.name),
+            r.first_reconcile.as_secs_f64() * 1e3,
+            "ms",
+        )
+        .target(2000.0)
+        .record();
+    }
     // For docs/benchmarks.md: each language's costs as multiples of the Rust guest's.
     let mut plot = Plot::new(
         "languages",
