@@ -1224,6 +1224,9 @@ async fn a_configmap_volume_update_reloads_the_plugin() {
         volume_write(host.plugins.path(), edit, &[("vol.toml", toml(edit).as_bytes())]);
         until_edit("vol", &probe, &edit.to_string(), "the reloaded version's reconcile").await;
     }
+    // The status records a load after its version runs: a reconcile of edit 3 may come
+    // first. Wait for the record, then check no update was loaded twice.
+    host.until("the third load to be recorded", |h| h.status("vol").is_some_and(|s| s.reloads >= 3)).await;
     assert_eq!(host.status("vol").map(|s| s.reloads), Some(3));
     // The code changes in its own directory: seen too.
     let b = build("witness-b");
