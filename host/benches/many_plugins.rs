@@ -24,6 +24,15 @@
 //! allocator (jemalloc with the default features), as the host does. Targets (issue 12): ≤ 150 MB with 100 distinct plugins
 //! loaded, ≤ 150 KiB per idle instance beyond the shared code.
 //!
+//! A third table loads `PLUGINS` distinct plugins with tier-up on, as the `wasmctrl` binary
+//! runs by default (`distinct, cold, tier-up`, an empty compile cache of its own): each loads
+//! with Winch and gets one reconcile while the Cranelift compiles run in the background;
+//! then, once every tier-up is done, each plugin is reconciled again (now on Cranelift code,
+//! its Winch instance retired) and the RSS is taken. Columns: the load (Winch), the RSS with
+//! every plugin loaded and reconciled on Winch code, the peak RSS of the whole run (loading
+//! and tier-up), how long the tier-ups took, and the steady RSS (split into anonymous and
+//! file-backed). Targets (issue 31): peak ≤ 150 MB, steady ≤ 100 MB.
+//!
 //! Then, per scenario, a second table on idle code (what `idle-code-timeout` does): each
 //! plugin is loaded from its own file (as the host loads a plugins directory), so it may
 //! drop its compiled code. After the release above, each plugin gets one call (a new
@@ -54,7 +63,7 @@ use wasmctrl::controller::{Action, Request};
 use wasmctrl::object::Object;
 use wasmctrl::plugin::{
     CacheReader, DEFAULT_IDLE_CODE_TIMEOUT, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv,
-    PluginSpec,
+    PluginSpec, Tier,
 };
 use wasmctrl_bench_support::{Allocator, CountingAllocator, Figure, ProcStatus, allocated};
 
@@ -334,6 +343,104 @@ fn idle_code(engine: &PluginEngine, plugins: &[Plugin], request: &Request) -> Co
     }
 }
 
+/// What the tier-up scenario measured (one line of the child's stdout).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TierUpReport {
+    plugins: usize,
+    load_ms: f64,
+    /// Plugins running Winch code once loaded.
+    baseline: usize,
+    rss_empty: u64,
+    /// Every plugin loaded (Winch) and reconciled once.
+    rss_baseline: u64,
+    /// From the first load until every tier-up was done and every plugin reconciled again.
+    tier_up_ms: f64,
+    /// Every plugin on Cranelift code and reconciled on it.
+    rss_steady: u64,
+    anon_steady: u64,
+    file_steady: u64,
+    /// `VmHWM` at the end: the peak of the whole run.
+    peak: u64,
+}
+
+/// Loads `plugins()` distinct plugins with tier-up on into an empty compile cache, one
+/// reconcile each on Winch code, then waits for the tier-ups and reconciles each again (the
+/// child side of the tier-up table).
+fn run_tier_up(cache: &Path) -> TierUpReport {
+    let n = plugins();
+    let base = Arc::new(mirror_wasm());
+    let config = EngineConfig {
+        cache_dir: Some(cache.to_owned()),
+        idle_code_timeout: Some(DEFAULT_IDLE_CODE_TIMEOUT),
+        compile_process: Some(PathBuf::from(env!("CARGO_BIN_EXE_wasmctrl"))),
+        tier_up: true,
+        ..Default::default()
+    };
+    let engine = PluginEngine::new(config, None).unwrap_or_else(|e| panic!("engine: {e}"));
+    assert!(engine.tier_up_enabled(), "Winch is available here");
+    let env = steady_state_env();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let (rss_empty, _) = rss();
+    let start = Instant::now();
+    let loaded: Vec<Plugin> = runtime.block_on(async {
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let (engine, base, env) = (engine.clone(), base.clone(), env.clone());
+                tokio::spawn(async move {
+                    let _slot = engine.load_slot().await;
+                    tokio::task::spawn_blocking(move || {
+                        let wasm = distinct_wasm(&base, i);
+                        Plugin::load(&engine, mirror_spec(format!("mirror-{i}")), &wasm, env)
+                    })
+                    .await
+                })
+            })
+            .collect();
+        let mut plugins = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            plugins.push(
+                t.await
+                    .and_then(|loaded| loaded)
+                    .unwrap_or_else(|e| panic!("join: {e}"))
+                    .unwrap_or_else(|e| panic!("load: {e}")),
+            );
+        }
+        plugins
+    });
+    let load_ms = start.elapsed().as_secs_f64() * 1e3;
+    let baseline = loaded.iter().filter(|p| p.tier() == Tier::Baseline).count();
+    let request = Request { namespace: Some("default".into()), name: "app-config".into() };
+    for p in &loaded {
+        assert_eq!(p.reconcile_blocking(&request), Ok(Action::Done), "{}", p.name());
+    }
+    let (rss_baseline, _) = rss();
+    dump_smaps("tier-up: loaded and reconciled on Winch code");
+    assert!(engine.wait_for_tier_ups(Duration::from_secs(1800)), "the tier-ups finish");
+    for p in &loaded {
+        assert_eq!(p.reconcile_blocking(&request), Ok(Action::Done), "{}", p.name());
+        assert_eq!(p.tier(), Tier::Optimized, "{} runs Cranelift code", p.name());
+    }
+    let tier_up_ms = start.elapsed().as_secs_f64() * 1e3;
+    let (rss_steady, peak) = rss();
+    let (anon_steady, file_steady) = rss_split();
+    dump_smaps("tier-up: every plugin on Cranelift code");
+    TierUpReport {
+        plugins: n,
+        load_ms,
+        baseline,
+        rss_empty,
+        rss_baseline,
+        tier_up_ms,
+        rss_steady,
+        anon_steady,
+        file_steady,
+        peak,
+    }
+}
+
 /// Runs one scenario in this process (the child side).
 fn run_scenario(distinct: bool, cache: &Path) -> Report {
     let n = plugins();
@@ -441,8 +548,12 @@ fn kib(bytes: i64) -> String {
 fn main() {
     if let Ok(scenario) = std::env::var(SCENARIO) {
         let cache = PathBuf::from(std::env::var(CACHE).unwrap_or_else(|e| panic!("{CACHE}: {e}")));
-        let report = run_scenario(scenario == "distinct", &cache);
-        println!("{}", serde_json::to_string(&report).unwrap_or_else(|e| panic!("{e}")));
+        let line = if scenario == "tier-up" {
+            serde_json::to_string(&run_tier_up(&cache))
+        } else {
+            serde_json::to_string(&run_scenario(scenario == "distinct", &cache))
+        };
+        println!("{}", line.unwrap_or_else(|e| panic!("{e}")));
         return;
     }
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
@@ -479,18 +590,7 @@ fn main() {
         if std::env::var("SCENARIOS").is_ok_and(|only| !only.split(',').any(|o| o == scenario)) {
             continue;
         }
-        let out = Command::new(&exe)
-            .env(SCENARIO, scenario)
-            .env(CACHE, cache)
-            .output()
-            .unwrap_or_else(|e| panic!("running {label}: {e}"));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if std::env::var_os("MANY_PLUGINS_SMAPS").is_some() {
-            eprintln!("{label}:\n{}", String::from_utf8_lossy(&out.stderr));
-        }
-        let Some(r) = stdout.lines().rev().find_map(|l| serde_json::from_str::<Report>(l).ok()) else {
-            panic!("{label} failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
-        };
+        let r: Report = run_child(&exe, scenario, cache, label);
         let n = r.plugins.max(1) as i64;
         println!(
             "  {:<16} {:>7.0}ms {:>8} {:>10} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
@@ -544,6 +644,91 @@ fn main() {
     println!("   live per plugin (loaded - empty, requested sizes); per plugin: (RSS loaded -");
     println!("   empty) / plugins; per instance: RSS freed by releasing the idle instances / instances)");
     print_idle_code(&idle_code_rows);
+    if std::env::var("SCENARIOS").is_ok_and(|only| !only.split(',').any(|o| o == "tier-up")) {
+        return;
+    }
+    let tier_up_cache = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let r: TierUpReport = run_child(&exe, "tier-up", tier_up_cache.path(), "distinct, cold, tier-up");
+    print_tier_up(&r);
+}
+
+/// Runs `scenario` in a child process with compile cache `cache`; its report.
+fn run_child<R: serde::de::DeserializeOwned>(exe: &Path, scenario: &str, cache: &Path, label: &str) -> R {
+    let out = Command::new(exe)
+        .env(SCENARIO, scenario)
+        .env(CACHE, cache)
+        .output()
+        .unwrap_or_else(|e| panic!("running {label}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if std::env::var_os("MANY_PLUGINS_SMAPS").is_some() {
+        eprintln!("{label}:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let Some(r) = stdout.lines().rev().find_map(|l| serde_json::from_str::<R>(l).ok()) else {
+        panic!("{label} failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    };
+    r
+}
+
+/// The tier-up table (see the header).
+fn print_tier_up(r: &TierUpReport) {
+    println!();
+    println!(
+        "{} distinct plugins with tier-up (Winch first, Cranelift in the background), empty compile cache",
+        r.plugins
+    );
+    println!(
+        "  {:<24} {:>9} {:>9} {:>10} {:>12} {:>10} {:>10} {:>11} {:>10} {:>10}",
+        "scenario",
+        "load",
+        "on Winch",
+        "empty",
+        "RSS (Winch)",
+        "peak RSS",
+        "tier-up",
+        "RSS steady",
+        "anon",
+        "file"
+    );
+    println!(
+        "  {:<24} {:>7.0}ms {:>9} {:>10} {:>12} {:>10} {:>8.1} s {:>11} {:>10} {:>10}",
+        "distinct, cold, tier-up",
+        r.load_ms,
+        format!("{}/{}", r.baseline, r.plugins),
+        mib(r.rss_empty),
+        mib(r.rss_baseline),
+        mib(r.peak),
+        r.tier_up_ms / 1e3,
+        mib(r.rss_steady),
+        mib(r.anon_steady),
+        mib(r.file_steady),
+    );
+    println!("  (load: wall time until every plugin ran its `init` on Winch code; RSS (Winch): every plugin");
+    println!("   loaded and reconciled once on Winch code; peak RSS: VmHWM of the whole run; tier-up: from");
+    println!("   the first load until every plugin was reconciled on Cranelift code; RSS steady: then)");
+    // Issue 31: ≤ 150 MB at the peak, ≤ 100 MB steady, every plugin active.
+    Figure::lower(
+        "many_plugins",
+        format!("peak RSS MB, {} distinct plugins loading with tier-up", r.plugins),
+        r.peak as f64 / 1e6,
+        "MB",
+    )
+    .target(150.0)
+    .record();
+    Figure::lower(
+        "many_plugins",
+        format!("steady RSS MB, {} distinct plugins after tier-up, each reconciled", r.plugins),
+        r.rss_steady as f64 / 1e6,
+        "MB",
+    )
+    .target(100.0)
+    .record();
+    Figure::lower(
+        "many_plugins",
+        format!("load ms of {} distinct plugins, tier-up", r.plugins),
+        r.load_ms,
+        "ms",
+    )
+    .record();
 }
 
 /// The idle-code table (see the header).

@@ -418,6 +418,7 @@ fn levers(
         ..EngineTuning::default()
     });
     let no_epochs = engine_with(EngineTuning { epoch_interruption: false, ..EngineTuning::default() });
+    let inlining = engine_with(EngineTuning { inlining: true, ..EngineTuning::default() });
 
     let bench = Request { namespace: Some("default".into()), name: "bench".into() };
     // (label, engine, component); with `only`, just that one is loaded.
@@ -438,6 +439,10 @@ fn levers(
     specs.push(("raw, s, explicit bounds checks", &checked, raw_wasm));
     specs.push(("raw, s, epochs off", &no_epochs, raw_wasm));
     specs.push(("SDK, arena, s, epochs off", &no_epochs, &arena_wasm));
+    specs.push(("SDK, arena, s, Cranelift inlining", &inlining, &arena_wasm));
+    if let Some(w) = &arena_o3 {
+        specs.push(("SDK, arena, O3, Cranelift inlining", &inlining, w));
+    }
     let plugins: Vec<(String, Plugin, usize)> = specs
         .into_iter()
         .filter(|(label, _, _)| only.is_none_or(|o| o == *label))

@@ -88,6 +88,9 @@ pub struct CompileSettings {
     /// Winch (the baseline compiler of tier-up) instead of Cranelift.
     #[serde(default)]
     winch: bool,
+    /// Cranelift's intra-module inlining ([`EngineTuning::inlining`]).
+    #[serde(default)]
+    inlining: bool,
 }
 
 impl CompileSettings {
@@ -98,6 +101,7 @@ impl CompileSettings {
             memory_reservation: config.tuning.memory_reservation,
             memory_guard_size: config.tuning.memory_guard_size,
             winch: false,
+            inlining: config.tuning.inlining,
         }
     }
 
@@ -115,6 +119,7 @@ impl CompileSettings {
                 memory_reservation: self.memory_reservation,
                 memory_guard_size: self.memory_guard_size,
                 epoch_interruption: self.epoch_interruption,
+                inlining: self.inlining,
             },
             pooling: None,
             ..EngineConfig::default()

@@ -78,11 +78,19 @@ pub struct EngineTuning {
     /// Epoch interruption: how call deadlines and cancellation stop running guest code.
     /// Off only to measure its cost: a looping guest then runs forever.
     pub epoch_interruption: bool,
+    /// Cranelift inlines small functions of a module into their callers (wasmtime's
+    /// `Inlining::Yes`; its default is `No`). Winch ignores it.
+    pub inlining: bool,
 }
 
 impl Default for EngineTuning {
     fn default() -> Self {
-        EngineTuning { memory_reservation: None, memory_guard_size: None, epoch_interruption: true }
+        EngineTuning {
+            memory_reservation: None,
+            memory_guard_size: None,
+            epoch_interruption: true,
+            inlining: false,
+        }
     }
 }
 
@@ -175,6 +183,9 @@ pub(crate) fn wasm_config(config: &EngineConfig) -> Config {
         // load (resident for as long as the plugin is loaded), and it takes room in every
         // artifact on disk.
         .native_unwind_info(false);
+    if config.tuning.inlining {
+        wasm.compiler_inlining(wasmtime::Inlining::Yes);
+    }
     if let Some(bytes) = config.tuning.memory_reservation {
         wasm.memory_reservation(bytes);
     }

@@ -226,6 +226,7 @@ impl PluginEngine {
         // compile timeout) never holds every compile slot.
         let permits =
             Arc::new(CompilePermits::new(std::thread::available_parallelism().map_or(1, usize::from).max(2)));
+        let baseline_disk = disk.clone();
         let optimizer = Optimizer::new(
             engine.clone(),
             CompileSettings::of(&config),
@@ -234,7 +235,7 @@ impl PluginEngine {
             disk,
             permits,
         );
-        let tier_up = match config.tier_up.then(|| baseline_engine(&config)).flatten() {
+        let tier_up = match config.tier_up.then(|| baseline_engine(&config, baseline_disk)).flatten() {
             Some((baseline, linker)) => {
                 Some((baseline, linker, TierUpWorker::start(optimizer.clone(), runtime_metrics.clone())?))
             }
@@ -499,7 +500,7 @@ impl PluginEngine {
         }
         self.validate_component(wasm)?;
         let version = hash.get(..12).unwrap_or(&hash);
-        match baseline.compile(wasm) {
+        match baseline.compile(wasm, &hash) {
             Ok(component) => {
                 self.count_load("baseline");
                 let tiered = Arc::new(TieredComponent::new(hash.clone(), component, Tier::Baseline, start));
@@ -554,8 +555,11 @@ impl PluginEngine {
 
 /// The Winch engine and its linker; `None`, with a warning, when wasmtime refuses it here
 /// (tier-up is then off: every load compiles with Cranelift).
-fn baseline_engine(config: &EngineConfig) -> Option<(Baseline, Linker<HostState>)> {
-    let built = Baseline::new(config).and_then(|baseline| Ok((link(baseline.engine())?, baseline)));
+fn baseline_engine(
+    config: &EngineConfig,
+    disk: Option<CompileCache>,
+) -> Option<(Baseline, Linker<HostState>)> {
+    let built = Baseline::new(config, disk).and_then(|baseline| Ok((link(baseline.engine())?, baseline)));
     match built {
         Ok((linker, baseline)) => Some((baseline, linker)),
         Err(e) => {

@@ -1,6 +1,7 @@
 //! Tier-up through real compiled guests: a cold load serves on Winch code, then on
 //! Cranelift code; a warm load never uses Winch; a call in flight during the switch
-//! completes; a version dropped before its tier-up leaves nothing behind; Winch code is
+//! completes; a version dropped before its tier-up leaves nothing behind (but its Winch
+//! artifact, which a restart reads back); Winch code is
 //! interrupted at its deadline like Cranelift code; a component Winch cannot compile loads
 //! with Cranelift; code is never dropped while idle before its tier-up, and code loaded
 //! again after a drop is the optimised code (or tiers up again, when the cache lost it).
@@ -67,6 +68,28 @@ fn artifacts(dir: &Path) -> usize {
     })
 }
 
+/// The names of the compiled artifacts in the compile cache directory.
+fn artifact_names(dir: &Path) -> Vec<String> {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{e}"));
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cwasm"))
+        .collect()
+}
+
+/// Whether this process maps a file named `name` (`/proc/self/maps`).
+fn mapped(name: &str) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_else(|e| panic!("{e}"));
+    !name.is_empty() && maps.lines().any(|l| l.ends_with(&format!("/{name}")))
+}
+
+/// The inode of `dir/name`.
+fn inode(dir: &Path, name: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}")).ino()
+}
+
 /// A cache whose `get` blocks until the test lets it return (it reports each entry).
 struct BlockingCache {
     entered: Mutex<mpsc::Sender<()>>,
@@ -101,7 +124,9 @@ fn a_cold_load_serves_on_winch_code_then_on_cranelift_code() {
     assert_eq!(engine.component_loads().baseline, 1);
     assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
     assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 1, optimized: 0 });
-    assert_eq!(artifacts(dir.path()), 0, "Winch artifacts are not cached");
+    assert_eq!(artifacts(dir.path()), 1, "the Winch artifact is in the compile cache");
+    let winch = artifact_names(dir.path()).pop().unwrap_or_default();
+    assert!(mapped(&winch), "the Winch code is mapped from its file ({winch}), not copied");
 
     drop(held);
     assert!(engine.wait_for_tier_ups(SETTLE), "the tier-up did not finish");
@@ -113,8 +138,43 @@ fn a_cold_load_serves_on_winch_code_then_on_cranelift_code() {
     }
     assert_eq!(plugin.calls_by_tier(), TierCalls { baseline: 1, optimized: 3 });
     assert_eq!(plugin.pool_counts(), (1, 1), "one Cranelift instance, reused");
-    assert_eq!(artifacts(dir.path()), 1, "the Cranelift artifact is in the compile cache");
+    assert_eq!(artifacts(dir.path()), 2, "the Cranelift artifact joins the Winch one in the compile cache");
     assert_eq!(engine.component_loads().compiled, 0, "no load waited for Cranelift");
+}
+
+/// A host restarted before a tier-up was done loads the Winch code of the first run from
+/// the compile cache: the artifact is read, not compiled and written again.
+#[test]
+fn a_restart_before_the_tier_up_reads_the_winch_code_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let bytes = wasm("test-plugin-panic");
+    let first = engine(dir.path(), true);
+    let held = first.hold_compiles();
+    let plugin =
+        Plugin::load(&first, spec("first"), &bytes, PluginEnv::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.tier(), Tier::Baseline);
+    let winch = artifact_names(dir.path());
+    assert_eq!(winch.len(), 1, "{winch:?}");
+    let before = inode(dir.path(), &winch[0]);
+    // The first run ends before its tier-up: no Cranelift artifact.
+    drop(plugin);
+    drop(held);
+    assert!(first.wait_for_tier_ups(SETTLE));
+    assert_eq!(first.tier_ups(), TierUps { done: 0, abandoned: 1, failed: 0 });
+    drop(first);
+    assert_eq!(artifact_names(dir.path()), winch);
+
+    let second = engine(dir.path(), true);
+    let held = second.hold_compiles();
+    let plugin =
+        Plugin::load(&second, spec("second"), &bytes, PluginEnv::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(plugin.tier(), Tier::Baseline);
+    assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    assert_eq!(inode(dir.path(), &winch[0]), before, "the same file: read, not stored again");
+    assert!(mapped(&winch[0]));
+    drop(held);
+    assert!(second.wait_for_tier_ups(SETTLE));
+    assert_eq!(plugin.tier(), Tier::Optimized);
 }
 
 #[test]
@@ -187,7 +247,7 @@ fn a_version_dropped_before_its_tier_up_leaves_nothing_behind() {
     assert!(engine.wait_for_tier_ups(SETTLE), "the tier-up did not settle");
     assert_eq!(engine.tier_ups(), TierUps { done: 0, abandoned: 1, failed: 0 });
     assert_eq!((engine.shared_components(), engine.live_instances()), (0, 0));
-    assert_eq!(artifacts(dir.path()), 0, "abandoned before compiling: nothing compiled");
+    assert_eq!(artifacts(dir.path()), 1, "abandoned before compiling: only the Winch artifact");
 }
 
 #[test]
