@@ -63,7 +63,7 @@ use wasmctrl::controller::{Action, Request};
 use wasmctrl::object::Object;
 use wasmctrl::plugin::{
     CacheReader, DEFAULT_IDLE_CODE_TIMEOUT, EngineConfig, Gvk, Permissions, Plugin, PluginEngine, PluginEnv,
-    PluginSpec, Tier,
+    PluginError, PluginSpec, Tier,
 };
 use wasmctrl_bench_support::{Allocator, CountingAllocator, Figure, ProcStatus, allocated};
 
@@ -343,6 +343,38 @@ fn idle_code(engine: &PluginEngine, plugins: &[Plugin], request: &Request) -> Co
     }
 }
 
+/// Loads `n` plugins at once, as the reload manager loads a plugins directory: each takes a
+/// load slot, then runs `load(engine, i)` on a blocking thread.
+fn load_all(
+    runtime: &tokio::runtime::Runtime,
+    engine: &PluginEngine,
+    n: usize,
+    load: impl Fn(&PluginEngine, usize) -> Result<Plugin, PluginError> + Send + Sync + 'static,
+) -> Vec<Plugin> {
+    let load = Arc::new(load);
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let (engine, load) = (engine.clone(), load.clone());
+                tokio::spawn(async move {
+                    let _slot = engine.load_slot().await;
+                    tokio::task::spawn_blocking(move || load(&engine, i)).await
+                })
+            })
+            .collect();
+        let mut plugins = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            plugins.push(
+                t.await
+                    .and_then(|loaded| loaded)
+                    .unwrap_or_else(|e| panic!("join: {e}"))
+                    .unwrap_or_else(|e| panic!("load: {e}")),
+            );
+        }
+        plugins
+    })
+}
+
 /// What the tier-up scenario measured (one line of the child's stdout).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct TierUpReport {
@@ -385,30 +417,8 @@ fn run_tier_up(cache: &Path) -> TierUpReport {
         .unwrap_or_else(|e| panic!("runtime: {e}"));
     let (rss_empty, _) = rss();
     let start = Instant::now();
-    let loaded: Vec<Plugin> = runtime.block_on(async {
-        let tasks: Vec<_> = (0..n)
-            .map(|i| {
-                let (engine, base, env) = (engine.clone(), base.clone(), env.clone());
-                tokio::spawn(async move {
-                    let _slot = engine.load_slot().await;
-                    tokio::task::spawn_blocking(move || {
-                        let wasm = distinct_wasm(&base, i);
-                        Plugin::load(&engine, mirror_spec(format!("mirror-{i}")), &wasm, env)
-                    })
-                    .await
-                })
-            })
-            .collect();
-        let mut plugins = Vec::with_capacity(tasks.len());
-        for t in tasks {
-            plugins.push(
-                t.await
-                    .and_then(|loaded| loaded)
-                    .unwrap_or_else(|e| panic!("join: {e}"))
-                    .unwrap_or_else(|e| panic!("load: {e}")),
-            );
-        }
-        plugins
+    let loaded = load_all(&runtime, &engine, n, move |engine, i| {
+        Plugin::load(engine, mirror_spec(format!("mirror-{i}")), &distinct_wasm(&base, i), env.clone())
     });
     let load_ms = start.elapsed().as_secs_f64() * 1e3;
     let baseline = loaded.iter().filter(|p| p.tier() == Tier::Baseline).count();
@@ -474,32 +484,10 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
     dump_smaps("empty");
 
     let start = Instant::now();
-    let loaded: Vec<Plugin> = runtime.block_on(async {
-        let tasks: Vec<_> = (0..n)
-            .map(|i| {
-                let (engine, base, env, path) = (engine.clone(), base.clone(), env.clone(), paths[i].clone());
-                tokio::spawn(async move {
-                    // A load slot first, as the reload manager takes one.
-                    let _slot = engine.load_slot().await;
-                    tokio::task::spawn_blocking(move || {
-                        // Each plugin's own bytes, as the host reads each file; freed once loaded.
-                        let wasm = if distinct { distinct_wasm(&base, i) } else { base.to_vec() };
-                        Plugin::load_file(&engine, mirror_spec(format!("mirror-{i}")), &path, &wasm, env)
-                    })
-                    .await
-                })
-            })
-            .collect();
-        let mut plugins = Vec::with_capacity(tasks.len());
-        for t in tasks {
-            plugins.push(
-                t.await
-                    .and_then(|loaded| loaded)
-                    .unwrap_or_else(|e| panic!("join: {e}"))
-                    .unwrap_or_else(|e| panic!("load: {e}")),
-            );
-        }
-        plugins
+    let loaded = load_all(&runtime, &engine, n, move |engine, i| {
+        // Each plugin's own bytes, as the host reads each file; freed once loaded.
+        let wasm = if distinct { distinct_wasm(&base, i) } else { base.to_vec() };
+        Plugin::load_file(engine, mirror_spec(format!("mirror-{i}")), &paths[i], &wasm, env.clone())
     });
     let load_ms = start.elapsed().as_secs_f64() * 1e3;
     dump_smaps("loaded (each plugin init-ed), before the reconciles");

@@ -24,7 +24,8 @@ use wasmtime::{Engine, Strategy};
 
 use super::super::PluginError;
 use super::child::{ChildFailure, CompileSettings, compatible, compile_in_child};
-use super::compile_cache::{CompileCache, EngineFingerprint, Rejection};
+use super::compile_cache::{CompileCache, EngineFingerprint};
+use super::optimizer::map_cached;
 use super::settings::{CompileLimits, EngineConfig, wasm_config};
 
 /// The baseline compiler's engine, and where its compiles run.
@@ -115,21 +116,7 @@ impl Baseline {
     /// The cached Winch artifact of `hash`, if one exists, passes the cache's checks and
     /// loads (one that does not is removed).
     fn cached(&self, hash: &str) -> Option<Component> {
-        let disk = self.disk.as_ref()?;
-        let artifact = disk.open_verified(hash, &self.fingerprint)?;
-        // SAFETY: as for the optimising compiler's artifacts (`Optimizer::cached`): the inode
-        // carries this host's MAC for `hash` and the Winch engine's fingerprint, checked just
-        // now, and only this host's uid can change it; wasmtime maps that inode.
-        match unsafe { Component::deserialize_file(&self.engine, artifact.fd_path()) } {
-            Ok(component) => {
-                disk.touch(&artifact);
-                Some(component)
-            }
-            Err(e) => {
-                disk.reject_artifact(artifact, &Rejection::Unloadable(format!("{e:#}")));
-                None
-            }
-        }
+        map_cached(self.disk.as_ref()?, &self.engine, hash, &self.fingerprint)
     }
 
     /// Loads a Winch artifact made just now (in the child, authenticated; or here).

@@ -101,23 +101,7 @@ impl Optimizer {
     /// cache's checks (its MAC above all) and loads (its use refreshes its place in the
     /// cache). One that fails is removed (see [`CompileCache::open_verified`]).
     pub fn cached(&self, hash: &str) -> Option<Component> {
-        let disk = self.disk.as_ref()?;
-        let artifact = disk.open_verified(hash, &self.fingerprint)?;
-        // SAFETY: the bytes at this inode carry this host's MAC for `hash` and this engine's
-        // fingerprint, checked just now: only this host wrote them, from
-        // `precompile_component` of a compatible engine; only this host's uid can change the
-        // inode (checked on the descriptor). wasmtime maps the checked inode itself (the
-        // descriptor's `/proc/self/fd` link), not whatever the name points to now.
-        match unsafe { Component::deserialize_file(&self.engine, artifact.fd_path()) } {
-            Ok(component) => {
-                disk.touch(&artifact);
-                Some(component)
-            }
-            Err(e) => {
-                disk.reject_artifact(artifact, &Rejection::Unloadable(format!("{e:#}")));
-                None
-            }
-        }
+        map_cached(self.disk.as_ref()?, &self.engine, hash, &self.fingerprint)
     }
 
     /// Compiles `wasm` (hex SHA-256 `hash`) while holding `permit`, then stores the
@@ -189,6 +173,34 @@ impl Optimizer {
     #[cfg(test)]
     pub fn compile_engine_exists(&self) -> bool {
         self.compilers.state.lock().engine.is_some()
+    }
+}
+
+/// The artifact of the wasm with hex SHA-256 `hash` for the engine of `fingerprint`, mapped
+/// from the compile cache into `engine`, if one exists, passes the cache's checks (its MAC
+/// above all) and loads (its use refreshes its place in the cache). One that fails is
+/// removed (see [`CompileCache::open_verified`]).
+pub(crate) fn map_cached(
+    disk: &CompileCache,
+    engine: &Engine,
+    hash: &str,
+    fingerprint: &EngineFingerprint,
+) -> Option<Component> {
+    let artifact = disk.open_verified(hash, fingerprint)?;
+    // SAFETY: the bytes at this inode carry this host's MAC for `hash` and this engine's
+    // fingerprint, checked just now: only this host wrote them, from `precompile_component`
+    // of a compatible engine; only this host's uid can change the inode (checked on the
+    // descriptor). wasmtime maps the checked inode itself (the descriptor's `/proc/self/fd`
+    // link), not whatever the name points to now.
+    match unsafe { Component::deserialize_file(engine, artifact.fd_path()) } {
+        Ok(component) => {
+            disk.touch(&artifact);
+            Some(component)
+        }
+        Err(e) => {
+            disk.reject_artifact(artifact, &Rejection::Unloadable(format!("{e:#}")));
+            None
+        }
     }
 }
 
