@@ -343,6 +343,12 @@ fn idle_code(engine: &PluginEngine, plugins: &[Plugin], request: &Request) -> Co
     }
 }
 
+/// The tokio runtime plugins load on: two workers, and blocking threads for the loads.
+fn runtime() -> tokio::runtime::Runtime {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build();
+    runtime.unwrap_or_else(|e| panic!("runtime: {e}"))
+}
+
 /// Loads `n` plugins at once, as the reload manager loads a plugins directory: each takes a
 /// load slot, then runs `load(engine, i)` on a blocking thread.
 fn load_all(
@@ -411,10 +417,7 @@ fn run_tier_up(cache: &Path) -> TierUpReport {
     let engine = PluginEngine::new(config, None).unwrap_or_else(|e| panic!("engine: {e}"));
     assert!(engine.tier_up_enabled(), "Winch is available here");
     let env = steady_state_env();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let runtime = runtime();
     let (rss_empty, _) = rss();
     let start = Instant::now();
     let loaded = load_all(&runtime, &engine, n, move |engine, i| {
@@ -475,10 +478,7 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
         })
         .collect();
     let env = steady_state_env();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let runtime = runtime();
     let (rss_empty, _) = rss();
     let heap_empty = allocated() as u64;
     dump_smaps("empty");
@@ -523,6 +523,15 @@ fn run_scenario(distinct: bool, cache: &Path) -> Report {
         released,
         code,
     }
+}
+
+/// Records a figure of `bytes` in MB (lower is better), against `target` MB when given.
+fn record_mb(measure: String, bytes: u64, target: Option<f64>) {
+    let mut figure = Figure::lower("many_plugins", measure, bytes as f64 / 1e6, "MB");
+    if let Some(target) = target {
+        figure = figure.target(target);
+    }
+    figure.record();
 }
 
 fn mib(bytes: u64) -> String {
@@ -596,28 +605,17 @@ fn main() {
             kib((r.rss_loaded as i64 - r.rss_released as i64) / r.released.max(1) as i64),
         );
         // Issue 12: ≤ 150 MB for the host with 100 loaded plugins, ≤ 150 KiB per idle instance.
-        Figure::lower(
-            "many_plugins",
-            format!("RSS MB with {} plugins loaded, {label}", r.plugins),
-            r.rss_loaded as f64 / 1e6,
-            "MB",
-        )
-        .target(150.0)
-        .record();
-        Figure::lower(
-            "many_plugins",
+        record_mb(format!("RSS MB with {} plugins loaded, {label}", r.plugins), r.rss_loaded, Some(150.0));
+        record_mb(
             format!("anonymous RSS MB with {} plugins loaded, {label}", r.plugins),
-            r.anon_loaded as f64 / 1e6,
-            "MB",
-        )
-        .record();
-        Figure::lower(
-            "many_plugins",
+            r.anon_loaded,
+            None,
+        );
+        record_mb(
             format!("file-backed RSS MB with {} plugins loaded, {label}", r.plugins),
-            r.file_loaded as f64 / 1e6,
-            "MB",
-        )
-        .record();
+            r.file_loaded,
+            None,
+        );
         let per_instance = (r.rss_loaded as f64 - r.rss_released as f64) / r.released.max(1) as f64 / 1024.0;
         Figure::lower("many_plugins", format!("KiB per idle instance, {label}"), per_instance, "KiB")
             .target(150.0)
@@ -694,22 +692,16 @@ fn print_tier_up(r: &TierUpReport) {
     println!("   loaded and reconciled once on Winch code; peak RSS: VmHWM of the whole run; tier-up: from");
     println!("   the first load until every plugin was reconciled on Cranelift code; RSS steady: then)");
     // Issue 31: ≤ 150 MB at the peak, ≤ 100 MB steady, every plugin active.
-    Figure::lower(
-        "many_plugins",
+    record_mb(
         format!("peak RSS MB, {} distinct plugins loading with tier-up", r.plugins),
-        r.peak as f64 / 1e6,
-        "MB",
-    )
-    .target(150.0)
-    .record();
-    Figure::lower(
-        "many_plugins",
+        r.peak,
+        Some(150.0),
+    );
+    record_mb(
         format!("steady RSS MB, {} distinct plugins after tier-up, each reconciled", r.plugins),
-        r.rss_steady as f64 / 1e6,
-        "MB",
-    )
-    .target(100.0)
-    .record();
+        r.rss_steady,
+        Some(100.0),
+    );
     Figure::lower(
         "many_plugins",
         format!("load ms of {} distinct plugins, tier-up", r.plugins),
@@ -755,13 +747,7 @@ fn print_idle_code(rows: &[(&str, CodeReport, usize)]) {
         )
         .against("warm call", c.warm_us.0)
         .record();
-        Figure::lower(
-            "many_plugins",
-            format!("RSS MB with the idle code dropped, {label}"),
-            c.rss_dropped as f64 / 1e6,
-            "MB",
-        )
-        .record();
+        record_mb(format!("RSS MB with the idle code dropped, {label}"), c.rss_dropped, None);
     }
     println!("  (warm call: an idle instance reused; new instance: the first call after the instances");
     println!("   were released (~instantiation + init); first call: after the code was dropped, the code");
