@@ -53,6 +53,13 @@
 //!   code resident. With single pages only what runs is resident, plus the kernel's
 //!   fault-around (64 KiB).
 //!
+//! - Unnamed files ([`CompileCache::unnamed_file`]), where a caller parks bytes on disk
+//!   instead of in the heap (the `.wasm` of queued tier-ups): `O_TMPFILE`, mode 0600 (where
+//!   the filesystem lacks it, a file created as above and unlinked at once). One never has a
+//!   name another process could open, and is gone when its descriptor is closed. Whoever
+//!   reads one back checks what it reads: the host's own uid can still write it through
+//!   `/proc`.
+//!
 //! Written on `rustix` (the `*at` calls, `fstat`) and `libc` (`mmap`, `mincore`,
 //! `madvise`): `std::fs` has no descriptor-relative operations, and the mapping crates do
 //! not offer `mincore`.
@@ -416,6 +423,26 @@ impl CompileCache {
             tracing::info!(dir = %self.inner.dir.display(), removed, max_bytes = self.inner.max_bytes, "compile cache: removed least recently used artifacts");
         }
         Ok(())
+    }
+
+    /// A new empty unnamed file in the directory, for reading and writing (see the
+    /// module's invariants).
+    pub fn unnamed_file(&self) -> std::io::Result<std::fs::File> {
+        let mode = Mode::RUSR | Mode::WUSR;
+        let flags = OFlags::RDWR | OFlags::TMPFILE | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(&self.inner.fd, ".", flags, mode) {
+            Ok(fd) => fd,
+            // Filesystems without `O_TMPFILE` say one of these.
+            Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {
+                let tmp = format!(".{}.{}.spool", std::process::id(), rand::random::<u64>());
+                let flags = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                let fd = rustix::fs::openat(&self.inner.fd, tmp.as_str(), flags, mode).map_err(errno_io)?;
+                rustix::fs::unlinkat(&self.inner.fd, tmp.as_str(), AtFlags::empty()).map_err(errno_io)?;
+                fd
+            }
+            Err(e) => return Err(errno_io(e)),
+        };
+        Ok(std::fs::File::from(fd))
     }
 
     fn write_atomically(&self, name: &str, parts: &[&[u8]]) -> std::io::Result<()> {

@@ -57,6 +57,23 @@ fn least_recently_used_artifacts_leave_first() {
 }
 
 #[test]
+fn an_unnamed_file_has_no_name_in_the_directory_and_is_private() {
+    use std::io::{Read, Seek, Write};
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let cache = open(dir.path(), 1 << 20);
+    let entries = || std::fs::read_dir(dir.path()).unwrap_or_else(|e| panic!("{e}")).count();
+    let before = entries();
+    let mut file = cache.unnamed_file().unwrap_or_else(|e| panic!("{e}"));
+    file.write_all(b"queued bytes").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(entries(), before, "nothing new in the directory");
+    assert_eq!(file.metadata().unwrap_or_else(|e| panic!("{e}")).permissions().mode() & 0o777, 0o600);
+    let mut read = String::new();
+    file.rewind().unwrap_or_else(|e| panic!("{e}"));
+    file.read_to_string(&mut read).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(read, "queued bytes");
+}
+
+#[test]
 fn the_artifact_just_stored_stays_even_over_budget() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cache = open(dir.path(), 50 + TRAILER_LEN as u64);

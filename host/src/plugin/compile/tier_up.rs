@@ -16,7 +16,15 @@
 //! - A failed compile leaves the plugins on the baseline code (a warning is logged).
 //! - The worker holds no plugin and no engine handle between jobs; it stops once the engine
 //!   is dropped (after the job it is running, if any).
+//! - A queued job keeps its `.wasm` on disk, not in the heap: a hundred plugins loading at
+//!   once would otherwise hold a hundred copies of their bytes until their turn. The bytes
+//!   of all queued jobs go end to end into one unnamed file in the compile cache directory
+//!   ([`CompileCache::unnamed_file`]), closed once no queued job holds bytes in it. A job
+//!   reads its bytes back when it starts and compiles them only if their SHA-256 is the one
+//!   queued (else the tier-up fails, with a warning, and the plugins keep the baseline
+//!   code). Without a compile cache, or when the file cannot be written, they stay in memory.
 
+use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -24,24 +32,124 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use sha2::{Digest, Sha256};
+
+use super::compile_cache::CompileCache;
 use super::optimizer::Optimizer;
 use super::tier::TieredComponent;
 use crate::plugin::PluginError;
 use crate::plugin::metrics::{RuntimeMetrics, TierUpLabels};
 
 /// A component loaded with the baseline compiler, to compile with Cranelift.
-pub(crate) struct TierUpJob {
-    /// The `.wasm`.
-    pub wasm: Vec<u8>,
+struct TierUpJob {
+    wasm: QueuedWasm,
     /// Hex SHA-256 of the `.wasm`.
-    pub hash: String,
+    hash: String,
     /// The shared code to upgrade; gone when no plugin uses it any more.
-    pub target: Weak<TieredComponent>,
+    target: Weak<TieredComponent>,
+}
+
+/// The `.wasm` of a queued job (see the module's invariants).
+enum QueuedWasm {
+    Memory(Vec<u8>),
+    Parked(Parked),
+}
+
+impl QueuedWasm {
+    fn new(wasm: &[u8], spool: Option<&Arc<Spool>>) -> Self {
+        let Some(spool) = spool else { return QueuedWasm::Memory(wasm.to_vec()) };
+        match spool.park(wasm) {
+            Ok(parked) => QueuedWasm::Parked(parked),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot park a queued tier-up's wasm in the compile cache directory; keeping it in memory");
+                QueuedWasm::Memory(wasm.to_vec())
+            }
+        }
+    }
+
+    /// The bytes, checked against the hex SHA-256 `hash` they were queued with.
+    fn read(self, hash: &str) -> Result<Vec<u8>, PluginError> {
+        let wasm = match self {
+            QueuedWasm::Memory(wasm) => return Ok(wasm),
+            QueuedWasm::Parked(parked) => parked
+                .read()
+                .map_err(|e| PluginError::Compile(format!("reading the queued wasm back: {e}")))?,
+        };
+        if hex::encode(Sha256::digest(&wasm)) != hash {
+            return Err(PluginError::Compile(
+                "the queued wasm changed on disk while it waited (not compiled)".into(),
+            ));
+        }
+        Ok(wasm)
+    }
+}
+
+/// One unnamed file in the compile cache directory holding the `.wasm` of every queued job
+/// end to end, closed (and so gone) whenever no job holds bytes in it: one descriptor
+/// however many jobs wait.
+struct Spool {
+    disk: CompileCache,
+    state: Mutex<SpoolState>,
+}
+
+#[derive(Default)]
+struct SpoolState {
+    file: Option<std::fs::File>,
+    /// Where the next bytes go.
+    end: u64,
+    /// Jobs whose bytes are in the file.
+    held: usize,
+}
+
+/// A job's bytes in the spool; released when dropped.
+struct Parked {
+    spool: Arc<Spool>,
+    offset: u64,
+    len: usize,
+}
+
+impl Spool {
+    fn park(self: &Arc<Self>, wasm: &[u8]) -> std::io::Result<Parked> {
+        let mut state = self.state.lock();
+        let file = match state.file.take() {
+            Some(file) => file,
+            None => self.disk.unnamed_file()?,
+        };
+        let written = file.write_all_at(wasm, state.end);
+        let offset = state.end;
+        state.file = Some(file);
+        written?;
+        state.end += wasm.len() as u64;
+        state.held += 1;
+        Ok(Parked { spool: self.clone(), offset, len: wasm.len() })
+    }
+}
+
+impl Parked {
+    fn read(&self) -> std::io::Result<Vec<u8>> {
+        let state = self.spool.state.lock();
+        let file = state.file.as_ref().ok_or_else(|| std::io::Error::other("the spool file is closed"))?;
+        let mut wasm = vec![0; self.len];
+        file.read_exact_at(&mut wasm, self.offset)?;
+        Ok(wasm)
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        let mut state = self.spool.state.lock();
+        state.held = state.held.saturating_sub(1);
+        if state.held == 0 {
+            *state = SpoolState::default();
+        }
+    }
 }
 
 /// The background tier-up thread; stopped (and joined) on drop.
 pub(crate) struct TierUpWorker {
     jobs: Option<mpsc::Sender<TierUpJob>>,
+    /// Where queued jobs keep their `.wasm`.
+    spool: Option<Arc<Spool>>,
     pending: Arc<Pending>,
     thread: Option<JoinHandle<()>>,
 }
@@ -68,8 +176,13 @@ impl Pending {
 }
 
 impl TierUpWorker {
-    /// Starts the worker thread and its compile thread pool.
-    pub fn start(optimizer: Optimizer, metrics: RuntimeMetrics) -> Result<Self, PluginError> {
+    /// Starts the worker thread and its compile thread pool; queued jobs keep their `.wasm`
+    /// in `spool`, when given.
+    pub fn start(
+        optimizer: Optimizer,
+        metrics: RuntimeMetrics,
+        spool: Option<CompileCache>,
+    ) -> Result<Self, PluginError> {
         let threads = std::thread::available_parallelism().map_or(1, usize::from).saturating_sub(1).max(1);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -89,11 +202,13 @@ impl TierUpWorker {
                 }
             })
             .map_err(|e| PluginError::Engine(format!("starting the tier-up thread: {e}")))?;
-        Ok(TierUpWorker { jobs: Some(jobs), pending, thread: Some(thread) })
+        let spool = spool.map(|disk| Arc::new(Spool { disk, state: Mutex::default() }));
+        Ok(TierUpWorker { jobs: Some(jobs), spool, pending, thread: Some(thread) })
     }
 
-    /// Queues a tier-up.
-    pub fn submit(&self, job: TierUpJob) {
+    /// Queues the tier-up of `target`, the baseline code of `wasm` (hex SHA-256 `hash`).
+    pub fn submit(&self, wasm: &[u8], hash: String, target: Weak<TieredComponent>) {
+        let job = TierUpJob { wasm: QueuedWasm::new(wasm, self.spool.as_ref()), hash, target };
         self.pending.add();
         let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
         if !sent {
@@ -158,7 +273,10 @@ impl Worker {
             return abandoned("before compiling");
         }
         let started = Instant::now();
-        let compiled = self.pool.install(|| self.optimizer.compile(&job.wasm, &job.hash, permit));
+        let compiled = job
+            .wasm
+            .read(&job.hash)
+            .and_then(|wasm| self.pool.install(|| self.optimizer.compile(&wasm, &job.hash, permit)));
         let compile = started.elapsed();
         let component = match compiled {
             Ok(c) => c,

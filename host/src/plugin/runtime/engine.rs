@@ -78,7 +78,7 @@ use crate::plugin::compile::permits::CompilePermits;
 use crate::plugin::compile::settings::{EngineConfig, wasm_config};
 use crate::plugin::compile::single_flight::{Outcome, SharedLoad, SingleFlight};
 use crate::plugin::compile::tier::{Tier, TieredComponent};
-use crate::plugin::compile::tier_up::{TierUpJob, TierUpWorker};
+use crate::plugin::compile::tier_up::TierUpWorker;
 use crate::plugin::imports::{cache as cache_import, client as client_import, config as config_import};
 use crate::plugin::imports::{events as events_import, log as log_import, wasi};
 use crate::plugin::metrics::{ComponentLoadLabels, RuntimeMetrics, TierUpLabels};
@@ -227,6 +227,7 @@ impl PluginEngine {
         let permits =
             Arc::new(CompilePermits::new(std::thread::available_parallelism().map_or(1, usize::from).max(2)));
         let baseline_disk = disk.clone();
+        let spool = disk.clone();
         let optimizer = Optimizer::new(
             engine.clone(),
             CompileSettings::of(&config),
@@ -236,9 +237,11 @@ impl PluginEngine {
             permits,
         );
         let tier_up = match config.tier_up.then(|| baseline_engine(&config, baseline_disk)).flatten() {
-            Some((baseline, linker)) => {
-                Some((baseline, linker, TierUpWorker::start(optimizer.clone(), runtime_metrics.clone())?))
-            }
+            Some((baseline, linker)) => Some((
+                baseline,
+                linker,
+                TierUpWorker::start(optimizer.clone(), runtime_metrics.clone(), spool)?,
+            )),
             None => None,
         };
         let mut ticked = vec![engine.clone()];
@@ -505,11 +508,7 @@ impl PluginEngine {
                 self.count_load("baseline");
                 let tiered = Arc::new(TieredComponent::new(hash.clone(), component, Tier::Baseline, start));
                 tracing::debug!(%version, elapsed_ms = start.elapsed().as_secs_f64() * 1e3, "compiled with Winch; Cranelift follows in the background");
-                worker.submit(TierUpJob {
-                    wasm: wasm.to_vec(),
-                    hash: hash.clone(),
-                    target: Arc::downgrade(&tiered),
-                });
+                worker.submit(wasm, hash.clone(), Arc::downgrade(&tiered));
                 Ok(tiered)
             }
             Err(BaselineError::Failed(e)) => Err(e),

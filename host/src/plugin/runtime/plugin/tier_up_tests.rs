@@ -3,7 +3,8 @@
 //! completes; a version dropped before its tier-up leaves nothing behind (but its Winch
 //! artifact, which a restart reads back); Winch code is
 //! interrupted at its deadline like Cranelift code; a component Winch cannot compile loads
-//! with Cranelift; code is never dropped while idle before its tier-up, and code loaded
+//! with Cranelift; queued tier-ups keep their `.wasm` in an unnamed file and compile it
+//! only unchanged; code is never dropped while idle before its tier-up, and code loaded
 //! again after a drop is the optimised code (or tiers up again, when the cache lost it).
 //!
 //! The background compiles are held back by taking every compile permit, so which code
@@ -88,6 +89,21 @@ fn mapped(name: &str) -> bool {
 fn inode(dir: &Path, name: &str) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}")).ino()
+}
+
+/// The unnamed (deleted) files in `dir` this process holds open: their `/proc/self/fd`
+/// paths and lengths.
+fn unnamed_files_in(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let dir = dir.canonicalize().unwrap_or_else(|e| panic!("{e}"));
+    let fds = std::fs::read_dir("/proc/self/fd").unwrap_or_else(|e| panic!("{e}"));
+    fds.filter_map(Result::ok)
+        .filter_map(|fd| {
+            let target = std::fs::read_link(fd.path()).ok()?;
+            let deleted = target.to_string_lossy().ends_with(" (deleted)");
+            let len = std::fs::metadata(fd.path()).ok()?.len();
+            (deleted && target.parent() == Some(dir.as_path())).then(|| (fd.path(), len))
+        })
+        .collect()
 }
 
 /// A cache whose `get` blocks until the test lets it return (it reports each entry).
@@ -248,6 +264,52 @@ fn a_version_dropped_before_its_tier_up_leaves_nothing_behind() {
     assert_eq!(engine.tier_ups(), TierUps { done: 0, abandoned: 1, failed: 0 });
     assert_eq!((engine.shared_components(), engine.live_instances()), (0, 0));
     assert_eq!(artifacts(dir.path()), 1, "abandoned before compiling: only the Winch artifact");
+}
+
+/// While their tier-ups wait, the plugins' `.wasm` sit end to end in one unnamed file in
+/// the compile cache directory, not in the heap; the file is gone once the tier-ups are done.
+#[test]
+fn queued_tier_ups_keep_their_wasm_in_one_unnamed_file() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = engine(dir.path(), true);
+    let held = engine.hold_compiles();
+    let (a, b) = (wasm("test-plugin-panic"), wasm("test-plugin-infinite-loop"));
+    let load = |name, bytes: &[u8]| {
+        Plugin::load(&engine, spec(name), bytes, PluginEnv::default()).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let plugins = [load("a", &a), load("b", &b)];
+    assert!(plugins.iter().all(|p| p.tier() == Tier::Baseline));
+    let spooled = unnamed_files_in(dir.path());
+    assert_eq!(spooled.len(), 1, "{spooled:?}");
+    assert_eq!(std::fs::read(&spooled[0].0).unwrap_or_else(|e| panic!("{e}")), [a, b].concat());
+    drop(held);
+    assert!(engine.wait_for_tier_ups(SETTLE));
+    assert_eq!(engine.tier_ups(), TierUps { done: 2, abandoned: 0, failed: 0 });
+    assert!(plugins.iter().all(|p| p.tier() == Tier::Optimized));
+    assert_eq!(unnamed_files_in(dir.path()), [], "closed once every job read its bytes");
+}
+
+/// Bytes changed in a queued tier-up's file (the host's uid can still write it through
+/// `/proc`) are never compiled: the tier-up fails and the plugin keeps its Winch code.
+#[test]
+fn a_queued_wasm_changed_on_disk_is_not_compiled() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let engine = engine(dir.path(), true);
+    let held = engine.hold_compiles();
+    let plugin = Plugin::load(&engine, spec("changed"), &wasm("test-plugin-panic"), PluginEnv::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let spooled = unnamed_files_in(dir.path());
+    assert_eq!(spooled.len(), 1, "{spooled:?}");
+    let file = std::fs::File::options().write(true).open(&spooled[0].0).unwrap_or_else(|e| panic!("{e}"));
+    file.write_all_at(b"\0\0\0\0", spooled[0].1 / 2).unwrap_or_else(|e| panic!("{e}"));
+    drop(file);
+    drop(held);
+    assert!(engine.wait_for_tier_ups(SETTLE));
+    assert_eq!(engine.tier_ups(), TierUps { done: 0, abandoned: 0, failed: 1 });
+    assert_eq!(plugin.tier(), Tier::Baseline);
+    assert_eq!(plugin.reconcile_blocking(&fine()), Ok(Action::Done));
+    assert_eq!(artifacts(dir.path()), 1, "only the Winch artifact: nothing was compiled");
 }
 
 #[test]
