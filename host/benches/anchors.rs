@@ -1334,14 +1334,23 @@ fn controllers(
                     }
                     figure.record();
                 }
-                ControllerCell::Saturated(at, ..) => {
+                ControllerCell::Saturated(at, behind, of) => {
+                    // A standing backlog is saturation at about the offered rate, so the
+                    // rate sustained is shown without a target; keeping up is the target.
                     Figure::higher(
                         "anchors",
                         format!("saturated: events/s sustained of {rate}/s offered{suffix}"),
                         *at,
                         "events/s",
                     )
-                    .target(f64::from(rate))
+                    .record();
+                    Figure::higher(
+                        "anchors",
+                        format!("rounds that kept up at {rate}/s{suffix}"),
+                        (of - behind) as f64,
+                        "rounds",
+                    )
+                    .target(*of as f64)
                     .record();
                 }
                 ControllerCell::Failed(_) => {}
@@ -1352,9 +1361,10 @@ fn controllers(
         plot.line(consumer.label, points);
     }
     table.note(format!(
-        "A round kept up when its consumer reconciled updates at ≥ {:.0} % of the rate the server sent them and its median lag did not grow by more than {} ms (and double) from the first to the last third of the run. A consumer that fell behind in at least half of the rounds is reported as saturated at the rate it did reconcile them (its sustainable maximum here), and its latency, the backlog built over the run, is not shown; otherwise the latencies are those of the rounds that kept up.",
+        "A round kept up when its consumer reconciled updates at ≥ {:.0} % of the rate the server sent them, its median lag did not grow by more than {} ms (and double) from the first to the last third of the run, and its median lag over the last third was at most {} ms (above that, a standing backlog: the consumer runs at its limit and the lag is the queue in front of it). A consumer that fell behind in at least half of the rounds is reported as saturated at the rate it did reconcile them (its sustainable maximum here), and its latency, the backlog built over the run, is not shown; otherwise the latencies are those of the rounds that kept up.",
         Delivery::KEPT_UP_SHARE * 100.0,
-        Delivery::LAG_GROWTH_MS
+        Delivery::LAG_GROWTH_MS,
+        Delivery::BACKLOG_MS
     ));
     table.note("Latency: at reconcile start, now − the object's sent stamp, over the updates after the first tenth; percentile q = the sorted samples' ⌊(n − 1)·q⌋-th.".to_string());
     if !probes.is_empty() {

@@ -8,8 +8,9 @@
 //!   first `skip` updates are left out (warm-up).
 //! - Percentile q is the sample at index ⌊(n − 1)·q⌋ of the sorted samples.
 //! - A consumer keeps up with a paced stream only if it reconciles updates as fast as the
-//!   server sends them and its lag does not grow ([`Delivery`]); one that does not is
-//!   saturated, and its percentiles are the backlog built over the run, not a latency.
+//!   server sends them, its lag does not grow, and no backlog stands in front of it
+//!   ([`Delivery`]); one that does not is saturated, and its percentiles are the backlog
+//!   built over the run, not a latency.
 
 use crate::{SENT_ANNOTATION, SEQ_ANNOTATION};
 
@@ -70,6 +71,11 @@ impl Delivery {
     pub const KEPT_UP_SHARE: f64 = 0.97;
     /// A lag that grew by more than this (and more than doubled) over the run is a backlog.
     pub const LAG_GROWTH_MS: f64 = 10.0;
+    /// A median lag above this over the last third of the run is a standing backlog: the
+    /// consumer reconciles as fast as updates come, but no faster, so the queue built before
+    /// (at every rate measured, at least 250 updates) never drains. A consumer with room to
+    /// spare drains it; one at its limit only carries it along.
+    pub const BACKLOG_MS: f64 = 50.0;
 
     /// Over the stamps with `seq` at least `skip`; `None` with fewer than 3.
     pub fn of(stamps: &[Stamp], skip: u64) -> Option<Self> {
@@ -98,12 +104,14 @@ impl Delivery {
         })
     }
 
-    /// Did not keep up: delivered below [`Self::KEPT_UP_SHARE`] of the offered rate, or a
-    /// lag that grew by more than [`Self::LAG_GROWTH_MS`] and more than doubled.
+    /// Did not keep up: delivered below [`Self::KEPT_UP_SHARE`] of the offered rate, a lag
+    /// that grew by more than [`Self::LAG_GROWTH_MS`] and more than doubled, or a median lag
+    /// over the last third above [`Self::BACKLOG_MS`].
     pub fn saturated(&self) -> bool {
         let growth = self.lag_last_third_ms - self.lag_first_third_ms;
         self.delivered_per_sec < Self::KEPT_UP_SHARE * self.offered_per_sec
             || (growth > Self::LAG_GROWTH_MS && growth > self.lag_first_third_ms)
+            || self.lag_last_third_ms > Self::BACKLOG_MS
     }
 }
 
@@ -177,6 +185,18 @@ mod tests {
         assert!((d.delivered_per_sec - 800.0).abs() < 5.0, "{d:?}");
         assert!(d.lag_last_third_ms > d.lag_first_third_ms + 100.0, "{d:?}");
         assert_eq!(Delivery::of(&paced(1000, |_| 0)[..2], 0), None);
+    }
+
+    #[test]
+    fn a_consumer_carrying_a_standing_backlog_is_saturated() {
+        // It reconciles every update, at the rate they come, 200 ms after it was sent: the
+        // lag never grows, but a queue of 200 updates never drains.
+        let d = Delivery::of(&paced(1000, |_| 200_000_000), 300).expect("delivery");
+        assert!((d.delivered_per_sec - 1000.0).abs() < 5.0, "{d:?}");
+        assert!((d.lag_last_third_ms - d.lag_first_third_ms).abs() < 1.0, "{d:?}");
+        assert!(d.saturated(), "{d:?}");
+        // A lag of a few ms, as steady, is a latency.
+        assert!(!Delivery::of(&paced(1000, |_| 5_000_000), 300).expect("delivery").saturated());
     }
 
     #[test]
