@@ -303,5 +303,10 @@ impl Worker {
         for target in targets {
             target.tier_up(&component, since_load);
         }
+        // What the switch freed (the Winch instances and code, the compile's buffers) goes
+        // back to the system now, not in seconds, as after a load.
+        if !crate::heap::release_free_pages() {
+            tracing::debug!(%version, "jemalloc refused to purge its free pages");
+        }
     }
 }
