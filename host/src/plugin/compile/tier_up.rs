@@ -115,9 +115,12 @@ impl Spool {
             Some(file) => file,
             None => self.disk.unnamed_file()?,
         };
-        let written = file.write_all_at(wasm, state.end);
         let offset = state.end;
-        state.file = Some(file);
+        let written = file.write_all_at(wasm, offset);
+        // A file no job holds bytes in is closed (dropped here) rather than kept.
+        if written.is_ok() || state.held > 0 {
+            state.file = Some(file);
+        }
         written?;
         state.end += wasm.len() as u64;
         state.held += 1;
